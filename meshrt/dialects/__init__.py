@@ -1,0 +1,41 @@
+"""meshrt's dialects, one module each: mesh (shared attributes), graph,
+mesh_kernel, event, segment."""
+
+from collections.abc import Callable
+
+from xdsl.ir import Dialect
+
+
+def get_all_dialects() -> dict[str, Callable[[], Dialect]]:
+    def mesh():
+        from meshrt.dialects.mesh import Mesh
+
+        return Mesh
+
+    def graph():
+        from meshrt.dialects.graph import Graph
+
+        return Graph
+
+    def mesh_kernel():
+        from meshrt.dialects.mesh_kernel import MeshKernel
+
+        return MeshKernel
+
+    def event():
+        from meshrt.dialects.event import Event
+
+        return Event
+
+    def segment():
+        from meshrt.dialects.segment import Segment
+
+        return Segment
+
+    return {
+        "mesh": mesh,
+        "graph": graph,
+        "mesh_kernel": mesh_kernel,
+        "event": event,
+        "segment": segment,
+    }

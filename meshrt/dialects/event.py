@@ -1,0 +1,322 @@
+"""The `event` dialect: per-core-class event tables (Algorithm 1's output).
+
+    event.schedule @m target ... {
+      event.flow @l0.r.up kernel @l0.r from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 256
+      event.core_class @c3 cores <(0, 1, 1, 4)> {
+        event.sub @l0.r "edge" after [@l0.qkv] demand <colors = 2, iq = 1> collective {
+          event.send @l0.r.up bytes 256 meta 0
+          event.recv @l0.r.bc bytes 256 meta 0
+        }
+      }
+    }
+
+A core class is a set of cores that run the same table; a sub-schedule is
+one (kernel, role) part of it, guarded by the kernel's predecessors. Flows
+are class-level patterns (every sender shifts to a neighbour, or multicasts
+along its row / column), so nothing here grows with mesh area.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import (
+    I64,
+    ArrayAttr,
+    DictionaryAttr,
+    IntegerAttr,
+    StringAttr,
+    SymbolNameConstraint,
+    SymbolRefAttr,
+    UnitAttr,
+)
+from xdsl.ir import Dialect, Operation
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_op_definition,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    traits_def,
+)
+from xdsl.traits import NoTerminator, SymbolOpInterface, SymbolTable
+from xdsl.utils.exceptions import VerifyException
+
+from meshrt.dialects.base import MappedProgramOp, enclosing_program, int_value
+from meshrt.dialects.mesh import CoreSetAttr, DynamismAttr, ResourceAttr
+
+
+@irdl_op_definition
+class ScheduleOp(MappedProgramOp):
+    """Flows and per-core-class event tables of one model on one target."""
+
+    name = "event.schedule"
+
+    def flows(self) -> list[FlowOp]:
+        return [op for op in self.body.block.ops if isinstance(op, FlowOp)]
+
+    def core_classes(self) -> list[CoreClassOp]:
+        return [op for op in self.body.block.ops if isinstance(op, CoreClassOp)]
+
+    def verify_body(self) -> None:
+        for op in self.body.block.ops:
+            if not isinstance(op, FlowOp | CoreClassOp):
+                raise VerifyException(
+                    f"schedule @{self.program_name} may only hold event.flow and "
+                    f"event.core_class, found '{op.name}'"
+                )
+
+
+FLOW_PATTERNS = ("shift", "row", "col", "all")
+"""shift: each sender (x, y) sends to (x + dx, y + dy);
+row / col: each sender multicasts to the receivers in its row / column;
+all: each sender multicasts to every receiver."""
+
+
+def _check_in_mesh(op: Operation, what: str, cores: CoreSetAttr) -> None:
+    program = enclosing_program(op)
+    if program is None:
+        return
+    w, h = program.mesh_size
+    if not cores.fits_mesh(w, h):
+        raise VerifyException(f"{what} {cores} lies outside the {w} x {h} mesh")
+
+
+@irdl_op_definition
+class FlowOp(IRDLOperation):
+    """A class-level message pattern of one kernel: who sends to whom, how much."""
+
+    name = "event.flow"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    kernel = prop_def(SymbolRefAttr)
+    src = prop_def(CoreSetAttr)
+    dst = prop_def(CoreSetAttr)
+    pattern = prop_def(StringAttr)
+    bytes = prop_def(IntegerAttr[I64])
+    dx = opt_prop_def(IntegerAttr[I64])
+    dy = opt_prop_def(IntegerAttr[I64])
+
+    traits = traits_def(SymbolOpInterface())
+    assembly_format = (
+        "$sym_name `kernel` $kernel `from` $src `to` $dst `pattern` $pattern "
+        "(`by` $dx^ `,` $dy)? `bytes` $bytes attr-dict"
+    )
+
+    @property
+    def flow_name(self) -> str:
+        return self.sym_name.data
+
+    @property
+    def offset(self) -> tuple[int, int]:
+        dx = int_value(self.dx) if self.dx is not None else 0
+        dy = int_value(self.dy) if self.dy is not None else 0
+        return dx, dy
+
+    def verify_(self) -> None:
+        where = f"flow @{self.flow_name}"
+        pattern = self.pattern.data
+        if pattern not in FLOW_PATTERNS:
+            raise VerifyException(
+                f"{where}: unknown pattern '{pattern}', expected one of {', '.join(FLOW_PATTERNS)}"
+            )
+        if int_value(self.bytes) <= 0:
+            raise VerifyException(f"{where}: bytes must be > 0, got {int_value(self.bytes)}")
+        _check_in_mesh(self, f"{where}: senders", self.src)
+        _check_in_mesh(self, f"{where}: receivers", self.dst)
+        if pattern == "shift":
+            if self.dx is None or self.dy is None:
+                raise VerifyException(f"{where}: a shift flow needs dx and dy")
+            dx, dy = self.offset
+            if (dx, dy) == (0, 0):
+                raise VerifyException(f"{where}: a shift by (0, 0) sends to itself")
+            shifted = [
+                (r.x.data + dx, r.y.data + dy, r.w.data, r.h.data, r.sx.data, r.sy.data)
+                for r in self.src.rects
+            ]
+            if shifted != [r.tuple for r in self.dst.rects]:
+                raise VerifyException(
+                    f"{where}: receivers {self.dst} are not the senders {self.src} "
+                    f"shifted by ({dx}, {dy})"
+                )
+        elif self.dx is not None or self.dy is not None:
+            raise VerifyException(f"{where}: only shift flows take dx / dy")
+
+
+def lookup_flow(op: Operation, ref: SymbolRefAttr) -> FlowOp:
+    """The flow `ref` names, from the enclosing schedule or segment program."""
+    program = enclosing_program(op)
+    found = SymbolTable.lookup_symbol(program, ref) if program is not None else None
+    if not isinstance(found, FlowOp):
+        raise VerifyException(f"references unknown flow {ref}")
+    return found
+
+
+@irdl_op_definition
+class CoreClassOp(IRDLOperation):
+    """A set of cores that run the same event table."""
+
+    name = "event.core_class"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    cores = prop_def(CoreSetAttr)
+    params = opt_prop_def(DictionaryAttr)
+    body = region_def("single_block")
+
+    traits = traits_def(SymbolOpInterface(), NoTerminator())
+    assembly_format = "$sym_name `cores` $cores (`params` $params^)? attr-dict-with-keyword $body"
+
+    @property
+    def class_name(self) -> str:
+        return self.sym_name.data
+
+    def subs(self) -> list[SubScheduleOp]:
+        return [op for op in self.body.block.ops if isinstance(op, SubScheduleOp)]
+
+    def verify_(self) -> None:
+        _check_in_mesh(self, f"core class @{self.class_name}: cores", self.cores)
+        for op in self.body.block.ops:
+            if not isinstance(op, SubScheduleOp):
+                raise VerifyException(
+                    f"core class @{self.class_name} may only hold event.sub, found '{op.name}'"
+                )
+
+
+@irdl_op_definition
+class SubScheduleOp(IRDLOperation):
+    """The events of one role of one kernel, guarded by the kernel's predecessors.
+
+    `demand` is what the role needs bound while it runs; `collective` marks
+    kernels whose all-or-nothing completion makes their end a consistent cut.
+    """
+
+    name = "event.sub"
+
+    kernel = prop_def(SymbolRefAttr)
+    role = prop_def(StringAttr)
+    after = prop_def(ArrayAttr[SymbolRefAttr])
+    demand = prop_def(ResourceAttr)
+    collective = opt_prop_def(UnitAttr)
+    body = region_def("single_block")
+
+    traits = traits_def(NoTerminator())
+    assembly_format = (
+        "$kernel $role `after` $after `demand` $demand (`collective` $collective^)? "
+        "attr-dict-with-keyword $body"
+    )
+
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel.root_reference.data
+
+    @property
+    def role_name(self) -> str:
+        return self.role.data
+
+    @property
+    def is_collective(self) -> bool:
+        return self.collective is not None
+
+    def events(self) -> list[EventOp]:
+        return [op for op in self.body.block.ops if isinstance(op, EventOp)]
+
+    def verify_(self) -> None:
+        if not self.role.data:
+            raise VerifyException(f"sub-schedule of @{self.kernel_name} has an empty role")
+        for op in self.body.block.ops:
+            if not isinstance(op, EventOp):
+                raise VerifyException(
+                    f"sub-schedule @{self.kernel_name} \"{self.role_name}\" may only hold "
+                    f"events, found '{op.name}'"
+                )
+        if self.kernel in self.after.data:
+            raise VerifyException(f"sub-schedule @{self.kernel_name} is guarded by itself")
+
+
+class EventOp(IRDLOperation):
+    """One entry of an event table."""
+
+
+class FlowEventOp(EventOp):
+    """An event tied to a flow: the flow must exist in the enclosing program."""
+
+    flow = prop_def(SymbolRefAttr)
+    bytes = prop_def(IntegerAttr[I64])
+
+    @property
+    def flow_name(self) -> str:
+        return self.flow.root_reference.data
+
+    @property
+    def num_bytes(self) -> int:
+        return int_value(self.bytes)
+
+    def verify_(self) -> None:
+        if int_value(self.bytes) < 0:
+            raise VerifyException(f"{self.name} on @{self.flow_name}: bytes must be >= 0")
+        lookup_flow(self, self.flow)
+
+
+@irdl_op_definition
+class RecvOp(FlowEventOp):
+    """Receive one message of `flow`: `bytes` of data plus `meta` of metainfo."""
+
+    name = "event.recv"
+    meta = prop_def(IntegerAttr[I64])
+    assembly_format = "$flow `bytes` $bytes `meta` $meta attr-dict"
+
+
+@irdl_op_definition
+class SendOp(FlowEventOp):
+    """Send one message on `flow`; `meta` bytes of metainfo ride ahead of the data."""
+
+    name = "event.send"
+    meta = prop_def(IntegerAttr[I64])
+    assembly_format = "$flow `bytes` $bytes `meta` $meta attr-dict"
+
+
+@irdl_op_definition
+class ComputeOp(EventOp):
+    """Local work: `work` elementary operations of kind `op` (costed by the target)."""
+
+    name = "event.compute"
+    op = prop_def(StringAttr)
+    work = prop_def(IntegerAttr[I64])
+    assembly_format = "$op `work` $work attr-dict"
+
+    def verify_(self) -> None:
+        if int_value(self.work) < 0:
+            raise VerifyException(f"compute '{self.op.data}': work must be >= 0")
+
+
+@irdl_op_definition
+class MetaResolveOp(FlowEventOp):
+    """Parse the metainfo that arrived with `flow` and act on it (before the data)."""
+
+    name = "event.meta_resolve"
+    kind = prop_def(DynamismAttr)
+    assembly_format = "$kind `from` $flow `bytes` $bytes attr-dict"
+
+
+@irdl_op_definition
+class MetaProduceOp(FlowEventOp):
+    """Build metainfo from local results; it rides the next send on `flow`."""
+
+    name = "event.meta_produce"
+    kind = prop_def(DynamismAttr)
+    assembly_format = "$kind `onto` $flow `bytes` $bytes attr-dict"
+
+
+Event = Dialect(
+    "event",
+    [
+        ScheduleOp,
+        FlowOp,
+        CoreClassOp,
+        SubScheduleOp,
+        RecvOp,
+        SendOp,
+        ComputeOp,
+        MetaResolveOp,
+        MetaProduceOp,
+    ],
+    [],
+)

@@ -1,0 +1,41 @@
+"""Named pipelines: which passes take graph IR down to each level."""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import ModuleOp
+
+LEVELS: tuple[str, ...] = ("graph", "kernels", "events", "segments", "csl")
+
+# Pass pipelines (meshrt-opt syntax) that take graph IR to each level.
+# A level whose passes do not exist yet maps to None.
+LEVEL_PIPELINES: dict[str, str | None] = {
+    "graph": "",
+    "kernels": None,
+    "events": None,
+    "segments": None,
+    "csl": None,
+}
+
+
+class LevelNotReady(Exception):
+    """The requested level's passes are not built yet."""
+
+    def __init__(self, level: str):
+        super().__init__(
+            f"--emit {level}: lowering to the '{level}' level is not implemented yet "
+            f"(available: {', '.join(l for l in LEVELS if LEVEL_PIPELINES[l] is not None)})"
+        )
+
+
+def lower_to(module: ModuleOp, level: str) -> ModuleOp:
+    """Run the passes from graph IR down to `level` in place and return the module."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown level '{level}', expected one of {', '.join(LEVELS)}")
+    pipeline = LEVEL_PIPELINES[level]
+    if pipeline is None:
+        raise LevelNotReady(level)
+    if pipeline:
+        from meshrt.tools.passes import run_pipeline
+
+        run_pipeline(module, pipeline)
+    return module

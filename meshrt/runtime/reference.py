@@ -1,0 +1,703 @@
+"""Plain NumPy reference of a decoder-only transformer (dense or MoE).
+
+The mesh interpreter carries NumPy tiles in its messages; this module is what
+those tiles are checked against. It is written for clarity and
+reproducibility, not speed.
+
+Semantics (what a tiled on-mesh implementation must reproduce)
+--------------------------------------------------------------
+* Embedding lookup, then ``layers`` pre-norm blocks, then a final RMSNorm and
+  ``lm_head``. Each block::
+
+      h   = x + Wo · attention(rope(Wq·n1), rope(Wk·n1), Wv·n1)   n1 = rmsnorm(x, g_attn)
+      out = h + ffn(n2)                                           n2 = rmsnorm(h, g_ffn)
+
+* RMSNorm: ``x / sqrt(mean(x**2) + 1e-5) * gain`` (no bias, no mean removal).
+* RoPE (theta 10000), "rotate-half" pairing: element ``i`` of a head is
+  rotated with element ``i + head_dim/2`` by angle ``pos * theta**(-2i/head_dim)``,
+  where ``pos`` is the token's 0-based index within its request. Applied to q
+  and k (k is cached *after* rotation). ``head_dim`` must be even.
+* Attention: grouped-query; query head ``h`` reads KV head
+  ``h // (heads // kv_heads)`` (contiguous groups). Scores are scaled by
+  ``1/sqrt(head_dim)``, causal (a query at position p sees keys 0..p of its
+  own request only), softmax in float32 with the row max subtracted.
+* Dense FFN: SwiGLU, ``W_down · (silu(W_gate·x) * (W_up·x))``.
+* MoE FFN: router logits ``x·W_router``, float32 softmax over all experts,
+  top-k by probability (ties to the lower expert index), the k weights
+  renormalised to sum to 1, output = sum_k w_k · expert_k(x) + sum of all
+  shared experts (always on, weight 1). Every expert is a SwiGLU of width
+  ``expert_ffn``.
+* Greedy sampling: argmax of the logits, ties to the lowest token id.
+* A request finishes when it emits ``eos_token`` (the EOS token is part of its
+  output) or when it has produced ``max_new_tokens`` tokens (the first of
+  which comes out of prefill).
+
+Numerics
+--------
+Weights and activations are float32 at every op boundary. Matrix products
+accumulate in float64 and are rounded once to float32, so a row's result does
+not depend on how many other rows share the product (batching, BLAS blocking).
+That is what makes ``decode_batch`` produce bit-for-bit the tokens of one-by-one
+decoding. An on-mesh float32 implementation accumulates in a different order,
+so compare its tensors with a tolerance (``rtol≈1e-4``), and its tokens exactly
+only where the reference's top-2 logit gap is not tiny.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "RMS_EPS",
+    "ROPE_THETA",
+    "DenseFFNWeights",
+    "KVState",
+    "LayerWeights",
+    "MoEFFNWeights",
+    "RefShape",
+    "ReferenceModel",
+    "Trace",
+    "Weights",
+    "apply_rope",
+    "attention",
+    "attention_decode",
+    "dense_ffn",
+    "expert_load",
+    "expert_routing",
+    "greedy",
+    "moe_ffn",
+    "rmsnorm",
+    "softmax",
+    "swiglu",
+]
+
+RMS_EPS = 1e-5
+ROPE_THETA = 10000.0
+
+_F32 = np.float32
+_F64 = np.float64
+
+
+# --------------------------------------------------------------------------
+# Shape
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RefShape:
+    """Model dimensions. Dense models have ``experts == 0`` and ``ffn > 0``;
+    MoE models have ``experts > 0``, ``ffn == 0``."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    ffn: int = 0
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_experts: int = 0
+    eos_token: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RefShape.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("ffn", "experts", "top_k", "expert_ffn", "shared_experts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RefShape.{name} must be >= 0, got {getattr(self, name)}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.experts:
+            if self.ffn:
+                raise ValueError("an MoE shape must have ffn == 0 (experts use expert_ffn)")
+            if not 1 <= self.top_k <= self.experts:
+                raise ValueError(f"top_k must be in 1..experts ({self.experts}), got {self.top_k}")
+            if self.expert_ffn < 1:
+                raise ValueError("an MoE shape needs expert_ffn >= 1")
+        else:
+            if self.ffn < 1:
+                raise ValueError("a dense shape needs ffn >= 1")
+            if self.top_k or self.expert_ffn or self.shared_experts:
+                raise ValueError("a dense shape (experts == 0) must have top_k, expert_ffn, shared_experts == 0")
+        if self.eos_token is not None and not 0 <= self.eos_token < self.vocab:
+            raise ValueError(f"eos_token {self.eos_token} outside vocab {self.vocab}")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @classmethod
+    def of(cls, obj: Any) -> RefShape:
+        """Coerce any object with the shape attributes (e.g. a model config)."""
+        if isinstance(obj, RefShape):
+            return obj
+        kw = {f.name: getattr(obj, f.name, f.default) for f in dataclasses.fields(cls)}
+        missing = [k for k, v in kw.items() if v is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"shape object lacks attributes: {', '.join(missing)}")
+        for k, v in kw.items():
+            if k == "eos_token":
+                kw[k] = None if v is None else int(v)
+            else:
+                # Configs often spell "no experts" / "no dense FFN" as None.
+                kw[k] = 0 if v is None else int(v)
+        return cls(**kw)
+
+    def without_eos(self) -> RefShape:
+        return dataclasses.replace(self, eos_token=None)
+
+
+# --------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class DenseFFNWeights:
+    w_gate: np.ndarray  # (hidden, ffn)
+    w_up: np.ndarray  # (hidden, ffn)
+    w_down: np.ndarray  # (ffn, hidden)
+
+
+@dataclass
+class MoEFFNWeights:
+    router: np.ndarray  # (hidden, experts)
+    w_gate: np.ndarray  # (experts, hidden, expert_ffn)
+    w_up: np.ndarray  # (experts, hidden, expert_ffn)
+    w_down: np.ndarray  # (experts, expert_ffn, hidden)
+    shared_gate: np.ndarray  # (shared, hidden, expert_ffn)
+    shared_up: np.ndarray  # (shared, hidden, expert_ffn)
+    shared_down: np.ndarray  # (shared, expert_ffn, hidden)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray  # (hidden,)
+    wq: np.ndarray  # (hidden, heads*head_dim)
+    wk: np.ndarray  # (hidden, kv_heads*head_dim)
+    wv: np.ndarray  # (hidden, kv_heads*head_dim)
+    wo: np.ndarray  # (heads*head_dim, hidden)
+    ffn_norm: np.ndarray  # (hidden,)
+    dense: DenseFFNWeights | None = None
+    moe: MoEFFNWeights | None = None
+
+
+def _map_arrays(obj: Any, fn) -> Any:
+    """Apply fn to every array of a weights dataclass tree."""
+    if isinstance(obj, np.ndarray):
+        return fn(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return type(obj)(**{f.name: _map_arrays(getattr(obj, f.name), fn) for f in dataclasses.fields(obj)})
+    if isinstance(obj, list):
+        return [_map_arrays(x, fn) for x in obj]
+    return obj
+
+
+@dataclass
+class Weights:
+    """All model parameters, float32. ``x @ W`` convention (W is in x out)."""
+
+    shape: RefShape
+    embed: np.ndarray  # (vocab, hidden)
+    layers: list[LayerWeights]
+    final_norm: np.ndarray  # (hidden,)
+    lm_head: np.ndarray  # (hidden, vocab)
+
+    @classmethod
+    def random(cls, shape: Any, seed: int) -> Weights:
+        """Seeded random weights. Linear maps are N(0, 1/fan_in) so every
+        projection keeps O(1) activations; the embedding is N(0, 1) so the
+        residual stream starts at unit RMS; norm gains are 1 + N(0, 0.1²) so a
+        forgotten gain shows up in comparisons. The draw order is fixed, and
+        ``eos_token`` does not influence it."""
+        s = RefShape.of(shape)
+        rng = np.random.default_rng(seed)
+
+        def lin(*dims: int) -> np.ndarray:
+            fan_in = dims[-2]
+            return (rng.standard_normal(dims) / math.sqrt(fan_in)).astype(_F32)
+
+        def gain() -> np.ndarray:
+            return (1.0 + 0.1 * rng.standard_normal(s.hidden)).astype(_F32)
+
+        embed = rng.standard_normal((s.vocab, s.hidden)).astype(_F32)
+        q_dim, kv_dim = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        layers = []
+        for _ in range(s.layers):
+            attn_norm = gain()
+            wq, wk, wv = lin(s.hidden, q_dim), lin(s.hidden, kv_dim), lin(s.hidden, kv_dim)
+            wo = lin(q_dim, s.hidden)
+            ffn_norm = gain()
+            dense = moe = None
+            if s.is_moe:
+                e, f, sh = s.experts, s.expert_ffn, s.shared_experts
+                moe = MoEFFNWeights(
+                    router=lin(s.hidden, e),
+                    w_gate=lin(e, s.hidden, f),
+                    w_up=lin(e, s.hidden, f),
+                    w_down=lin(e, f, s.hidden),
+                    shared_gate=lin(sh, s.hidden, f),
+                    shared_up=lin(sh, s.hidden, f),
+                    shared_down=lin(sh, f, s.hidden),
+                )
+            else:
+                dense = DenseFFNWeights(lin(s.hidden, s.ffn), lin(s.hidden, s.ffn), lin(s.ffn, s.hidden))
+            layers.append(LayerWeights(attn_norm, wq, wk, wv, wo, ffn_norm, dense, moe))
+        final_norm = gain()
+        lm_head = lin(s.hidden, s.vocab)
+        return cls(s, embed, layers, final_norm, lm_head)
+
+    def astype(self, dtype) -> Weights:
+        return _map_arrays(self, lambda a: a.astype(dtype))
+
+    def named_arrays(self) -> dict[str, np.ndarray]:
+        """Flat ``{"layers.3.moe.w_up": array, ...}`` view, e.g. for loading
+        tiles onto the mesh."""
+        out: dict[str, np.ndarray] = {}
+
+        def walk(prefix: str, obj: Any) -> None:
+            if isinstance(obj, np.ndarray):
+                out[prefix] = obj
+            elif isinstance(obj, list):
+                for i, x in enumerate(obj):
+                    walk(f"{prefix}.{i}", x)
+            elif dataclasses.is_dataclass(obj):
+                for f in dataclasses.fields(obj):
+                    walk(f"{prefix}.{f.name}" if prefix else f.name, getattr(obj, f.name))
+
+        walk("", self)
+        return out
+
+    def validate(self) -> None:
+        s = self.shape
+        q_dim, kv_dim = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        expect = {
+            "embed": (s.vocab, s.hidden),
+            "final_norm": (s.hidden,),
+            "lm_head": (s.hidden, s.vocab),
+        }
+        for i in range(s.layers):
+            p = f"layers.{i}"
+            expect |= {
+                f"{p}.attn_norm": (s.hidden,),
+                f"{p}.wq": (s.hidden, q_dim),
+                f"{p}.wk": (s.hidden, kv_dim),
+                f"{p}.wv": (s.hidden, kv_dim),
+                f"{p}.wo": (q_dim, s.hidden),
+                f"{p}.ffn_norm": (s.hidden,),
+            }
+            if s.is_moe:
+                e, f, sh = s.experts, s.expert_ffn, s.shared_experts
+                expect |= {
+                    f"{p}.moe.router": (s.hidden, e),
+                    f"{p}.moe.w_gate": (e, s.hidden, f),
+                    f"{p}.moe.w_up": (e, s.hidden, f),
+                    f"{p}.moe.w_down": (e, f, s.hidden),
+                    f"{p}.moe.shared_gate": (sh, s.hidden, f),
+                    f"{p}.moe.shared_up": (sh, s.hidden, f),
+                    f"{p}.moe.shared_down": (sh, f, s.hidden),
+                }
+            else:
+                expect |= {
+                    f"{p}.dense.w_gate": (s.hidden, s.ffn),
+                    f"{p}.dense.w_up": (s.hidden, s.ffn),
+                    f"{p}.dense.w_down": (s.ffn, s.hidden),
+                }
+        got = self.named_arrays()
+        if set(got) != set(expect):
+            raise ValueError(f"weights do not match shape: unexpected {sorted(set(got) ^ set(expect))}")
+        for name, shp in expect.items():
+            if got[name].shape != shp:
+                raise ValueError(f"weight {name} has shape {got[name].shape}, expected {shp}")
+
+
+# --------------------------------------------------------------------------
+# Building blocks (public so the interpreter can compare intermediates)
+# --------------------------------------------------------------------------
+
+
+def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """float32 result of x @ w, accumulated in float64 (see module doc)."""
+    return np.matmul(np.asarray(x, _F64), np.asarray(w, _F64)).astype(_F32)
+
+
+def rmsnorm(x: np.ndarray, gain: np.ndarray, eps: float = RMS_EPS) -> np.ndarray:
+    """RMSNorm over the last axis."""
+    x64 = np.asarray(x, _F64)
+    inv = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
+    return (x64 * inv * np.asarray(gain, _F64)).astype(_F32)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """float32 softmax with the max subtracted (rows of all -inf are an error
+    upstream: every causal row sees at least its own key)."""
+    x = np.asarray(x, _F32)
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def apply_rope(x: np.ndarray, positions: np.ndarray, theta: float = ROPE_THETA) -> np.ndarray:
+    """Rotate-half RoPE. x: (N, n_heads, head_dim); positions: (N,) ints."""
+    x = np.asarray(x, _F32)
+    d = x.shape[-1]
+    half = d // 2
+    inv_freq = theta ** (-np.arange(half, dtype=_F64) * 2.0 / d)
+    ang = np.asarray(positions, _F64)[:, None] * inv_freq[None, :]  # (N, half)
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x1, x2 = x[..., :half].astype(_F64), x[..., half:].astype(_F64)
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(_F32)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int) -> np.ndarray:
+    """Causal GQA attention for one request.
+
+    q: (Tq, heads, D) at absolute positions q_start..q_start+Tq-1;
+    k, v: (Tk, kv_heads, D), keys at positions 0..Tk-1 (already roped).
+    Returns (Tq, heads, D) float32.
+    """
+    tq, heads, d = q.shape
+    tk, kv_heads, _ = k.shape
+    if heads % kv_heads:
+        raise ValueError("heads must be a multiple of kv_heads")
+    if q_start + tq > tk:
+        raise ValueError(f"queries reach position {q_start + tq - 1} but only {tk} keys are cached")
+    g = heads // kv_heads
+    # (kv, g*tq, d): query head h = kv*g + j lives in group kv, contiguous.
+    qg = np.asarray(q, _F64).reshape(tq, kv_heads, g, d).transpose(1, 2, 0, 3).reshape(kv_heads, g * tq, d)
+    kt = np.asarray(k, _F64).transpose(1, 2, 0)  # (kv, d, tk)
+    scores = (np.matmul(qg, kt) / math.sqrt(d)).astype(_F32)  # (kv, g*tq, tk)
+    qpos = np.tile(np.arange(q_start, q_start + tq), g)  # row r -> position of query r % tq
+    scores = np.where(np.arange(tk)[None, None, :] <= qpos[None, :, None], scores, _F32(-np.inf))
+    p = softmax(scores, axis=-1)
+    out = np.matmul(p.astype(_F64), np.asarray(v, _F64).transpose(1, 0, 2))  # (kv, g*tq, d)
+    return out.reshape(kv_heads, g, tq, d).transpose(2, 0, 1, 3).reshape(tq, heads, d).astype(_F32)
+
+
+def attention_decode(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray) -> np.ndarray:
+    """One decode query. q: (heads, D); caches (T, kv_heads, D) already hold
+    the current token's k/v at index T-1. Returns (heads, D)."""
+    return attention(np.asarray(q)[None], k_cache, v_cache, k_cache.shape[0] - 1)[0]
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (_F32(1.0) + np.exp(-x))
+
+
+def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
+    """W_down · (silu(W_gate·x) * (W_up·x)) for rows x: (N, hidden)."""
+    return _mm(_silu(_mm(x, w_gate)) * _mm(x, w_up), w_down)
+
+
+def dense_ffn(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
+    """Dense SwiGLU FFN (same as :func:`swiglu`; named for the layer it is)."""
+    return swiglu(x, w_gate, w_up, w_down)
+
+
+def expert_routing(hidden_rows: np.ndarray, router: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """MoE gate for rows (N, hidden) (already ffn-normed).
+
+    Returns (expert_ids (N, k) int64, weights (N, k) float32): experts in
+    descending probability, ties to the lower index; weights renormalised to
+    sum to 1 per row.
+    """
+    probs = softmax(_mm(hidden_rows, router), axis=-1)
+    # Stable sort of -p keeps equal probabilities in ascending expert order.
+    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k].astype(np.int64)
+    w = np.take_along_axis(probs, ids, axis=-1)
+    return ids, (w / np.sum(w, axis=-1, keepdims=True)).astype(_F32)
+
+
+def moe_ffn(
+    x: np.ndarray,
+    moe: MoEFFNWeights,
+    top_k: int,
+    counts: np.ndarray | None = None,
+    routing: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """MoE FFN for rows (N, hidden). ``counts`` (experts,) if given is
+    incremented by the number of rows routed to each expert. ``routing`` lets
+    a caller reuse a precomputed :func:`expert_routing` result."""
+    ids, w = routing if routing is not None else expert_routing(x, moe.router, top_k)
+    # Per row, experts are summed in ascending id order then shared experts,
+    # in float64: independent of which other rows are in the batch.
+    out = np.zeros(x.shape, _F64)
+    for e in np.unique(ids):
+        rows, slots = np.nonzero(ids == e)
+        y = swiglu(x[rows], moe.w_gate[e], moe.w_up[e], moe.w_down[e])
+        out[rows] += w[rows, slots][:, None].astype(_F64) * y
+    for s in range(moe.shared_gate.shape[0]):
+        out += swiglu(x, moe.shared_gate[s], moe.shared_up[s], moe.shared_down[s])
+    if counts is not None:
+        np.add.at(counts, ids.ravel(), 1)
+    return out.astype(_F32)
+
+
+def greedy(logits: np.ndarray) -> np.ndarray | int:
+    """argmax over the last axis; np.argmax returns the first (lowest id) max."""
+    r = np.argmax(logits, axis=-1)
+    return int(r) if np.ndim(r) == 0 else r
+
+
+# --------------------------------------------------------------------------
+# KV cache and tracing
+# --------------------------------------------------------------------------
+
+
+class KVState:
+    """Per-request KV cache: for each layer, roped keys and values of every
+    token fed so far, shape (length, kv_heads, head_dim)."""
+
+    def __init__(self, shape: RefShape, capacity: int = 16):
+        self.shape = shape
+        self.length = 0
+        cap = max(1, capacity)
+        dims = (cap, shape.kv_heads, shape.head_dim)
+        self._k = [np.zeros(dims, _F32) for _ in range(shape.layers)]
+        self._v = [np.zeros(dims, _F32) for _ in range(shape.layers)]
+
+    def keys(self, layer: int) -> np.ndarray:
+        return self._k[layer][: self.length]
+
+    def values(self, layer: int) -> np.ndarray:
+        return self._v[layer][: self.length]
+
+    def _reserve(self, n: int) -> None:
+        cap = self._k[0].shape[0]
+        if n <= cap:
+            return
+        new = max(n, 2 * cap)  # doubling keeps appends amortised O(1)
+        for buf in (self._k, self._v):
+            for i, a in enumerate(buf):
+                b = np.zeros((new,) + a.shape[1:], _F32)
+                b[: self.length] = a[: self.length]
+                buf[i] = b
+
+    def _write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        self._k[layer][start : start + len(k)] = k
+        self._v[layer][start : start + len(v)] = v
+
+    def copy(self) -> KVState:
+        c = KVState.__new__(KVState)
+        c.shape, c.length = self.shape, self.length
+        c._k = [a.copy() for a in self._k]
+        c._v = [a.copy() for a in self._v]
+        return c
+
+
+@dataclass
+class Trace:
+    """Optional recorder passed to the forward functions.
+
+    ``tensors[(layer, name)]`` holds the latest value of each intermediate
+    (rows in the order of the call's tokens); names are ``attn_in, q, k, v,
+    attn_out, attn_proj, resid_mid, ffn_in, ffn_out, resid_out`` plus
+    ``router_ids, router_weights`` for MoE; ``(-1, "logits")`` for the final
+    logits. ``expert_counts[layer, e]`` accumulates routed tokens.
+    """
+
+    capture_tensors: bool = True
+    tensors: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    expert_counts: np.ndarray | None = None
+
+    def _put(self, layer: int, name: str, value: np.ndarray) -> None:
+        if self.capture_tensors:
+            self.tensors[(layer, name)] = np.array(value, copy=True)
+
+
+# --------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------
+
+
+class ReferenceModel:
+    """Greedy decoder over :class:`Weights`. Thread-unsafe, state lives in
+    the :class:`KVState` objects the caller holds."""
+
+    def __init__(self, shape: Any, weights: Weights):
+        self.shape = RefShape.of(shape)
+        if weights.shape.without_eos() != self.shape.without_eos():
+            raise ValueError(f"weights were built for {weights.shape}, not {self.shape}")
+        weights.validate()
+        self.weights = weights
+        # float64 copies so _mm does not re-cast weights on every call.
+        self._w = weights.astype(_F64)
+
+    # ---- core forward --------------------------------------------------
+
+    def _check_tokens(self, tokens: Iterable[int]) -> list[int]:
+        out = [int(t) for t in tokens]
+        for t in out:
+            if not 0 <= t < self.shape.vocab:
+                raise ValueError(f"token {t} outside vocab {self.shape.vocab}")
+        return out
+
+    def forward(
+        self,
+        segments: Sequence[tuple[KVState, Sequence[int]]],
+        trace: Trace | None = None,
+    ) -> np.ndarray:
+        """Feed ``tokens`` to each ``state`` (appending to its cache) and
+        return the logits at the last token of every segment, (n_seg, vocab).
+        Rows of all segments share the projection / FFN products."""
+        s, w = self.shape, self._w
+        if len({id(st) for st, _ in segments}) != len(segments):
+            raise ValueError("a KVState appears twice in one forward call")
+        toks, pos, spans = [], [], []
+        for st, seg in segments:
+            seg = self._check_tokens(seg)
+            if not seg:
+                raise ValueError("empty token segment")
+            spans.append((st, len(toks), len(seg)))
+            pos.extend(range(st.length, st.length + len(seg)))
+            toks.extend(seg)
+            st._reserve(st.length + len(seg))
+        positions = np.asarray(pos, np.int64)
+        n = len(toks)
+        x = self.weights.embed[np.asarray(toks, np.int64)]
+        for li, lw in enumerate(w.layers):
+            n1 = rmsnorm(x, lw.attn_norm)
+            q = apply_rope(_mm(n1, lw.wq).reshape(n, s.heads, s.head_dim), positions)
+            k = apply_rope(_mm(n1, lw.wk).reshape(n, s.kv_heads, s.head_dim), positions)
+            v = _mm(n1, lw.wv).reshape(n, s.kv_heads, s.head_dim)
+            att = np.empty((n, s.heads, s.head_dim), _F32)
+            for st, r0, cnt in spans:
+                st._write(li, st.length, k[r0 : r0 + cnt], v[r0 : r0 + cnt])
+                end = st.length + cnt
+                att[r0 : r0 + cnt] = attention(
+                    q[r0 : r0 + cnt], st._k[li][:end], st._v[li][:end], st.length
+                )
+            proj = _mm(att.reshape(n, s.heads * s.head_dim), lw.wo)
+            h = x + proj
+            n2 = rmsnorm(h, lw.ffn_norm)
+            if s.is_moe:
+                routing = expert_routing(n2, lw.moe.router, s.top_k)
+                counts = None
+                if trace is not None:
+                    if trace.expert_counts is None:
+                        trace.expert_counts = np.zeros((s.layers, s.experts), np.int64)
+                    counts = trace.expert_counts[li]
+                f = moe_ffn(n2, lw.moe, s.top_k, counts=counts, routing=routing)
+            else:
+                f = dense_ffn(n2, lw.dense.w_gate, lw.dense.w_up, lw.dense.w_down)
+            out = h + f
+            if trace is not None:
+                for name, val in (
+                    ("attn_in", n1), ("q", q), ("k", k), ("v", v), ("attn_out", att),
+                    ("attn_proj", proj), ("resid_mid", h), ("ffn_in", n2), ("ffn_out", f),
+                    ("resid_out", out),
+                ):
+                    trace._put(li, name, val)
+                if s.is_moe:
+                    trace._put(li, "router_ids", routing[0])
+                    trace._put(li, "router_weights", routing[1])
+            x = out
+        for st, _, cnt in spans:
+            st.length += cnt
+        last = np.asarray([r0 + cnt - 1 for _, r0, cnt in spans], np.int64)
+        logits = _mm(rmsnorm(x[last], w.final_norm), w.lm_head)
+        if trace is not None:
+            trace._put(-1, "logits", logits)
+        return logits
+
+    # ---- request-level API ---------------------------------------------
+
+    def new_state(self) -> KVState:
+        return KVState(self.shape)
+
+    def prefill(self, prompt_tokens: Sequence[int], trace: Trace | None = None) -> tuple[KVState, int]:
+        """Run the whole prompt; returns (kv_state, first generated token)."""
+        if len(prompt_tokens) == 0:
+            raise ValueError("prompt must contain at least one token")
+        st = KVState(self.shape, capacity=2 * len(prompt_tokens))
+        logits = self.forward([(st, prompt_tokens)], trace)
+        return st, greedy(logits[0])
+
+    def decode_step(self, kv_state: KVState, token: int, trace: Trace | None = None) -> int:
+        """Feed one token, return the next (greedy)."""
+        return self.decode_batch([kv_state], [token], trace)[0]
+
+    def decode_batch(self, states: Sequence[KVState], tokens: Sequence[int], trace: Trace | None = None) -> list[int]:
+        """One decode step for several independent requests at once."""
+        if len(states) != len(tokens):
+            raise ValueError("states and tokens differ in length")
+        if not states:
+            return []
+        logits = self.forward([(st, [t]) for st, t in zip(states, tokens)], trace)
+        return [int(t) for t in greedy(logits)]
+
+    def is_finished(self, output: Sequence[int], max_new_tokens: int) -> bool:
+        eos = self.shape.eos_token
+        return len(output) >= max_new_tokens or (bool(output) and eos is not None and output[-1] == eos)
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, trace: Trace | None = None) -> list[int]:
+        """Greedy generation; the output ends with EOS if one was emitted."""
+        return self.generate_batch([prompt], max_new_tokens, trace)[0]
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        trace: Trace | None = None,
+    ) -> list[list[int]]:
+        """Generate for several requests, decoding the unfinished ones as a
+        batch each step (continuous batching without arrivals). Same tokens as
+        calling :meth:`generate` on each prompt."""
+        caps = [int(max_new_tokens)] * len(prompts) if np.isscalar(max_new_tokens) else [int(m) for m in max_new_tokens]
+        if len(caps) != len(prompts):
+            raise ValueError("max_new_tokens per prompt has the wrong length")
+        outs: list[list[int]] = [[] for _ in prompts]
+        live: list[tuple[int, KVState]] = []
+        for i, p in enumerate(prompts):
+            if caps[i] <= 0:
+                continue
+            st, tok = self.prefill(p, trace)
+            outs[i].append(tok)
+            if not self.is_finished(outs[i], caps[i]):
+                live.append((i, st))
+        while live:
+            nxt = self.decode_batch([st for _, st in live], [outs[i][-1] for i, _ in live], trace)
+            still = []
+            for (i, st), tok in zip(live, nxt):
+                outs[i].append(tok)
+                if not self.is_finished(outs[i], caps[i]):
+                    still.append((i, st))
+            live = still
+        return outs
+
+
+def expert_load(
+    model: ReferenceModel,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int | Sequence[int],
+    include_prefill: bool = True,
+) -> np.ndarray:
+    """Tokens routed to each expert of each layer over a generate run.
+
+    Returns int64 (layers, experts); each token contributes top_k counts per
+    layer (shared experts are always on and are not counted). With
+    ``include_prefill=False`` only decode-phase tokens are counted."""
+    if not model.shape.is_moe:
+        raise ValueError("expert_load needs an MoE model")
+    caps = [int(max_new_tokens)] * len(prompts) if np.isscalar(max_new_tokens) else list(max_new_tokens)
+    total = np.zeros((model.shape.layers, model.shape.experts), np.int64)
+    prefill_only = np.zeros_like(total)
+    trace = Trace(capture_tensors=False, expert_counts=total)
+    model.generate_batch(prompts, caps, trace)
+    if not include_prefill:
+        ptrace = Trace(capture_tensors=False, expert_counts=prefill_only)
+        for p, cap in zip(prompts, caps):
+            if cap > 0:
+                model.prefill(p, ptrace)
+        total = total - prefill_only
+    return total
