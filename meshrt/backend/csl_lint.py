@@ -61,13 +61,41 @@ def _grammar_text() -> str:
         return (Path(__file__).with_name("csl.lark")).read_text(encoding="utf-8")
 
 
+class _KeywordsEverywhere:
+    """Post-lexer that makes every parser state's lexer know the keywords.
+
+    lark's contextual lexer only tries the terminals the current parser
+    state accepts, so where a keyword is not expected but a name is
+    (`var if = 1;`, `b and or c`), the keyword would be lexed as a plain
+    name and accepted. Listing the keyword terminals in `always_accept`
+    makes them reserved everywhere, as they are in CSL.
+    """
+
+    def __init__(self, keywords: tuple[str, ...]):
+        self.always_accept = keywords
+
+    def process(self, stream):
+        return stream
+
+
+def _keyword_terminals(grammar: str) -> tuple[str, ...]:
+    probe = lark.Lark(grammar, parser="lalr", lexer="basic")
+    return tuple(
+        t.name
+        for t in probe.terminals
+        if t.pattern.type == "str" and re.fullmatch(r"[a-z_][a-z0-9_]*", t.pattern.value)
+    )
+
+
 def _parser() -> lark.Lark:
     global _PARSER
     if _PARSER is None:
+        grammar = _grammar_text()
         _PARSER = lark.Lark(
-            _grammar_text(),
+            grammar,
             parser="lalr",
             lexer="contextual",
+            postlex=_KeywordsEverywhere(_keyword_terminals(grammar)),
             propagate_positions=True,
             maybe_placeholders=False,
         )
@@ -131,6 +159,12 @@ def _describe_found(tok: lark.Token) -> str:
 
 
 def _expected_phrase(names: Iterable[str]) -> str:
+    names = set(names)
+    if {"NAME", "NUMBER", "STRING"} <= names:
+        # Every operand can start here: say so instead of listing 20 tokens.
+        # Keep the closers and separators that could also end the construct.
+        rest = {n for n in names if _terminal_text(n) in (";", ")", "]", "}", ",")}
+        return "an expression" if not rest else "an expression or " + _expected_phrase(rest)
     texts = sorted({_describe_expected(n) for n in names})
 
     def key(t: str) -> tuple[int, str]:
@@ -237,8 +271,9 @@ def _error_from_lark(e: UnexpectedInput, src: _Source, filename: str) -> CslSynt
             msg = "unterminated string literal (a string must close on the line it opens)"
         elif ch == "'":
             msg = "invalid or unterminated character literal"
-        elif ch == "/" and text.startswith("/*", pos):
-            msg = "'/* */' comments are not CSL; use '//'"
+        elif ch.isdigit():
+            bad = re.match(r"[0-9A-Za-z_.]*", text[pos:]).group()  # type: ignore[union-attr]
+            msg = f"invalid number literal '{bad}'"
         elif ch and ch.isprintable() and not ch.isspace():
             msg = f"unexpected character '{ch}'"
         else:
@@ -272,6 +307,9 @@ def _error_from_lark(e: UnexpectedInput, src: _Source, filename: str) -> CslSynt
         return CslSyntaxError(filename, line, col, f"unexpected end of file; expected {_expected_phrase(expected)}")
 
     found = _describe_found(tok)
+    if text.startswith("/*", pos):
+        line, col = src.loc(pos)
+        return CslSyntaxError(filename, line, col, "'/* */' comments are not CSL; use '//'")
     if problem and problem[1] == pos and problem[0] in ("unmatched", "mismatch"):
         line, col = src.loc(pos)
         if problem[0] == "unmatched":

@@ -57,7 +57,7 @@ class MappedProgramOp(IRDLOperation):
     dynamism = prop_def(ArrayAttr[DynamismAttr])
     hparams = prop_def(DictionaryAttr)
 
-    body = region_def("single_block")
+    body = region_def()
 
     traits = traits_def(SymbolOpInterface(), SymbolTable(), NoTerminator())
     assembly_format = HEADER_FORMAT + " attr-dict-with-keyword $body"
@@ -270,3 +270,10 @@ def topological_order(kernels: Sequence[MappedKernelOp]) -> list[MappedKernelOp]
                 state[dep] = 1
                 stack.append((dep, 0))
     return order
+
+
+def body_ops(region: Region) -> list[Operation]:
+    """Ops of a single-block body; `{ }` parses as a region with no block."""
+    if len(region.blocks) > 1:
+        raise VerifyException(f"'{region.parent_op().name}' body must have one block")
+    return list(region.blocks[0].ops) if region.blocks else []

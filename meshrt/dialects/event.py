@@ -40,8 +40,8 @@ from xdsl.irdl import (
 from xdsl.traits import NoTerminator, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
-from meshrt.dialects.base import MappedProgramOp, enclosing_program, int_value
-from meshrt.dialects.mesh import CoreSetAttr, DynamismAttr, ResourceAttr
+from meshrt.dialects.base import MappedProgramOp, body_ops, enclosing_program, int_value
+from meshrt.dialects.mesh import DYNAMISM_KINDS, CoreSetAttr, ResourceAttr
 
 
 @irdl_op_definition
@@ -51,13 +51,13 @@ class ScheduleOp(MappedProgramOp):
     name = "event.schedule"
 
     def flows(self) -> list[FlowOp]:
-        return [op for op in self.body.block.ops if isinstance(op, FlowOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, FlowOp)]
 
     def core_classes(self) -> list[CoreClassOp]:
-        return [op for op in self.body.block.ops if isinstance(op, CoreClassOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, CoreClassOp)]
 
     def verify_body(self) -> None:
-        for op in self.body.block.ops:
+        for op in body_ops(self.body):
             if not isinstance(op, FlowOp | CoreClassOp):
                 raise VerifyException(
                     f"schedule @{self.program_name} may only hold event.flow and "
@@ -77,7 +77,7 @@ def _check_in_mesh(op: Operation, what: str, cores: CoreSetAttr) -> None:
         return
     w, h = program.mesh_size
     if not cores.fits_mesh(w, h):
-        raise VerifyException(f"{what} {cores} lies outside the {w} x {h} mesh")
+        raise VerifyException(f"{what} {cores} lie outside the {w} x {h} mesh")
 
 
 @irdl_op_definition
@@ -159,7 +159,7 @@ class CoreClassOp(IRDLOperation):
     sym_name = prop_def(SymbolNameConstraint())
     cores = prop_def(CoreSetAttr)
     params = opt_prop_def(DictionaryAttr)
-    body = region_def("single_block")
+    body = region_def()
 
     traits = traits_def(SymbolOpInterface(), NoTerminator())
     assembly_format = "$sym_name `cores` $cores (`params` $params^)? attr-dict-with-keyword $body"
@@ -169,11 +169,11 @@ class CoreClassOp(IRDLOperation):
         return self.sym_name.data
 
     def subs(self) -> list[SubScheduleOp]:
-        return [op for op in self.body.block.ops if isinstance(op, SubScheduleOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, SubScheduleOp)]
 
     def verify_(self) -> None:
         _check_in_mesh(self, f"core class @{self.class_name}: cores", self.cores)
-        for op in self.body.block.ops:
+        for op in body_ops(self.body):
             if not isinstance(op, SubScheduleOp):
                 raise VerifyException(
                     f"core class @{self.class_name} may only hold event.sub, found '{op.name}'"
@@ -195,7 +195,7 @@ class SubScheduleOp(IRDLOperation):
     after = prop_def(ArrayAttr[SymbolRefAttr])
     demand = prop_def(ResourceAttr)
     collective = opt_prop_def(UnitAttr)
-    body = region_def("single_block")
+    body = region_def()
 
     traits = traits_def(NoTerminator())
     assembly_format = (
@@ -216,12 +216,12 @@ class SubScheduleOp(IRDLOperation):
         return self.collective is not None
 
     def events(self) -> list[EventOp]:
-        return [op for op in self.body.block.ops if isinstance(op, EventOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, EventOp)]
 
     def verify_(self) -> None:
         if not self.role.data:
             raise VerifyException(f"sub-schedule of @{self.kernel_name} has an empty role")
-        for op in self.body.block.ops:
+        for op in body_ops(self.body):
             if not isinstance(op, EventOp):
                 raise VerifyException(
                     f"sub-schedule @{self.kernel_name} \"{self.role_name}\" may only hold "
@@ -292,8 +292,12 @@ class MetaResolveOp(FlowEventOp):
     """Parse the metainfo that arrived with `flow` and act on it (before the data)."""
 
     name = "event.meta_resolve"
-    kind = prop_def(DynamismAttr)
+    kind = prop_def(StringAttr)
     assembly_format = "$kind `from` $flow `bytes` $bytes attr-dict"
+
+    def verify_(self) -> None:
+        super().verify_()
+        _check_kind(self)
 
 
 @irdl_op_definition
@@ -301,8 +305,20 @@ class MetaProduceOp(FlowEventOp):
     """Build metainfo from local results; it rides the next send on `flow`."""
 
     name = "event.meta_produce"
-    kind = prop_def(DynamismAttr)
+    kind = prop_def(StringAttr)
     assembly_format = "$kind `onto` $flow `bytes` $bytes attr-dict"
+
+    def verify_(self) -> None:
+        super().verify_()
+        _check_kind(self)
+
+
+def _check_kind(op: MetaResolveOp | MetaProduceOp) -> None:
+    if op.kind.data not in DYNAMISM_KINDS:
+        raise VerifyException(
+            f"{op.name} on @{op.flow_name}: unknown dynamism kind '{op.kind.data}', "
+            f"expected one of {', '.join(DYNAMISM_KINDS)}"
+        )
 
 
 Event = Dialect(

@@ -47,6 +47,7 @@ from xdsl.utils.exceptions import VerifyException
 from meshrt.dialects.base import (
     MappedKernelOp,
     MappedProgramOp,
+    body_ops,
     enclosing_program,
     int_value,
     topological_order,
@@ -130,10 +131,10 @@ class ModelOp(MappedProgramOp):
     name = "graph.model"
 
     def kernels(self) -> list[KernelOp]:
-        return [op for op in self.body.block.ops if isinstance(op, KernelOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, KernelOp)]
 
     def verify_body(self) -> None:
-        for op in self.body.block.ops:
+        for op in body_ops(self.body):
             if not isinstance(op, KernelOp):
                 raise VerifyException(
                     f"model @{self.program_name} may only hold graph kernels, found '{op.name}'"

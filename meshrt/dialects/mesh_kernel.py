@@ -30,7 +30,7 @@ from xdsl.irdl import (
 )
 from xdsl.utils.exceptions import VerifyException
 
-from meshrt.dialects.base import MappedKernelOp, MappedProgramOp, int_value
+from meshrt.dialects.base import MappedKernelOp, MappedProgramOp, body_ops, int_value
 from meshrt.dialects.graph import ActType, RoutingType, TokensType
 from meshrt.dialects.mesh import CoreSetAttr
 
@@ -42,10 +42,10 @@ class ProgramOp(MappedProgramOp):
     name = "mesh_kernel.program"
 
     def kernels(self) -> list[KernelOp]:
-        return [op for op in self.body.block.ops if isinstance(op, KernelOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, KernelOp)]
 
     def verify_body(self) -> None:
-        for op in self.body.block.ops:
+        for op in body_ops(self.body):
             if not isinstance(op, KernelOp):
                 raise VerifyException(
                     f"program @{self.program_name} may only hold mesh kernels, found '{op.name}'"

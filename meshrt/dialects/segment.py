@@ -43,6 +43,7 @@ from xdsl.utils.exceptions import VerifyException
 from meshrt.dialects.base import (
     HEADER_FORMAT,
     MappedProgramOp,
+    body_ops,
     enclosing_program,
     int_value,
 )
@@ -58,7 +59,7 @@ class ProgramOp(MappedProgramOp):
 
     budget = prop_def(ResourceAttr)
     num_colors = prop_def(IntegerAttr[I64])
-    reserved_colors = prop_def(DenseArrayBase)
+    reserved_colors = prop_def(DenseArrayBase[I64])
 
     assembly_format = (
         HEADER_FORMAT
@@ -75,13 +76,13 @@ class ProgramOp(MappedProgramOp):
         return tuple(c for c in range(int_value(self.num_colors)) if c not in self.reserved)
 
     def flows(self) -> list[FlowOp]:
-        return [op for op in self.body.block.ops if isinstance(op, FlowOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, FlowOp)]
 
     def core_classes(self) -> list[CoreClassOp]:
-        return [op for op in self.body.block.ops if isinstance(op, CoreClassOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, CoreClassOp)]
 
     def routes(self) -> list[RouteOp]:
-        return [op for op in self.body.block.ops if isinstance(op, RouteOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, RouteOp)]
 
     def verify_body(self) -> None:
         n = int_value(self.num_colors)
@@ -92,7 +93,7 @@ class ProgramOp(MappedProgramOp):
             raise VerifyException(
                 f"program @{self.program_name}: reserved colours {bad} are outside 0..{n - 1}"
             )
-        for op in self.body.block.ops:
+        for op in body_ops(self.body):
             if not isinstance(op, FlowOp | CoreClassOp | RouteOp):
                 raise VerifyException(
                     f"program @{self.program_name} may only hold event.flow, "
@@ -114,7 +115,7 @@ class CoreClassOp(IRDLOperation):
     sym_name = prop_def(SymbolNameConstraint())
     cores = prop_def(CoreSetAttr)
     budget = opt_prop_def(ResourceAttr)  # overrides the program's budget
-    body = region_def("single_block")
+    body = region_def()
 
     traits = traits_def(SymbolOpInterface(), NoTerminator())
     assembly_format = "$sym_name `cores` $cores (`budget` $budget^)? attr-dict-with-keyword $body"
@@ -130,7 +131,7 @@ class CoreClassOp(IRDLOperation):
         return program.budget.value if program is not None else None
 
     def segments(self) -> list[SegmentOp]:
-        return [op for op in self.body.block.ops if isinstance(op, SegmentOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, SegmentOp)]
 
     def verify_(self) -> None:
         where = f"core class @{self.class_name}"
@@ -143,10 +144,10 @@ class CoreClassOp(IRDLOperation):
         # (optionally preceded by a marker sync) between neighbours.
         expected = 0
         pending: tuple[int, int] | None = None
-        for op in self.body.block.ops:
+        for op in body_ops(self.body):
             if isinstance(op, SegmentOp):
-                if op.index != expected:
-                    raise VerifyException(f"{where}: segment {op.index} found where {expected} was expected")
+                if op.index_value != expected:
+                    raise VerifyException(f"{where}: segment {op.index_value} found where {expected} was expected")
                 if expected > 0 and pending != (expected - 1, expected):
                     raise VerifyException(
                         f"{where}: segment {expected} is not preceded by 'segment.reconfigure "
@@ -182,7 +183,7 @@ class SegmentOp(IRDLOperation):
 
     index = prop_def(IntegerAttr[I64])
     use = prop_def(ResourceAttr)
-    body = region_def("single_block")
+    body = region_def()
 
     traits = traits_def(NoTerminator())
     assembly_format = "$index `use` $use attr-dict-with-keyword $body"
@@ -192,12 +193,12 @@ class SegmentOp(IRDLOperation):
         return int_value(self.index)
 
     def subs(self) -> list[SubScheduleOp]:
-        return [op for op in self.body.block.ops if isinstance(op, SubScheduleOp)]
+        return [op for op in body_ops(self.body) if isinstance(op, SubScheduleOp)]
 
     def verify_(self) -> None:
         parent = self.parent_op()
         cls = parent.class_name if isinstance(parent, CoreClassOp) else "?"
-        for op in self.body.block.ops:
+        for op in body_ops(self.body):
             if not isinstance(op, SubScheduleOp):
                 raise VerifyException(f"segment {self.index_value} of @{cls} may only hold event.sub")
         if isinstance(parent, CoreClassOp):

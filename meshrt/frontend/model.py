@@ -1,0 +1,294 @@
+"""What the frontend knows about a model: its shape, dynamism and mapping choices.
+
+`ModelShape` and `ModelSpec` are built by the `.mrt` parser (spec.py) and the
+Hugging Face importer (hf_config.py) and consumed by the default mapper.
+Construction validates them: an impossible number raises a FrontendError
+located at the field that holds it (`locs` maps field names to positions).
+
+Byte sizes may be fractional: `dtype_bytes = 0.5` is a 4-bit weight format,
+and MXFP4 (32 four-bit values sharing one 8-bit scale) is 17/32 = 0.53125.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from meshrt.dialects.mesh import DYNAMISM_KINDS
+from meshrt.frontend.errors import FrontendError, Loc
+
+DEFAULT_MAX_SEQ = 4096  # KV capacity per request slot when the input gives none
+DEFAULT_DYNAMISM = ("continuous_batching", "micro_batch_pipeline")
+# Dynamism kinds a kernel of the graph dialect can produce today.
+SUPPORTED_DYNAMISM = ("continuous_batching", "moe_routing", "micro_batch_pipeline",
+                      "expert_rebalance")
+
+
+def _loc(locs: Mapping[str, Loc], key: str, source: str) -> Loc:
+    return locs.get(key) or Loc(source)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Decoder-only transformer dimensions (dense, MoE, or mixed)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    ffn: int = 0  # dense FFN width (SwiGLU), for every layer not in moe_layers
+    experts: int = 0  # routed experts per MoE layer
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_experts: int = 0  # always-on experts of width expert_ffn
+    moe_layers: tuple[int, ...] = ()  # which layers are MoE (all of them by default)
+    dtype_bytes: float = 2.0  # bytes per weight element (attention, norms, embeddings)
+    expert_dtype_bytes: float = 0.0  # bytes per expert weight; 0 = dtype_bytes
+    kv_bytes: float = 0.0  # bytes per KV-cache element; 0 = max(dtype_bytes, 2)
+    max_seq: int = DEFAULT_MAX_SEQ  # KV capacity per request slot, in tokens
+    eos_token: int = 0
+    source: str = field(default="<model>", compare=False)
+    locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.experts and not self.moe_layers:
+            object.__setattr__(self, "moe_layers", tuple(range(self.layers)))
+        if not self.expert_dtype_bytes:
+            object.__setattr__(self, "expert_dtype_bytes", self.dtype_bytes)
+        if not self.kv_bytes:
+            object.__setattr__(self, "kv_bytes", max(self.dtype_bytes, 2.0))
+        self._validate()
+
+    # -- derived ---------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
+    @property
+    def qkv_width(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def attn_width(self) -> int:
+        return self.heads * self.head_dim
+
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token in one layer."""
+        return 2 * self.kv_heads * self.head_dim * self.kv_bytes
+
+    def weight_bytes(self) -> float:
+        """All weights (embedding and lm_head counted separately, untied)."""
+        h, d = self.hidden, self.dtype_bytes
+        attn = h * self.qkv_width + self.attn_width * h + 2 * h  # + two norm gains
+        total = 2 * self.vocab * h * d + h * d  # embed, lm_head, final norm
+        for layer in range(self.layers):
+            total += attn * d
+            if self.is_moe_layer(layer):
+                total += h * self.experts * d  # router
+                total += (self.experts + self.shared_experts) * 3 * h * self.expert_ffn \
+                    * self.expert_dtype_bytes
+            else:
+                total += 3 * h * self.ffn * d
+        return total
+
+    # -- checks ----------------------------------------------------------
+    def _validate(self) -> None:
+        def err(key: str, msg: str) -> FrontendError:
+            return FrontendError(msg, _loc(self.locs, key, self.source))
+
+        for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "max_seq"):
+            v = getattr(self, key)
+            if v < 1:
+                raise err(key, f"{key} must be at least 1, got {v}")
+        if self.hidden % self.heads:
+            raise err("hidden", f"hidden size {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise err("kv_heads",
+                      f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        if self.head_dim % 2:
+            raise err("head_dim", f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        for key in ("dtype_bytes", "expert_dtype_bytes", "kv_bytes"):
+            v = getattr(self, key)
+            if not 0 < v <= 8 or (v * 32) % 1:
+                raise err(key, f"{key} must be a positive multiple of 1/32 up to 8, got {v}")
+        if not 0 <= self.eos_token < self.vocab:
+            raise err("eos_token",
+                      f"eos_token {self.eos_token} is outside the vocabulary 0..{self.vocab - 1}")
+        for key in ("ffn", "experts", "top_k", "expert_ffn", "shared_experts"):
+            if getattr(self, key) < 0:
+                raise err(key, f"{key} must not be negative, got {getattr(self, key)}")
+        if self.experts:
+            if not 1 <= self.top_k <= self.experts:
+                raise err("top_k",
+                          f"top_k {self.top_k} must be between 1 and the expert count {self.experts}")
+            if self.expert_ffn < 1:
+                raise err("expert_ffn", "an MoE model needs expert_ffn of at least 1")
+            bad = [i for i in self.moe_layers if not 0 <= i < self.layers]
+            if bad:
+                raise err("moe_layers",
+                          f"moe_layers lists layer {bad[0]}, outside 0..{self.layers - 1}")
+            if len(set(self.moe_layers)) != len(self.moe_layers):
+                raise err("moe_layers", "moe_layers lists a layer twice")
+            if len(self.moe_layers) < self.layers and self.ffn < 1:
+                raise err("ffn", "layers outside moe_layers are dense and need ffn of at least 1")
+        else:
+            for key in ("top_k", "expert_ffn", "shared_experts"):
+                if getattr(self, key):
+                    raise err(key, f"{key} is set but the model has no experts (experts = 0)")
+            if self.moe_layers:
+                raise err("moe_layers", "moe_layers is set but the model has no experts")
+            if self.ffn < 1:
+                raise err("ffn", "a dense model needs ffn of at least 1 (or experts for MoE)")
+
+
+@dataclass(frozen=True)
+class RectChoice:
+    """An explicit rectangle of cores (x, y, w, h) on one wafer."""
+
+    x: int
+    y: int
+    w: int
+    h: int
+    wafer: int = 0
+    loc: Loc | None = field(default=None, compare=False)
+
+    @property
+    def tuple(self) -> tuple[int, int, int, int]:
+        return self.x, self.y, self.w, self.h
+
+    def overlaps(self, o: RectChoice) -> bool:
+        return (self.wafer == o.wafer and self.x < o.x + o.w and o.x < self.x + self.w
+                and self.y < o.y + o.h and o.y < self.y + self.h)
+
+    def __str__(self) -> str:
+        return f"({self.x}, {self.y}, {self.w}, {self.h})"
+
+
+@dataclass(frozen=True)
+class MappingSpec:
+    """Mapping choices that override the default mapper.
+
+    `layers[i]` is layer i's block (all its kernels); `experts[i]` its expert
+    regions (one per expert, or per group of experts/len consecutive
+    experts). Explicit blocks are all-or-nothing: with any layer given, every
+    layer and the embed and lm_head blocks must be given.
+    """
+
+    stages: int | None = None
+    experts_per_region: int | None = None
+    placement: str = "contiguous"
+    layers: Mapping[int, RectChoice] = field(default_factory=dict, hash=False)
+    experts: Mapping[int, tuple[RectChoice, ...]] = field(default_factory=dict, hash=False)
+    embed: RectChoice | None = None
+    lm_head: RectChoice | None = None
+    locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def explicit(self) -> bool:
+        return bool(self.layers or self.embed or self.lm_head)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model plus the runtime behaviour and mapping asked for."""
+
+    shape: ModelShape
+    dynamism: tuple[str, ...] = DEFAULT_DYNAMISM
+    micro_batch: int = 1
+    wafers: int | None = None  # None: as many as the model needs
+    mapping: MappingSpec = field(default_factory=MappingSpec)
+    source: str = field(default="<model>", compare=False)
+    locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def err(key: str, msg: str, item: int | None = None) -> FrontendError:
+            loc = self.locs.get(f"{key}[{item}]") if item is not None else None
+            return FrontendError(msg, loc or _loc(self.locs, key, self.source))
+
+        for i, kind in enumerate(self.dynamism):
+            if kind not in DYNAMISM_KINDS:
+                raise err("dynamism", f"unknown dynamism '{kind}', expected one of "
+                          + ", ".join(SUPPORTED_DYNAMISM), i)
+            if kind not in SUPPORTED_DYNAMISM:
+                raise err("dynamism", f"dynamism '{kind}' is not supported by the frontend yet", i)
+            if kind in ("moe_routing", "expert_rebalance") and not self.shape.is_moe:
+                raise err("dynamism", f"dynamism '{kind}' needs an MoE model (experts > 0)", i)
+            if kind in self.dynamism[:i]:
+                raise err("dynamism", f"dynamism lists '{kind}' twice", i)
+        if self.micro_batch < 1:
+            raise err("micro_batch", f"micro_batch must be at least 1, got {self.micro_batch}")
+        if self.wafers is not None and self.wafers < 1:
+            raise err("wafers", f"wafers must be at least 1, got {self.wafers}")
+        self._check_mapping()
+
+    @property
+    def pipelined(self) -> bool:
+        return "micro_batch_pipeline" in self.dynamism
+
+    def _check_mapping(self) -> None:
+        m, s = self.mapping, self.shape
+
+        def err(key: str, msg: str, loc: Loc | None = None) -> FrontendError:
+            return FrontendError(msg, loc or _loc(m.locs, key, self.source))
+
+        if m.stages is not None and m.stages < 1:
+            raise err("stages", f"stages must be at least 1, got {m.stages}")
+        if m.placement != "contiguous":
+            raise err("placement", f"unknown expert placement '{m.placement}' for the frontend, "
+                      "expected contiguous (eplb and vibe are the place-experts pass)")
+        if m.experts_per_region is not None:
+            if not s.is_moe:
+                raise err("experts_per_region", "experts_per_region needs an MoE model")
+            if m.experts_per_region < 1 or s.experts % m.experts_per_region:
+                raise err("experts_per_region",
+                          f"experts_per_region {m.experts_per_region} must divide the expert "
+                          f"count {s.experts}")
+        for i, r in list(m.layers.items()) + [(i, r) for i, rs in m.experts.items() for r in rs]:
+            if not 0 <= i < s.layers:
+                raise err("", f"layer {i} does not exist (the model has layers 0..{s.layers - 1})",
+                          r.loc)
+        for r in self._rects():
+            if r.w < 1 or r.h < 1:
+                raise err("", f"region {r} is empty: width and height must be at least 1", r.loc)
+            if r.x < 0 or r.y < 0:
+                raise err("", f"region {r} has a negative origin", r.loc)
+            if self.wafers is not None and r.wafer >= self.wafers:
+                raise err("", f"region {r} is on wafer {r.wafer}, but only {self.wafers} "
+                          f"wafer(s) are available", r.loc)
+        for i, rs in m.experts.items():
+            if not s.is_moe_layer(i):
+                raise err("", f"layer {i} is dense and has no experts", rs[0].loc)
+            n = len(rs) - s.shared_experts
+            if n < 1 or s.experts % n:
+                raise err("", f"layer {i} lists {len(rs)} expert regions; expected the number of "
+                          f"expert regions (a divisor of {s.experts}) plus {s.shared_experts} "
+                          "shared-expert region(s)", rs[0].loc)
+            if i not in m.layers:
+                raise err("", f"layer {i} has explicit expert regions but no explicit region",
+                          rs[0].loc)
+        if m.explicit:
+            missing = [f"layer {i}" for i in range(s.layers) if i not in m.layers]
+            missing += [k for k in ("embed", "lm_head") if getattr(m, k) is None]
+            if missing:
+                raise err("mapping", "an explicit mapping must place every block; missing "
+                          + ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else ""))
+        rects = list(self._rects())
+        for a_i, a in enumerate(rects):
+            for b in rects[a_i + 1:]:
+                if a.overlaps(b):
+                    raise err("", f"region {b} overlaps region {a} (line {a.loc.line if a.loc else '?'})"
+                              " on the same wafer", b.loc)
+
+    def _rects(self):
+        m = self.mapping
+        yield from (r for r in (m.embed,) if r is not None)
+        for i in sorted(m.layers):
+            yield m.layers[i]
+            yield from m.experts.get(i, ())
+        yield from (r for r in (m.lm_head,) if r is not None)

@@ -1,0 +1,63 @@
+// RUN: meshrt-opt %s --split-input-file --verify-diagnostics | filecheck %s
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<4>
+  %p = mesh_kernel.gemv @qkv(%x) on <(0, 1, 8, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<4> -> !graph.act<32>
+}
+// CHECK: mesh_kernel_invalid.mlir:5:3: error: 'mesh_kernel.gemv' op kernel @qkv: a 8 x 2 grid is too large for a 4 x 32 matrix: every core needs at least one row and column
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %p = mesh_kernel.gemv @qkv(%x) on <(0, 1, 2, 2), (4, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<32>
+}
+// CHECK: error: 'mesh_kernel.gemv' op kernel @qkv: needs one dense rectangle as its region, got (0, 1, 2, 2), (4, 1, 2, 2)
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %q = mesh_kernel.allreduce @r(%x) on <(0, 1, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, axis = "diagonal"} : !graph.act<16> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.allreduce' op kernel @r: axis must be 'row' or 'col', got 'diagonal'
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %g = mesh_kernel.topk_gate @gate(%x) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
+  %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, experts = array<i64: 0, 5>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: expert ids [5] are outside 0..1
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %n = mesh_kernel.elementwise "add" @add(%x) on <(0, 1, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.elementwise' op kernel @add: 'add' takes 2 operands, got 1
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %a = mesh_kernel.attention @attn(%x) on <(4, 1, 4, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 1 : i64, kv_heads = 1 : i64, head_dim = 8 : i64, max_seq = 2 : i64, slots = 2 : i64} : !graph.act<16> -> !graph.act<8>
+}
+// CHECK: error: 'mesh_kernel.attention' op kernel @attn: 2 KV positions cannot be tiled over 4 columns
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %a = mesh_kernel.handoff @h(%x) on <(4, 1, 1, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, to_stage = 2 : i64, to_wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.handoff' op kernel @h: hands off from stage 0 to stage 2; a handoff must go to the next stage
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.program' op program @m may only hold mesh kernels, found 'graph.embed'
