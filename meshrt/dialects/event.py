@@ -94,16 +94,28 @@ class FlowOp(IRDLOperation):
     bytes = prop_def(IntegerAttr[I64])
     dx = opt_prop_def(IntegerAttr[I64])
     dy = opt_prop_def(IntegerAttr[I64])
+    # Senders on wafer `wafer`; receivers on `wafer`, or on the next wafer
+    # when `cross_wafer` is set (the flow then uses the wafer-to-wafer link).
+    wafer = prop_def(IntegerAttr[I64])
+    cross_wafer = opt_prop_def(UnitAttr)
 
     traits = traits_def(SymbolOpInterface())
     assembly_format = (
-        "$sym_name `kernel` $kernel `from` $src `to` $dst `pattern` $pattern "
-        "(`by` $dx^ `,` $dy)? `bytes` $bytes attr-dict"
+        "$sym_name `kernel` $kernel `wafer` $wafer `from` $src `to` $dst (`cross_wafer` $cross_wafer^)? "
+        "`pattern` $pattern (`by` $dx^ `,` $dy)? `bytes` $bytes attr-dict"
     )
 
     @property
     def flow_name(self) -> str:
         return self.sym_name.data
+
+    @property
+    def wafer_index(self) -> int:
+        return int_value(self.wafer)
+
+    @property
+    def crosses_wafer(self) -> bool:
+        return self.cross_wafer is not None
 
     @property
     def offset(self) -> tuple[int, int]:
@@ -139,6 +151,8 @@ class FlowOp(IRDLOperation):
                 )
         elif self.dx is not None or self.dy is not None:
             raise VerifyException(f"{where}: only shift flows take dx / dy")
+        if self.crosses_wafer and pattern == "shift":
+            raise VerifyException(f"{where}: a flow across the wafer link cannot be a shift")
 
 
 def lookup_flow(op: Operation, ref: SymbolRefAttr) -> FlowOp:
@@ -157,12 +171,19 @@ class CoreClassOp(IRDLOperation):
     name = "event.core_class"
 
     sym_name = prop_def(SymbolNameConstraint())
+    wafer = prop_def(IntegerAttr[I64])
     cores = prop_def(CoreSetAttr)
     params = opt_prop_def(DictionaryAttr)
     body = region_def()
 
     traits = traits_def(SymbolOpInterface(), NoTerminator())
-    assembly_format = "$sym_name `cores` $cores (`params` $params^)? attr-dict-with-keyword $body"
+    assembly_format = (
+        "$sym_name `wafer` $wafer `cores` $cores (`params` $params^)? attr-dict-with-keyword $body"
+    )
+
+    @property
+    def wafer_index(self) -> int:
+        return int_value(self.wafer)
 
     @property
     def class_name(self) -> str:

@@ -113,12 +113,19 @@ class CoreClassOp(IRDLOperation):
     name = "segment.core_class"
 
     sym_name = prop_def(SymbolNameConstraint())
+    wafer = prop_def(IntegerAttr[I64])
     cores = prop_def(CoreSetAttr)
     budget = opt_prop_def(ResourceAttr)  # overrides the program's budget
     body = region_def()
 
     traits = traits_def(SymbolOpInterface(), NoTerminator())
-    assembly_format = "$sym_name `cores` $cores (`budget` $budget^)? attr-dict-with-keyword $body"
+    assembly_format = (
+        "$sym_name `wafer` $wafer `cores` $cores (`budget` $budget^)? attr-dict-with-keyword $body"
+    )
+
+    @property
+    def wafer_index(self) -> int:
+        return int_value(self.wafer)
 
     @property
     def class_name(self) -> str:

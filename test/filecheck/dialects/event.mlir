@@ -2,30 +2,30 @@
 // RUN: meshrt-opt %s --print-op-generic | meshrt-opt | filecheck %s
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 dynamism [#mesh.dyn<continuous_batching>] hparams {} {
-  event.flow @r.up kernel @r from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 64
-  event.flow @r.bc kernel @r from <(3, 1, 1, 4)> to <(0, 1, 4, 4)> pattern "row" bytes 64
-  event.flow @tok kernel @sample from <(0, 6, 4, 1)> to <(0, 0, 4, 1)> pattern "col" bytes 8
-  event.core_class @edge cores <(0, 1, 1, 4)> params {upstream = "west"} {
+  event.flow @r.up kernel @r wafer 0 from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 64
+  event.flow @r.bc kernel @r wafer 0 from <(3, 1, 1, 4)> to <(0, 1, 4, 4)> pattern "row" bytes 64
+  event.flow @tok kernel @sample wafer 0 from <(0, 6, 4, 1)> to <(0, 0, 4, 1)> pattern "col" bytes 8
+  event.core_class @edge wafer 0 cores <(0, 1, 1, 4)> params {upstream = "west"} {
     event.sub @r "edge" after [@qkv] demand <colors = 2, iq = 1, oq = 1, routes = 2, sram = 256> collective {
       event.send @r.up bytes 64 meta 0
       event.recv @r.bc bytes 64 meta 0
     }
   }
-  event.core_class @root cores <(3, 1, 1, 4)> {
+  event.core_class @root wafer 0 cores <(3, 1, 1, 4)> {
     event.sub @r "root" after [@qkv] demand <colors = 2> collective {
       event.recv @r.up bytes 64 meta 0
       event.compute "add" work 16
       event.send @r.bc bytes 64 meta 0
     }
   }
-  event.core_class @first cores <(0, 0, 4, 1)> {
+  event.core_class @first wafer 0 cores <(0, 0, 4, 1)> {
     event.sub @embed "token_in" after [] demand <iq = 1, ctrl = 64> {
       event.meta_resolve "continuous_batching" from @tok bytes 4
       event.recv @tok bytes 4 meta 4
       event.compute "embed" work 16
     }
   }
-  event.core_class @last cores <(0, 6, 4, 1)> {
+  event.core_class @last wafer 0 cores <(0, 6, 4, 1)> {
     event.sub @sample "argmax" after [@lm_head] demand <oq = 1, ctrl = 32> {
       event.compute "argmax" work 32
       event.meta_produce "continuous_batching" onto @tok bytes 4
@@ -35,16 +35,16 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 dynami
 }
 
 // CHECK:      event.schedule @m target "t" mesh 16 x 16
-// CHECK-NEXT:   event.flow @r.up kernel @r from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 64
-// CHECK-NEXT:   event.flow @r.bc kernel @r from <(3, 1, 1, 4)> to <(0, 1, 4, 4)> pattern "row" bytes 64
+// CHECK-NEXT:   event.flow @r.up kernel @r wafer 0 from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 64
+// CHECK-NEXT:   event.flow @r.bc kernel @r wafer 0 from <(3, 1, 1, 4)> to <(0, 1, 4, 4)> pattern "row" bytes 64
 // CHECK-NEXT:   event.flow @tok
-// CHECK-NEXT:   event.core_class @edge cores <(0, 1, 1, 4)> params {upstream = "west"} {
+// CHECK-NEXT:   event.core_class @edge wafer 0 cores <(0, 1, 1, 4)> params {upstream = "west"} {
 // CHECK-NEXT:     event.sub @r "edge" after [@qkv] demand <colors = 2, iq = 1, oq = 1, routes = 2, sram = 256> collective {
 // CHECK-NEXT:       event.send @r.up bytes 64 meta 0
 // CHECK-NEXT:       event.recv @r.bc bytes 64 meta 0
 // CHECK-NEXT:     }
 // CHECK-NEXT:   }
-// CHECK:        event.core_class @root cores <(3, 1, 1, 4)> {
+// CHECK:        event.core_class @root wafer 0 cores <(3, 1, 1, 4)> {
 // CHECK-NEXT:     event.sub @r "root" after [@qkv] demand <colors = 2> collective {
 // CHECK-NEXT:       event.recv @r.up bytes 64 meta 0
 // CHECK-NEXT:       event.compute "add" work 16

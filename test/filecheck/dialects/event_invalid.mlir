@@ -1,7 +1,7 @@
 // RUN: meshrt-opt %s --split-input-file --verify-diagnostics | filecheck %s
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.core_class @c cores <(0, 0, 2, 1)> {
+  event.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     event.sub @k "r" after [] demand <> {
       event.recv @nowhere bytes 8 meta 0
     }
@@ -12,35 +12,35 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k from <(0, 0, 2, 1)> to <(2, 0, 2, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(2, 0, 2, 1)> pattern "shift" by 1, 0 bytes 8
 }
 // CHECK: error: 'event.flow' op flow @f: receivers (2, 0, 2, 1) are not the senders (0, 0, 2, 1) shifted by (1, 0)
 
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k from <(0, 0, 2, 1)> to <(2, 0, 2, 1)> pattern "teleport" bytes 8
+  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(2, 0, 2, 1)> pattern "teleport" bytes 8
 }
 // CHECK: error: 'event.flow' op flow @f: unknown pattern 'teleport', expected one of shift, row, col, all
 
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k from <(0, 0, 2, 1)> to <(0, 15, 2, 2)> pattern "col" bytes 8
+  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 15, 2, 2)> pattern "col" bytes 8
 }
 // CHECK: error: 'event.flow' op flow @f: receivers (0, 15, 2, 2) lie outside the 16 x 16 mesh
 
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 0
+  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 0
 }
 // CHECK: error: 'event.flow' op flow @f: bytes must be > 0, got 0
 
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.core_class @c cores <(0, 0, 20, 1)> {
+  event.core_class @c wafer 0 cores <(0, 0, 20, 1)> {
   }
 }
 // CHECK: error: 'event.core_class' op core class @c: cores (0, 0, 20, 1) lie outside the 16 x 16 mesh
@@ -48,8 +48,8 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
-  event.core_class @c cores <(0, 0, 2, 1)> {
+  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     event.sub @k "r" after [@k] demand <> {
       event.send @f bytes 8 meta 0
     }
@@ -60,8 +60,8 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
-  event.core_class @c cores <(0, 0, 2, 1)> {
+  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     event.sub @k "r" after [] demand <> {
       event.meta_resolve "weather" from @f bytes 8
     }
@@ -72,7 +72,7 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.core_class @c cores <(0, 0, 2, 1)> {
+  event.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     event.sub @k "r" after [] demand <colors = -1> {
     }
   }
@@ -82,7 +82,7 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.core_class @c cores <(0, 0, 2, 1)> {
+  event.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     event.sub @k "r" after [] demand <colours = 1> {
     }
   }

@@ -1,7 +1,7 @@
 // RUN: meshrt-opt %s --split-input-file --verify-diagnostics | filecheck %s
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  segment.core_class @c cores <(0, 0, 2, 1)> {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     segment.segment 0 use <colors = 3> {
     }
   }
@@ -11,7 +11,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  segment.core_class @c cores <(0, 0, 2, 1)> budget <colors = 4> {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> budget <colors = 4> {
     segment.segment 0 use <colors = 3, iq = 2> {
     }
   }
@@ -21,7 +21,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  segment.core_class @c cores <(0, 0, 2, 1)> {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     segment.segment 0 use <> {
     }
     segment.segment 1 use <> {
@@ -33,7 +33,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  segment.core_class @c cores <(0, 0, 2, 1)> {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     segment.segment 0 use <> {
     }
     segment.reconfigure 0 to 1 release [] install []
@@ -47,7 +47,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  segment.core_class @c cores <(0, 0, 2, 1)> {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     segment.segment 0 use <> {
     }
     segment.reconfigure 0 to 2 release [] install []
@@ -58,7 +58,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  segment.core_class @c cores <(0, 0, 2, 1)> {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     segment.segment 0 use <> {
     }
     segment.marker_sync 0 to 1 over <(0, 0, 16, 16)>
@@ -72,7 +72,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  event.flow @f kernel @k from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
   segment.route @f color 6 via <(0, 0, 2, 2)>
 }
 // CHECK: error: 'segment.route' op route of @f uses reserved colour 6
@@ -80,7 +80,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  event.flow @f kernel @k from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
   segment.route @f color 9 via <(0, 0, 2, 2)>
 }
 // CHECK: error: 'segment.route' op route of @f uses colour 9, outside 0..7
@@ -95,7 +95,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  segment.core_class @c cores <(0, 0, 2, 1)> {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
   }
 }
 // CHECK: error: 'segment.core_class' op core class @c has no segment
@@ -103,6 +103,6 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2> colors 8 reserved [9] {
-  event.flow @f kernel @k from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
 }
 // CHECK: error: 'segment.program' op program @m: reserved colours [9] are outside 0..7

@@ -1,0 +1,695 @@
+"""The default mapper: a ModelSpec on a Target becomes `graph` dialect IR.
+
+Layout. Every *unit* (the embedding, each decoder layer, the LM head) is a
+block of full-height *bands*, one per weight-holding kernel, in dataflow
+order: a layer is [qkv | attention | o_proj | up | down] (dense) or
+[qkv | attention | o_proj | gate | relay | expert grid] (MoE). Norms, residual
+adds and the SwiGLU product run on the cores of the band next to them, as a
+real mapping does. Blocks are packed in layer order into rows of height H,
+boustrophedon, row after row, wafer after wafer, so each wafer holds a
+contiguous range of layers.
+
+Sizing. A band of height H gets the least width whose per-core bytes fit the
+target's usable SRAM: a matmul tiles its weight (in x out) as
+ceil(in/H) x ceil(out/W) per core plus its activation buffers; attention
+tiles its KV cache (kv_slots x max_seq tokens) over sequence rows and
+head-dim columns; experts get one disjoint region per expert (or per group
+of experts when one expert would fill fewer than MIN_EXPERT_CORES cores).
+
+Stages. With micro-batch pipelining every attention keeps KV for
+micro_batch x stages request slots (one micro-batch in flight per stage), so
+more stages need more SRAM. The mapper takes the fewest wafers that fit
+(or the wafers asked for) and then as many stages as still fit, at most one
+per unit; stage boundaries respect wafer boundaries and balance the number of
+kernels on each stage's critical path.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, ModuleOp, f64, i64
+from xdsl.ir import Attribute, Block, Region, SSAValue
+
+from meshrt.dialects import graph as g
+from meshrt.dialects.mesh import CoreSetAttr
+from meshrt.frontend.errors import FrontendError, Loc
+from meshrt.frontend.model import ModelShape, ModelSpec, RectChoice
+from meshrt.targets import Target
+
+ACT_BYTES = 4  # activations and partial sums are fp32 in buffers
+MIN_EXPERT_CORES = 4  # below this an expert region has no room for distinct roles
+MAX_ROW_CHOICES = 64  # candidate block heights tried per wafer
+# Kernels on a unit's critical path; every band is filled to the same SRAM
+# level, so each takes about the same time and this is the unit's load.
+UNIT_LOAD = {"embed": 1, "dense": 5, "moe": 6, "lm_head": 2}
+
+
+# ---------------------------------------------------------------------------
+# Per-core byte models
+# ---------------------------------------------------------------------------
+
+
+def _c(a: float, b: int) -> int:
+    return -(-int(a) // b)
+
+
+@dataclass(frozen=True)
+class Sizer:
+    """Per-core bytes of each band kind as a function of its width w and height h."""
+
+    shape: ModelShape
+    micro_batch: int
+    kv_slots: int
+    usable: int  # per-core SRAM for data
+
+    def matmul(self, n_in: int, n_out: int, dbytes: float, w: int, h: int) -> float:
+        it, ot = _c(n_in, h), _c(n_out, w)
+        return it * ot * dbytes + self.micro_batch * (it + ot) * ACT_BYTES + it * dbytes
+
+    def band(self, kind: str, w: int, h: int) -> float:
+        s, d = self.shape, self.shape.dtype_bytes
+        if kind == "qkv":
+            return self.matmul(s.hidden, s.qkv_width, d, w, h)
+        if kind == "o":
+            return self.matmul(s.attn_width, s.hidden, d, w, h)
+        if kind == "up":
+            return self.matmul(s.hidden, 2 * s.ffn, d, w, h)
+        if kind == "down":
+            return self.matmul(s.ffn, s.hidden, d, w, h)
+        if kind == "gate":
+            return self.matmul(s.hidden, s.experts, d, w, h)
+        if kind == "lm_head":
+            return self.matmul(s.hidden, s.vocab, d, w, h)
+        if kind == "embed":
+            cols = _c(s.hidden, w)
+            return _c(s.vocab, h) * cols * d + self.micro_batch * cols * ACT_BYTES
+        if kind == "attn":
+            kvd, rows = s.kv_heads * s.head_dim, _c(s.max_seq, h)
+            kv = self.kv_slots * rows * _c(kvd, w) * 2 * s.kv_bytes
+            q = 2 * self.micro_batch * _c(s.attn_width, w) * ACT_BYTES
+            scores = self.micro_batch * _c(s.heads, w) * rows * ACT_BYTES
+            return kv + q + scores
+        if kind == "relay":  # forwards top_k copies of each token, double-buffered
+            return 2 * self.micro_batch * s.top_k * _c(s.hidden, h * w) * ACT_BYTES
+        raise ValueError(kind)
+
+    def max_width(self, kind: str) -> int:
+        s = self.shape
+        return {
+            "qkv": s.qkv_width, "o": s.hidden, "up": 2 * s.ffn, "down": s.hidden,
+            "gate": s.experts, "lm_head": s.vocab, "embed": s.hidden,
+            "attn": s.kv_heads * s.head_dim, "relay": 4,
+        }[kind]
+
+    def expert(self, group: int, w: int, h: int) -> float:
+        s, f = self.shape, self.shape.expert_ffn
+        weights = _c(s.hidden, h) * _c(2 * f, w) + _c(f, h) * _c(s.hidden, w)
+        bufs = _c(s.hidden, h) + _c(2 * f, w) + _c(f, h) + _c(s.hidden, w)
+        return group * weights * s.expert_dtype_bytes + \
+            self.micro_batch * s.top_k * bufs * ACT_BYTES
+
+    def expert_cores(self, group: int) -> int:
+        """Cores one expert group needs by SRAM alone (square-ish tiling ignored)."""
+        s = self.shape
+        return max(1, _c(group * 3 * s.hidden * s.expert_ffn * s.expert_dtype_bytes, self.usable))
+
+
+def _min_width(fn: Callable[[int], float], max_w: int, usable: int) -> int | None:
+    """Least w in 1..max_w with fn(w) <= usable (fn is non-increasing), else None."""
+    if fn(max_w) > usable:
+        return None
+    lo, hi = 1, max_w
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fn(mid) <= usable:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+# ---------------------------------------------------------------------------
+# Units and their widths at a given block height
+# ---------------------------------------------------------------------------
+
+DENSE_BANDS = ("qkv", "attn", "o", "up", "down")
+MOE_BANDS = ("qkv", "attn", "o", "gate", "relay")
+
+
+@dataclass(frozen=True)
+class Unit:
+    kind: str  # embed | dense | moe | lm_head
+    layer: int  # -1 outside layers
+
+    @property
+    def bands(self) -> tuple[str, ...]:
+        return {"embed": ("embed",), "lm_head": ("lm_head",), "dense": DENSE_BANDS,
+                "moe": MOE_BANDS}[self.kind]
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.layer < 0 else f"layer {self.layer}"
+
+
+@dataclass(frozen=True)
+class ExpertGrid:
+    regions: int  # routed-expert regions + shared-expert regions
+    rows: int
+    w: int
+    h: int
+
+    @property
+    def width(self) -> int:
+        return _c(self.regions, self.rows) * self.w
+
+
+@dataclass(frozen=True)
+class UnitShape:
+    widths: tuple[int, ...]  # per band
+    grid: ExpertGrid | None
+
+    @property
+    def width(self) -> int:
+        return sum(self.widths) + (self.grid.width if self.grid else 0)
+
+
+class Planner:
+    """Unit widths for one (model, target, micro-batch, kv_slots, group)."""
+
+    def __init__(self, sizer: Sizer, group: int):
+        self.sizer, self.group = sizer, group
+        s = sizer.shape
+        self.regions = (s.experts // group + s.shared_experts) if s.is_moe else 0
+        self.band_width = functools.lru_cache(maxsize=None)(self._band_width)
+        self.expert_width = functools.lru_cache(maxsize=None)(self._expert_width)
+        self.unit_shape = functools.lru_cache(maxsize=None)(self._unit_shape)
+
+    def _band_width(self, kind: str, h: int) -> int | None:
+        sz = self.sizer
+        return _min_width(lambda w: sz.band(kind, w, h), sz.max_width(kind), sz.usable)
+
+    def _expert_width(self, h: int) -> int | None:
+        sz, s = self.sizer, self.sizer.shape
+        return _min_width(lambda w: sz.expert(self.group, w, h),
+                          max(s.hidden, 2 * s.expert_ffn), sz.usable)
+
+    def grid(self, height: int) -> ExpertGrid | None:
+        best: ExpertGrid | None = None
+        for rows in range(1, min(self.regions, height) + 1):
+            h = height // rows
+            w = self.expert_width(h)
+            if w is None:
+                continue
+            cand = ExpertGrid(self.regions, rows, w, h)
+            if best is None or (cand.width, abs(w - h)) < (best.width, abs(best.w - best.h)):
+                best = cand
+        return best
+
+    def _unit_shape(self, kind: str, height: int, with_experts: bool = True) -> UnitShape | None:
+        widths = []
+        for band in Unit(kind, 0).bands:
+            w = self.band_width(band, height)
+            if w is None:
+                return None
+            widths.append(w)
+        grid = None
+        if kind == "moe" and with_experts:
+            grid = self.grid(height)
+            if grid is None:
+                return None
+        return UnitShape(tuple(widths), grid)
+
+
+# ---------------------------------------------------------------------------
+# Packing units into wafers
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placed:
+    unit: Unit
+    shape: UnitShape
+    wafer: int
+    x: int
+    y: int
+    h: int
+    reverse: bool  # dataflow runs right to left (odd rows)
+    widths: tuple[int, ...] = ()  # band widths after spare columns are handed out
+
+
+@dataclass
+class Layout:
+    placed: list[Placed]
+    wafers: int
+    height: int
+    kv_slots: int
+    stages: list[int] = field(default_factory=list)  # stage of each placed unit
+
+    @property
+    def area(self) -> int:
+        return sum(p.shape.width * p.h for p in self.placed)
+
+
+def _pack(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int,
+          target: Target) -> Layout | None:
+    rows_per_wafer = target.height // height
+    placed: list[Placed] = []
+    wafer = row = x = 0
+    for unit, shape in zip(units, shapes):
+        w = shape.width
+        if w > target.width:
+            return None
+        if x + w > target.width:
+            row, x = row + 1, 0
+            if row == rows_per_wafer:
+                wafer, row = wafer + 1, 0
+        reverse = row % 2 == 1
+        px = target.width - x - w if reverse else x
+        placed.append(Placed(unit, shape, wafer, px, row * height, height, reverse))
+        x += w
+    return Layout(placed, wafer + 1, height, 0)
+
+
+def _heights(target: Target, shape: ModelShape) -> list[int]:
+    cap = min(target.height, shape.hidden)
+    first_k = _c(target.height, cap)
+    hs: list[int] = []
+    for k in range(first_k, target.height + 1):
+        h = target.height // k
+        if h not in hs:
+            hs.append(h)
+        if len(hs) == MAX_ROW_CHOICES:
+            break
+    return hs
+
+
+# ---------------------------------------------------------------------------
+# The mapper
+# ---------------------------------------------------------------------------
+
+
+class _Mapper:
+    def __init__(self, spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None):
+        self.spec, self.target, self.shape = spec, target, spec.shape
+        self.mb, self.wafers = micro_batch, wafers
+        s = self.shape
+        self.units = [Unit("embed", -1)] + [
+            Unit("moe" if s.is_moe_layer(i) else "dense", i) for i in range(s.layers)
+        ] + [Unit("lm_head", -1)]
+        self.group = self._expert_group()
+        self._layouts: dict[int, Layout | None] = {}
+
+    def where(self) -> Loc:
+        return Loc(self.spec.source)
+
+    def _expert_group(self) -> int:
+        s, m = self.shape, self.spec.mapping
+        if not s.is_moe:
+            return 1
+        if m.experts_per_region:
+            return m.experts_per_region
+        sizer = Sizer(s, self.mb, self.mb, self.target.usable_sram_bytes)
+        for group in range(1, s.experts + 1):
+            if s.experts % group == 0 and sizer.expert_cores(group) >= MIN_EXPERT_CORES:
+                return group
+        return s.experts
+
+    def kv_slots(self, stages: int) -> int:
+        return self.mb * stages if self.spec.pipelined else self.mb
+
+    def planner(self, stages: int) -> Planner:
+        return Planner(Sizer(self.shape, self.mb, self.kv_slots(stages),
+                             self.target.usable_sram_bytes), self.group)
+
+    # -- default layout --------------------------------------------------
+    def layout(self, stages: int) -> Layout | None:
+        """Best packing when every attention holds KV for `stages` stages."""
+        if stages in self._layouts:
+            return self._layouts[stages]
+        planner = self.planner(stages)
+        best: Layout | None = None
+        for h in _heights(self.target, self.shape):
+            shapes = [planner.unit_shape(u.kind, h) for u in self.units]
+            if any(sh is None for sh in shapes):
+                continue
+            lay = _pack(self.units, shapes, h, self.target)
+            if lay is None:
+                continue
+            if best is None or (lay.wafers, lay.area, -h) < (best.wafers, best.area, -best.height):
+                best = lay
+        if best is not None:
+            best.kv_slots = self.kv_slots(stages)
+        self._layouts[stages] = best
+        return best
+
+    def default_layout(self) -> Layout:
+        n_units = len(self.units)
+        fixed = self.spec.mapping.stages
+        if fixed is not None and fixed > n_units:
+            raise FrontendError(f"stages = {fixed} exceeds the {n_units} units (embed, "
+                                f"{self.shape.layers} layers, lm_head) a stage can hold",
+                                self.spec.mapping.locs.get("stages") or self.where())
+        # Fewest wafers: stages >= wafers, and more stages mean more KV.
+        stages = fixed or 1
+        lay = self.layout(stages)
+        while lay is not None and fixed is None and lay.wafers > stages and stages < n_units:
+            stages = min(lay.wafers, n_units)
+            lay = self.layout(stages)
+        if lay is None:
+            raise self.no_fit_unit(stages)
+        if self.wafers is not None and lay.wafers > self.wafers:
+            raise self.no_fit_wafers(lay, stages)
+        if fixed is not None and lay.wafers > fixed:
+            raise FrontendError(f"stages = {fixed} is fewer than the {lay.wafers} wafers the "
+                                "model needs (a stage cannot span wafers)",
+                                self.spec.mapping.locs.get("stages") or self.where())
+        budget = self.wafers or lay.wafers
+        if fixed is None and self.spec.pipelined:
+            # As many stages as still fit the wafer budget (more concurrency).
+            lo, hi = stages, n_units
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                cand = self.layout(mid)
+                if cand is not None and cand.wafers <= budget:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            stages, lay = lo, self.layout(lo)
+        assert lay is not None
+        lay.placed = [_spread(p, self.planner(stages), self.target, lay) for p in lay.placed]
+        lay.stages = _assign_stages(lay, max(stages, lay.wafers))
+        return lay
+
+    # -- explicit layout -------------------------------------------------
+    def explicit_layout(self) -> Layout:
+        m, t = self.spec.mapping, self.target
+        n_units = len(self.units)
+        rects = [m.embed] + [m.layers[i] for i in range(self.shape.layers)] + [m.lm_head]
+        for r in [*rects, *(e for es in m.experts.values() for e in es)]:
+            if r.x + r.w > t.width or r.y + r.h > t.height:
+                raise FrontendError(f"region {r} lies outside the {t.width} x {t.height} mesh of "
+                                    f"target {t.name}", r.loc)
+        wafers_used = 1 + max(r.wafer for r in rects)
+        if self.wafers is not None and wafers_used > self.wafers:
+            raise FrontendError(f"the mapping uses {wafers_used} wafers but only {self.wafers} "
+                                "are available", rects[-1].loc)
+        prev = rects[0]
+        for r in rects[1:]:
+            if r.wafer < prev.wafer:
+                raise FrontendError(f"region {r} is on wafer {r.wafer} after wafer {prev.wafer}: "
+                                    "each wafer must hold a contiguous range of layers", r.loc)
+            prev = r
+        for i, es in m.experts.items():
+            for e in es:
+                if e.wafer != m.layers[i].wafer:
+                    raise FrontendError(f"expert region {e} of layer {i} is not on the layer's "
+                                        f"wafer {m.layers[i].wafer}", e.loc)
+        stages = m.stages or (n_units if self.spec.pipelined else wafers_used)
+        if not wafers_used <= stages <= n_units:
+            raise FrontendError(f"stages = {stages} must be between the {wafers_used} wafer(s) "
+                                f"used and the {n_units} units", m.locs.get("stages") or self.where())
+        planner = self.planner(stages)
+        placed = []
+        for unit, r in zip(self.units, rects):
+            explicit_experts = unit.layer in m.experts
+            shape = planner.unit_shape(unit.kind, r.h, not explicit_experts)
+            need = shape.width if shape else None
+            if need is None or need > r.w:
+                raise FrontendError(
+                    f"{unit.label} needs {_need_text(planner, unit, r.h, t)} but region {r} "
+                    f"has {r.w * r.h} cores", r.loc)
+            p = Placed(unit, shape, r.wafer, r.x, r.y, r.h, False)
+            placed.append(_spread(p, planner, t, None, r.w))
+            for e in m.experts.get(unit.layer, ()):
+                group = self.shape.experts // (len(m.experts[unit.layer]) - self.shape.shared_experts)
+                if planner.sizer.expert(group, e.w, e.h) > planner.sizer.usable:
+                    raise FrontendError(
+                        f"expert region {e} is too small for {group} expert(s): needs "
+                        f"{planner.sizer.expert(group, e.w, e.h):.0f} bytes per core, the target "
+                        f"has {planner.sizer.usable}", e.loc)
+        lay = Layout(placed, wafers_used, 0, self.kv_slots(stages))
+        lay.stages = _assign_stages(lay, stages)
+        return lay
+
+    # -- not fitting -----------------------------------------------------
+    def no_fit_unit(self, stages: int) -> FrontendError:
+        t = self.target
+        planner = self.planner(stages)
+        cap = t.cores * t.usable_sram_bytes
+        worst = max(self.units, key=lambda u: _unit_bytes(planner.sizer, u))
+        need = _unit_bytes(planner.sizer, worst)
+        short = need - cap
+        how = (f"short by {_fmt_bytes(short)}" if short > 0 else
+               "its kernels cannot be tiled into one wafer's mesh")
+        return FrontendError(
+            f"model does not fit: {worst.label} needs {_fmt_bytes(need)} of SRAM for weights+KV "
+            f"but one {t.name} wafer has {_fmt_bytes(cap)} usable ({t.cores} cores x "
+            f"{t.usable_sram_bytes} B); {how}, and a layer cannot be split across wafers",
+            self.where())
+
+    def no_fit_wafers(self, lay: Layout, stages: int) -> FrontendError:
+        t = self.target
+        sizer = self.planner(stages).sizer
+        need = sum(_unit_bytes(sizer, u) for u in self.units)
+        have = self.wafers * t.cores * t.usable_sram_bytes
+        return FrontendError(
+            f"model does not fit on {self.wafers} {t.name} wafer(s): SRAM bytes for weights+KV "
+            f"needed {_fmt_bytes(need)}, available {_fmt_bytes(have)}"
+            + (f" (short by {_fmt_bytes(need - have)})" if need > have else
+               " (enough in total, but layers cannot be split into the leftover space)")
+            + f"; the model needs at least {lay.wafers} wafers", self.where())
+
+
+def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
+    """Weight + KV bytes of one unit (what must live in SRAM)."""
+    s, d = sizer.shape, sizer.shape.dtype_bytes
+    if unit.kind in ("embed", "lm_head"):
+        return s.vocab * s.hidden * d
+    attn = (s.hidden * s.qkv_width + s.attn_width * s.hidden) * d \
+        + sizer.kv_slots * s.max_seq * s.kv_bytes_per_token()
+    if unit.kind == "dense":
+        return attn + 3 * s.hidden * s.ffn * d
+    return attn + s.hidden * s.experts * d + \
+        (s.experts + s.shared_experts) * 3 * s.hidden * s.expert_ffn * s.expert_dtype_bytes
+
+
+def _need_text(planner: Planner, unit: Unit, h: int, t: Target) -> str:
+    need = _unit_bytes(planner.sizer, unit)
+    return f"{_fmt_bytes(need)} of SRAM (at least {_c(need, t.usable_sram_bytes)} cores)"
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _spread(p: Placed, planner: Planner, t: Target, lay: Layout | None,
+            width: int | None = None) -> Placed:
+    """Hand spare columns of the unit's row (or explicit rect) to its bands."""
+    base = list(p.shape.widths)
+    if width is None:
+        return Placed(p.unit, p.shape, p.wafer, p.x, p.y, p.h, p.reverse, tuple(base))
+    spare = width - p.shape.width
+    total = sum(base)
+    extra = [spare * b // total for b in base]
+    for i in range(spare - sum(extra)):
+        extra[i % len(extra)] += 1
+    widths = tuple(b + e for b, e in zip(base, extra))
+    return Placed(p.unit, p.shape, p.wafer, p.x, p.y, p.h, p.reverse, widths)
+
+
+def _assign_stages(lay: Layout, stages: int) -> list[int]:
+    """Stage of each unit: contiguous, never spanning wafers, balanced loads."""
+    per_wafer: list[list[int]] = [[] for _ in range(lay.wafers)]
+    for i, p in enumerate(lay.placed):
+        per_wafer[p.wafer].append(i)
+    per_wafer = [w for w in per_wafer if w]
+    counts = [1] * len(per_wafer)  # each wafer at least one stage
+    loads = [sum(UNIT_LOAD[lay.placed[i].unit.kind] for i in w) for w in per_wafer]
+    for _ in range(stages - len(per_wafer)):
+        # next stage to the wafer whose stages are heaviest and can still split
+        cands = [k for k, w in enumerate(per_wafer) if counts[k] < len(w)]
+        if not cands:
+            break
+        k = max(cands, key=lambda k: loads[k] / counts[k])
+        counts[k] += 1
+    out: list[int] = []
+    for w, n in zip(per_wafer, counts):
+        first = out[-1] + 1 if out else 0
+        for j, cut in enumerate(_partition([UNIT_LOAD[lay.placed[i].unit.kind] for i in w], n)):
+            out.extend([first + j] * cut)
+    return out
+
+
+def _partition(loads: list[int], parts: int) -> list[int]:
+    """Sizes of `parts` contiguous groups of `loads` minimising the heaviest group."""
+    n = len(loads)
+    pre = [0]
+    for x in loads:
+        pre.append(pre[-1] + x)
+    inf = float("inf")
+    # best[k][i]: min max-load splitting the first i loads into k groups
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0
+    for k in range(1, parts + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], pre[i] - pre[j])
+                if v < best[k][i]:
+                    best[k][i], cut[k][i] = v, j
+    sizes, i = [], n
+    for k in range(parts, 0, -1):
+        j = cut[k][i]
+        sizes.append(i - j)
+        i = j
+    return sizes[::-1]
+
+
+# ---------------------------------------------------------------------------
+# IR emission
+# ---------------------------------------------------------------------------
+
+
+def symbol_name(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return s if s and not s[0].isdigit() else f"m_{s}"
+
+
+class _Emitter:
+    def __init__(self, mapper: _Mapper, lay: Layout):
+        self.m, self.lay, self.s = mapper, lay, mapper.shape
+        self.block = Block()
+
+    def add(self, op):
+        self.block.add_op(op)
+        return op.results[0] if op.results else None
+
+    def bands(self, p: Placed) -> dict[str, CoreSetAttr]:
+        out: dict[str, CoreSetAttr] = {}
+        names = list(p.unit.bands) + (["experts"] if p.shape.grid and p.widths else [])
+        widths = list(p.widths) + ([p.shape.grid.width] if "experts" in names else [])
+        total = sum(widths)
+        x = p.x + total if p.reverse else p.x
+        for name, w in zip(names, widths):
+            if p.reverse:
+                x -= w
+                out[name] = CoreSetAttr.of(x, p.y, w, p.h)
+            else:
+                out[name] = CoreSetAttr.of(x, p.y, w, p.h)
+                x += w
+        return out
+
+    def expert_regions(self, p: Placed, area: CoreSetAttr | None) -> list[CoreSetAttr]:
+        explicit = self.m.spec.mapping.experts.get(p.unit.layer)
+        if explicit:
+            return [CoreSetAttr.of(*r.tuple) for r in explicit]
+        grid = p.shape.grid
+        assert grid is not None and area is not None
+        x0, y0, x1, _ = area.extent
+        out = []
+        for i in range(grid.regions):
+            col, row = divmod(i, grid.rows)
+            x = x1 - (col + 1) * grid.w if p.reverse else x0 + col * grid.w
+            out.append(CoreSetAttr.of(x, y0 + row * grid.h, grid.w, grid.h))
+        return out
+
+    def emit(self) -> ModuleOp:
+        s, lay = self.s, self.lay
+        x: SSAValue | None = None
+        prev: Placed | None = None
+        for idx, p in enumerate(lay.placed):
+            stage = lay.stages[idx]
+            if prev is not None and stage != lay.stages[idx - 1]:
+                x = self.handoff(prev, x, lay.stages[idx - 1], stage, p.wafer)
+            b = self.bands(p)
+            common = dict(stage=stage, wafer=p.wafer)
+            if p.unit.kind == "embed":
+                x = self.add(g.EmbedOp("embed", b["embed"], layer=-1, vocab=s.vocab,
+                                       hidden=s.hidden, **common))
+            elif p.unit.kind == "lm_head":
+                r = b["lm_head"]
+                n = self.add(g.RMSNormOp("final_norm", r, x, layer=-1, **common))
+                logits = self.add(g.MatmulOp("lm_head", r, n, s.vocab, layer=-1, **common))
+                self.add(g.SampleOp("sample", r, logits, eos=s.eos_token, layer=-1, **common))
+            else:
+                x = self.layer(p, b, x, common)
+            prev = p
+        return self.model()
+
+    def layer(self, p: Placed, b: dict[str, CoreSetAttr], x, common) -> SSAValue:
+        s, i = self.s, p.unit.layer
+        kw = dict(layer=i, **common)
+        n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
+        qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
+        a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
+                                   kv_heads=s.kv_heads, head_dim=s.head_dim,
+                                   max_seq=s.max_seq, **kw))
+        o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden, **kw))
+        h = self.add(g.AddOp(f"l{i}_add1", b["o"], x, o, **kw))
+        if p.unit.kind == "dense":
+            n2 = self.add(g.RMSNormOp(f"l{i}_norm2", b["up"], h, **kw))
+            up = self.add(g.MatmulOp(f"l{i}_up", b["up"], n2, 2 * s.ffn, **kw))
+            act = self.add(g.ElementwiseOp(f"l{i}_act", b["up"], up, "silu_mul", **kw))
+            y = self.add(g.MatmulOp(f"l{i}_down", b["down"], act, s.hidden, **kw))
+            return self.add(g.AddOp(f"l{i}_add2", b["down"], h, y, **kw))
+        n2 = self.add(g.RMSNormOp(f"l{i}_norm2", b["gate"], h, **kw))
+        route = self.add(g.GateTopKOp(f"l{i}_gate", b["gate"], n2, experts=s.experts,
+                                      top_k=s.top_k, **kw))
+        regions = self.expert_regions(p, b.get("experts"))
+        routed = len(regions) - s.shared_experts
+        group = s.experts // routed
+        y = self.add(g.MoEExpertsOp(
+            f"l{i}_moe", b["relay"], n2, route, expert_ffn=s.expert_ffn,
+            shared_experts=s.shared_experts, expert_regions=regions,
+            placement=[e // group for e in range(s.experts)], policy="contiguous", **kw))
+        return self.add(g.AddOp(f"l{i}_add2", b["relay"], h, y, **kw))
+
+    def handoff(self, p: Placed, x, stage: int, to_stage: int, to_wafer: int) -> SSAValue:
+        # The sending cores: the edge column of the unit's last band, facing onward.
+        owner = x.owner
+        x0, y0, x1, y1 = owner.region.extent
+        col = x0 if p.reverse else x1 - 1
+        region = CoreSetAttr.of(col, y0, 1, y1 - y0)
+        return self.add(g.HandoffOp(f"handoff_s{stage}", region, x, layer=p.unit.layer,
+                                    stage=stage, wafer=p.wafer, to_stage=to_stage,
+                                    to_wafer=to_wafer))
+
+    def model(self) -> ModuleOp:
+        s, m, t, lay = self.s, self.m, self.m.target, self.lay
+        ints = dict(layers=s.layers, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads,
+                    head_dim=s.head_dim, vocab=s.vocab, ffn=s.ffn, experts=s.experts,
+                    top_k=s.top_k, expert_ffn=s.expert_ffn, shared_experts=s.shared_experts,
+                    max_seq=s.max_seq, eos_token=s.eos_token, kv_slots=lay.kv_slots,
+                    experts_per_region=m.group if s.is_moe else 0)
+        hparams: dict[str, Attribute] = {k: IntegerAttr(v, i64) for k, v in ints.items()}
+        for k in ("dtype_bytes", "expert_dtype_bytes", "kv_bytes"):
+            hparams[k] = FloatAttr(float(getattr(s, k)), f64)
+        if s.is_moe:
+            hparams["moe_layers"] = DenseArrayBase.from_list(i64, list(s.moe_layers))
+        op = g.ModelOp(
+            symbol_name(s.name), target=t.name, width=t.width, height=t.height,
+            wafers=lay.wafers, stages=max(lay.stages) + 1, micro_batch=m.mb,
+            dynamism=list(m.spec.dynamism), hparams=hparams, body=Region([self.block]))
+        return ModuleOp([op])
+
+
+def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
+              wafers: int | None = None) -> ModuleOp:
+    """Graph IR for `spec` mapped on `target` (overrides: micro-batch, wafer budget)."""
+    mb = micro_batch if micro_batch is not None else spec.micro_batch
+    budget = wafers if wafers is not None else spec.wafers
+    if mb < 1:
+        raise FrontendError(f"micro-batch must be at least 1, got {mb}")
+    if budget is not None and budget < 1:
+        raise FrontendError(f"wafers must be at least 1, got {budget}")
+    mapper = _Mapper(spec, target, mb, budget)
+    lay = mapper.explicit_layout() if spec.mapping.explicit else mapper.default_layout()
+    return _Emitter(mapper, lay).emit()
