@@ -26,6 +26,7 @@ import sys
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
+from typing import ClassVar
 
 import lark
 from lark.exceptions import (
@@ -56,7 +57,11 @@ _PARSER: lark.Lark | None = None
 
 def _grammar_text() -> str:
     try:
-        return resources.files(__package__).joinpath("csl.lark").read_text(encoding="utf-8")
+        return (
+            resources.files(__package__)
+            .joinpath("csl.lark")
+            .read_text(encoding="utf-8")
+        )
     except (ModuleNotFoundError, FileNotFoundError, TypeError):  # pragma: no cover
         return (Path(__file__).with_name("csl.lark")).read_text(encoding="utf-8")
 
@@ -79,11 +84,9 @@ class _KeywordsEverywhere:
 
 
 def _keyword_terminals(grammar: str) -> tuple[str, ...]:
-    probe = lark.Lark(grammar, parser="lalr", lexer="basic")
+    """Names of the keyword terminals declared in csl.lark (`IF: "if"`)."""
     return tuple(
-        t.name
-        for t in probe.terminals
-        if t.pattern.type == "str" and re.fullmatch(r"[a-z_][a-z0-9_]*", t.pattern.value)
+        re.findall(r'^([A-Z_]+):\s*"[a-z_][a-z0-9_]*"\s*$', grammar, re.MULTILINE)
     )
 
 
@@ -116,7 +119,18 @@ _REGEX_NAMES = {
 # Which expected tokens to list first.
 _PRIORITY = [";", "}", ")", "]", "{", "(", ",", "=", ":", "|", "=>", "->"]
 
-_TOP_LEVEL = {"param", "const", "var", "fn", "task", "comptime", "layout", "export", "extern", "inline"}
+_TOP_LEVEL = {
+    "param",
+    "const",
+    "var",
+    "fn",
+    "task",
+    "comptime",
+    "layout",
+    "export",
+    "extern",
+    "inline",
+}
 
 
 def _terminal_text(name: str) -> str | None:
@@ -164,7 +178,11 @@ def _expected_phrase(names: Iterable[str]) -> str:
         # Every operand can start here: say so instead of listing 20 tokens.
         # Keep the closers and separators that could also end the construct.
         rest = {n for n in names if _terminal_text(n) in (";", ")", "]", "}", ",")}
-        return "an expression" if not rest else "an expression or " + _expected_phrase(rest)
+        return (
+            "an expression"
+            if not rest
+            else "an expression or " + _expected_phrase(rest)
+        )
     texts = sorted({_describe_expected(n) for n in names})
 
     def key(t: str) -> tuple[int, str]:
@@ -201,7 +219,7 @@ class _Source:
         """,
         re.VERBOSE,
     )
-    _PAIRS = {"(": ")", "[": "]", "{": "}"}
+    _PAIRS: ClassVar[dict[str, str]] = {"(": ")", "[": "]", "{": "}"}
 
     def __init__(self, text: str):
         self.text = text
@@ -268,7 +286,9 @@ def _error_from_lark(e: UnexpectedInput, src: _Source, filename: str) -> CslSynt
         line, col = src.loc(pos)
         ch = text[pos] if pos < len(text) else ""
         if ch == '"':
-            msg = "unterminated string literal (a string must close on the line it opens)"
+            msg = (
+                "unterminated string literal (a string must close on the line it opens)"
+            )
         elif ch == "'":
             msg = "invalid or unterminated character literal"
         elif ch.isdigit():
@@ -277,7 +297,11 @@ def _error_from_lark(e: UnexpectedInput, src: _Source, filename: str) -> CslSynt
         elif ch and ch.isprintable() and not ch.isspace():
             msg = f"unexpected character '{ch}'"
         else:
-            msg = f"unexpected character U+{ord(ch):04X}" if ch else "unexpected end of file"
+            msg = (
+                f"unexpected character U+{ord(ch):04X}"
+                if ch
+                else "unexpected end of file"
+            )
         return CslSyntaxError(filename, line, col, msg)
 
     if isinstance(e, UnexpectedToken):
@@ -301,19 +325,31 @@ def _error_from_lark(e: UnexpectedInput, src: _Source, filename: str) -> CslSynt
             line, col = src.loc(open_at)
             closer = _Source._PAIRS[opener]
             return CslSyntaxError(
-                filename, line, col, f"'{opener}' is never closed: expected '{closer}' before end of file"
+                filename,
+                line,
+                col,
+                f"'{opener}' is never closed: expected '{closer}' before end of file",
             )
         line, col = src.eof()
-        return CslSyntaxError(filename, line, col, f"unexpected end of file; expected {_expected_phrase(expected)}")
+        return CslSyntaxError(
+            filename,
+            line,
+            col,
+            f"unexpected end of file; expected {_expected_phrase(expected)}",
+        )
 
     found = _describe_found(tok)
     if text.startswith("/*", pos):
         line, col = src.loc(pos)
-        return CslSyntaxError(filename, line, col, "'/* */' comments are not CSL; use '//'")
+        return CslSyntaxError(
+            filename, line, col, "'/* */' comments are not CSL; use '//'"
+        )
     if problem and problem[1] == pos and problem[0] in ("unmatched", "mismatch"):
         line, col = src.loc(pos)
         if problem[0] == "unmatched":
-            return CslSyntaxError(filename, line, col, f"'{problem[2]}' has no matching opening bracket")
+            return CslSyntaxError(
+                filename, line, col, f"'{problem[2]}' has no matching opening bracket"
+            )
         oline, ocol = src.loc(problem[3])
         opener = text[problem[3]]
         return CslSyntaxError(
@@ -334,7 +370,10 @@ def _error_from_lark(e: UnexpectedInput, src: _Source, filename: str) -> CslSynt
             prev_text = text[:prev_end].split()[-1] if text[:prev_end].split() else ""
             prev_text = prev_text[-20:]
             return CslSyntaxError(
-                filename, line, col, f"expected ';' after '{prev_text}', found {found} on line {src.loc(pos)[0]}"
+                filename,
+                line,
+                col,
+                f"expected ';' after '{prev_text}', found {found} on line {src.loc(pos)[0]}",
             )
 
     line, col = src.loc(pos)
@@ -347,7 +386,9 @@ def _error_from_lark(e: UnexpectedInput, src: _Source, filename: str) -> CslSynt
             col,
             f"expected a top-level declaration (param, const, var, fn, task, comptime, layout), found {found}",
         )
-    return CslSyntaxError(filename, line, col, f"expected {_expected_phrase(expected)}, found {found}")
+    return CslSyntaxError(
+        filename, line, col, f"expected {_expected_phrase(expected)}, found {found}"
+    )
 
 
 # ------------------------------------------------------------------ API
@@ -385,7 +426,10 @@ def _read_source(path: str) -> tuple[str | None, str | None]:
         line = before.count(b"\n") + 1
         line_start = before.rfind(b"\n") + 1
         col = len(before[line_start:].decode("utf-8", errors="replace")) + 1
-        return None, f"{path}:{line}:{col}: error: file is not valid UTF-8 (byte 0x{data[e.start]:02x})"
+        return (
+            None,
+            f"{path}:{line}:{col}: error: file is not valid UTF-8 (byte 0x{data[e.start]:02x})",
+        )
 
 
 def lint_file(path: str | Path) -> list[str]:

@@ -37,7 +37,7 @@ from xdsl.irdl import (
     region_def,
     traits_def,
 )
-from xdsl.traits import NoTerminator, SymbolOpInterface, SymbolTable
+from xdsl.traits import NoTerminator, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
 from meshrt.dialects.base import MappedProgramOp, body_ops, enclosing_program, int_value
@@ -156,10 +156,22 @@ class FlowOp(IRDLOperation):
 
 
 def lookup_flow(op: Operation, ref: SymbolRefAttr) -> FlowOp:
-    """The flow `ref` names, from the enclosing schedule or segment program."""
+    """The flow `ref` names, from the enclosing schedule or segment program.
+
+    Programs hold tens of thousands of events, so the name index is kept on
+    the program and rebuilt only when it no longer answers truthfully.
+    """
     program = enclosing_program(op)
-    found = SymbolTable.lookup_symbol(program, ref) if program is not None else None
-    if not isinstance(found, FlowOp):
+    if program is None:
+        raise VerifyException(f"references flow {ref} outside any program")
+    name = ref.root_reference.data
+    index: dict[str, FlowOp] | None = getattr(program, "_meshrt_flow_index", None)
+    found = index.get(name) if index is not None else None
+    if found is None or found.parent_op() is not program or found.flow_name != name:
+        index = {f.flow_name: f for f in body_ops(program.body) if isinstance(f, FlowOp)}
+        object.__setattr__(program, "_meshrt_flow_index", index)
+        found = index.get(name)
+    if found is None:
         raise VerifyException(f"references unknown flow {ref}")
     return found
 

@@ -167,6 +167,20 @@ class CoreSetAttr(ParametrizedAttribute):
     def is_dense(self) -> bool:
         return all(r.is_unit_step() for r in self.rects)
 
+    def intersection_count(self, other: CoreSetAttr) -> int:
+        """Cores in both sets (dense rects; the rects of one set are disjoint)."""
+        n = 0
+        for a in self.rects:
+            ax0, ay0, ax1, ay1 = a.extent
+            for b in other.rects:
+                bx0, by0, bx1, by1 = b.extent
+                n += max(0, min(ax1, bx1) - max(ax0, bx0)) * max(0, min(ay1, by1) - max(ay0, by0))
+        return n
+
+    def covers(self, other: CoreSetAttr) -> bool:
+        """Whether every core of `other` is in this set (dense rects only)."""
+        return self.intersection_count(other) == other.count
+
     def overlaps(self, other: CoreSetAttr) -> bool:
         """Whether two core sets share a core (exact for dense rects)."""
         for a in self.rects:

@@ -63,6 +63,10 @@ class KernelOp(MappedKernelOp):
         r = rects[0]
         return r.x.data, r.y.data, r.w.data, r.h.data
 
+    def tiles(self) -> list[tuple[int, int, int, int]]:
+        """The same-shaped rectangles the kernel's roles repeat over."""
+        return [self.grid()]
+
 
 _UNARY = "$sym_name `(` $input `)` `on` $region attr-dict `:` type($input) `->` type($output)"
 
@@ -83,10 +87,11 @@ class EmbedOp(KernelOp):
 
 @irdl_op_definition
 class GemvOp(KernelOp):
-    """Tiled GEMV: core (i, j) of the w x h grid holds W[in-chunk i, out-chunk j].
+    """Tiled GEMV: core (column i, row j) of the w x h grid holds W[in-chunk j, out-chunk i].
 
-    The result is partial sums per column chunk; the `allreduce` over rows
-    that follows completes them.
+    The input is split over rows and the output over columns, so the result
+    is partial sums in every row; the column `allreduce` that follows
+    completes them.
     """
 
     name = "mesh_kernel.gemv"
@@ -96,7 +101,7 @@ class GemvOp(KernelOp):
 
     def verify_kernel(self) -> None:
         _, _, w, h = self.grid()
-        if _width(self.input) < w or _width(self.output) < h:
+        if _width(self.input) < h or _width(self.output) < w:
             raise self.fail(
                 f"a {w} x {h} grid is too large for a {_width(self.input)} x "
                 f"{_width(self.output)} matrix: every core needs at least one row and column"
@@ -186,10 +191,16 @@ class DispatchOp(KernelOp):
 
 @irdl_op_definition
 class ExpertFFNOp(KernelOp):
-    """SwiGLU FFN of the experts placed on this region (`experts` lists their ids)."""
+    """SwiGLU FFNs of one MoE layer's experts, all expert regions in one kernel.
+
+    Expert `e` runs on `expert_regions[placement[e]]`; every expert region has
+    the same shape, so the roles (and core classes) of all of them are shared:
+    IR size does not grow with the number of experts.
+    """
 
     name = "mesh_kernel.expert_ffn"
-    experts = prop_def(DenseArrayBase)
+    expert_regions = prop_def(ArrayAttr[CoreSetAttr])
+    placement = prop_def(DenseArrayBase)
     expert_ffn = prop_def(IntegerAttr[I64])
     input = operand_def(ActType)
     routing = operand_def(RoutingType)
@@ -200,19 +211,44 @@ class ExpertFFNOp(KernelOp):
     )
 
     @property
-    def expert_ids(self) -> tuple[int, ...]:
-        return tuple(self.experts.get_values())
+    def expert_placement(self) -> tuple[int, ...]:
+        return tuple(self.placement.get_values())
+
+    def tiles(self) -> list[tuple[int, int, int, int]]:
+        """(x, y, w, h) of every expert region, all of one shape."""
+        return [_single_rect(self, r) for r in self.expert_regions.data]
+
+    def experts_per_region(self) -> int:
+        counts = [0] * len(self.expert_regions.data)
+        for r in self.expert_placement:
+            counts[r] += 1
+        return max(counts)
 
     def verify_kernel(self) -> None:
-        ids = self.expert_ids
         rt = self.routing.type
         assert isinstance(rt, RoutingType)
-        if not ids:
-            raise self.fail("an expert region must hold at least one expert")
-        bad = [e for e in ids if not 0 <= e < rt.experts.data]
+        place = self.expert_placement
+        regions = self.expert_regions.data
+        if len(place) != rt.experts.data:
+            raise self.fail(f"placement lists {len(place)} experts, routing selects among {rt.experts.data}")
+        bad = [r for r in place if not 0 <= r < len(regions)]
         if bad:
-            raise self.fail(f"expert ids {bad} are outside 0..{rt.experts.data - 1}")
-        self.grid()
+            raise self.fail(f"placement names expert regions {sorted(set(bad))}, but only {len(regions)} exist")
+        shapes = {t[2:] for t in self.tiles()}
+        if len(shapes) > 1:
+            raise self.fail(f"expert regions must share one shape, got {sorted(shapes)}")
+        if self.region.count != sum(r.count for r in regions) or not self.region.covers(
+            CoreSetAttr([r for cs in regions for r in cs.rects.data])
+        ):
+            raise self.fail("region must be the union of the expert regions")
+
+
+def _single_rect(op: KernelOp, cores: CoreSetAttr) -> tuple[int, int, int, int]:
+    rects = cores.rects.data
+    if len(rects) != 1 or not rects[0].is_unit_step():
+        raise op.fail(f"needs one dense rectangle per tile, got {cores}")
+    r = rects[0]
+    return r.x.data, r.y.data, r.w.data, r.h.data
 
 
 @irdl_op_definition

@@ -2,20 +2,25 @@
 
     segment.program @m target ... budget <colors = 6, iq = 2, ...> colors 8 reserved [6, 7] {
       event.flow ...
-      segment.core_class @c3 cores <(0, 1, 1, 4)> {
-        segment.segment 0 use <colors = 4, iq = 2> { event.sub ... }
-        segment.reconfigure 0 to 1 release [@f1] install [@f2]
+      segment.core_class @c3 wafer 0 cores <(0, 1, 1, 4)> {
+        segment.segment 0 use <colors = 4, iq = 2> routes [@f1] { event.sub ... }
         segment.marker_sync 0 to 1 over <(0, 1, 4, 4)>
-        segment.segment 1 use <colors = 3, iq = 1> { event.sub ... }
+        segment.reconfigure 0 to 1 release [@f1] install [@f2]
+        segment.segment 1 use <colors = 3, iq = 1> routes [@f2] { event.sub ... }
+        segment.reconfigure 1 to 0 release [@f2] install [@f1]
       }
       segment.route @f1 color 3 via <(0, 1, 4, 4)>
     }
 
-A segment's recorded `use` is the peak of what its sub-schedules bind and
-must fit the class's budget. `reconfigure` releases the routes of the
-previous segment and installs the next; a `marker_sync` over a
-compile-time-known region precedes it when the previous segment did not end
-on a collective. `route` binds a flow's colour over the routers it crosses.
+A segment's recorded `use` is what its sub-schedules bind together and must
+fit the class's budget; its optional `routes` are the flows whose routes the
+class's routers hold while it is current (its own flows and flows passing
+through). `reconfigure` releases the routes of the previous segment and
+installs the next; a `marker_sync` over a compile-time-known region precedes
+it when the previous segment did not end on a collective. The table repeats
+every decode step: a class with several segments ends with the boundary
+`reconfigure N-1 to 0` (and its marker sync) back to the first segment.
+`route` binds a flow's colour over the routers it crosses.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from xdsl.dialects.builtin import (
     I64,
     ArrayAttr,
     DenseArrayBase,
+    DictionaryAttr,
     IntegerAttr,
     SymbolNameConstraint,
     SymbolRefAttr,
@@ -115,12 +121,14 @@ class CoreClassOp(IRDLOperation):
     sym_name = prop_def(SymbolNameConstraint())
     wafer = prop_def(IntegerAttr[I64])
     cores = prop_def(CoreSetAttr)
+    params = opt_prop_def(DictionaryAttr)  # role-derived parameters, as in event.core_class
     budget = opt_prop_def(ResourceAttr)  # overrides the program's budget
     body = region_def()
 
     traits = traits_def(SymbolOpInterface(), NoTerminator())
     assembly_format = (
-        "$sym_name `wafer` $wafer `cores` $cores (`budget` $budget^)? attr-dict-with-keyword $body"
+        "$sym_name `wafer` $wafer `cores` $cores (`params` $params^)? (`budget` $budget^)? "
+        "attr-dict-with-keyword $body"
     )
 
     @property
@@ -148,10 +156,16 @@ class CoreClassOp(IRDLOperation):
             if not self.cores.fits_mesh(w, h):
                 raise VerifyException(f"{where}: cores {self.cores} lie outside the {w} x {h} mesh")
         # Segments are numbered 0, 1, ... and every boundary is a reconfigure
-        # (optionally preceded by a marker sync) between neighbours.
+        # (optionally preceded by a marker sync) between neighbours; the
+        # table loops, so several segments may end with `N-1 to 0`.
         expected = 0
         pending: tuple[int, int] | None = None
+        wrapped = False
         for op in body_ops(self.body):
+            if wrapped:
+                raise VerifyException(
+                    f"{where}: '{op.name}' after the closing reconfigure back to segment 0"
+                )
             if isinstance(op, SegmentOp):
                 if op.index_value != expected:
                     raise VerifyException(f"{where}: segment {op.index_value} found where {expected} was expected")
@@ -163,13 +177,14 @@ class CoreClassOp(IRDLOperation):
                 expected += 1
                 pending = None
             elif isinstance(op, ReconfigureOp):
-                if (op.source, op.dest) != (expected - 1, expected):
+                if (op.source, op.dest) not in ((expected - 1, expected), (expected - 1, 0)):
                     raise VerifyException(
                         f"{where}: reconfigure {op.source} to {op.dest} found after segment {expected - 1}"
                     )
                 pending = (op.source, op.dest)
+                wrapped = op.dest == 0
             elif isinstance(op, MarkerSyncOp):
-                if (op.source, op.dest) != (expected - 1, expected) or pending is not None:
+                if (op.source, op.dest) not in ((expected - 1, expected), (expected - 1, 0)) or pending is not None:
                     raise VerifyException(
                         f"{where}: marker sync {op.source} to {op.dest} must come right after "
                         f"segment {op.source} and before its reconfigure"
@@ -178,8 +193,20 @@ class CoreClassOp(IRDLOperation):
                 raise VerifyException(f"{where} may not hold '{op.name}'")
         if expected == 0:
             raise VerifyException(f"{where} has no segment")
-        if pending is not None:
+        if pending is not None and not wrapped:
             raise VerifyException(f"{where}: reconfigure after the last segment leads nowhere")
+
+    def boundaries(self) -> list[tuple[int, int, MarkerSyncOp | None, ReconfigureOp]]:
+        """(from, to, marker sync or None, reconfigure) of every boundary, in order."""
+        out: list[tuple[int, int, MarkerSyncOp | None, ReconfigureOp]] = []
+        sync: MarkerSyncOp | None = None
+        for op in body_ops(self.body):
+            if isinstance(op, MarkerSyncOp):
+                sync = op
+            elif isinstance(op, ReconfigureOp):
+                out.append((op.source, op.dest, sync, op))
+                sync = None
+        return out
 
 
 @irdl_op_definition
@@ -190,14 +217,19 @@ class SegmentOp(IRDLOperation):
 
     index = prop_def(IntegerAttr[I64])
     use = prop_def(ResourceAttr)
+    # Flows whose routes this class's routers hold while the segment is current.
+    routes = opt_prop_def(ArrayAttr[SymbolRefAttr])
     body = region_def()
 
     traits = traits_def(NoTerminator())
-    assembly_format = "$index `use` $use attr-dict-with-keyword $body"
+    assembly_format = "$index `use` $use (`routes` $routes^)? attr-dict-with-keyword $body"
 
     @property
     def index_value(self) -> int:
         return int_value(self.index)
+
+    def route_names(self) -> list[str]:
+        return [r.root_reference.data for r in self.routes.data] if self.routes is not None else []
 
     def subs(self) -> list[SubScheduleOp]:
         return [op for op in body_ops(self.body) if isinstance(op, SubScheduleOp)]
@@ -218,6 +250,13 @@ class SegmentOp(IRDLOperation):
                         f"segment {self.index_value} of core class @{cls} uses {demand} "
                         f"{RESOURCE_NAMES[res]} but the budget is {cap}"
                     )
+        if self.routes is not None:
+            for ref in self.routes.data:
+                lookup_flow(self, ref)
+
+
+def _next_or_loop(source: int, dest: int) -> bool:
+    return dest == source + 1 or (dest == 0 and source > 0)
 
 
 @irdl_op_definition
@@ -242,8 +281,11 @@ class ReconfigureOp(IRDLOperation):
         return int_value(self.to_index)
 
     def verify_(self) -> None:
-        if self.dest != self.source + 1:
-            raise VerifyException(f"reconfigure {self.source} to {self.dest} must go to the next segment")
+        if not _next_or_loop(self.source, self.dest):
+            raise VerifyException(
+                f"reconfigure {self.source} to {self.dest} must go to the next segment "
+                "or, closing the table, back to segment 0"
+            )
         for ref in (*self.release.data, *self.install.data):
             lookup_flow(self, ref)
 
@@ -275,8 +317,11 @@ class MarkerSyncOp(IRDLOperation):
         return int_value(self.to_index)
 
     def verify_(self) -> None:
-        if self.dest != self.source + 1:
-            raise VerifyException(f"marker sync {self.source} to {self.dest} must go to the next segment")
+        if not _next_or_loop(self.source, self.dest):
+            raise VerifyException(
+                f"marker sync {self.source} to {self.dest} must go to the next segment "
+                "or, closing the table, back to segment 0"
+            )
         program = _program(self)
         if program is not None:
             w, h = program.mesh_size

@@ -103,13 +103,13 @@ def hf_spec_from_dict(data: dict[str, Any], path: str = "<config.json>",
 
     hidden = cfg.get("hidden_size", field="hidden")
     heads = cfg.get("num_attention_heads", field="heads")
-    fields: dict[str, Any] = dict(
-        layers=cfg.get("num_hidden_layers", field="layers"),
-        hidden=hidden,
-        heads=heads,
-        kv_heads=cfg.get("num_key_value_heads", heads, field="kv_heads"),
-        vocab=cfg.get("vocab_size", field="vocab"),
-    )
+    fields: dict[str, Any] = {
+        "layers": cfg.get("num_hidden_layers", field="layers"),
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": cfg.get("num_key_value_heads", heads, field="kv_heads"),
+        "vocab": cfg.get("vocab_size", field="vocab"),
+    }
     if heads < 1:
         raise FrontendError(f"heads must be at least 1, got {heads}", cfg.locs["heads"])
     if "head_dim" in data and data["head_dim"] is not None:

@@ -22,28 +22,48 @@ more stages need more SRAM. The mapper takes the fewest wafers that fit
 (or the wafers asked for) and then as many stages as still fit, at most one
 per unit; stage boundaries respect wafer boundaries and balance the number of
 kernels on each stage's critical path.
+
+Conventions of the emitted IR (for the passes downstream):
+- `hparams.kv_slots` is the number of request slots every attention holds
+  KV for; `hparams.experts_per_region` the size of an expert group.
+- `moe_experts.expert_regions` lists experts/experts_per_region routed
+  regions (expert e on region placement[e], contiguous by default) followed
+  by one region per shared expert; its `region` is the relay column the
+  tokens enter and leave by, where the residual add also runs.
+- A handoff's region is the sending kernel's edge column facing the next
+  stage; `wafers` is the number of wafers used (at most the budget).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, ModuleOp, f64, i64
+from xdsl.dialects.builtin import (
+    DenseArrayBase,
+    FloatAttr,
+    IntegerAttr,
+    ModuleOp,
+    f64,
+    i64,
+)
 from xdsl.ir import Attribute, Block, Region, SSAValue
 
 from meshrt.dialects import graph as g
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.frontend.errors import FrontendError, Loc
-from meshrt.frontend.model import ModelShape, ModelSpec, RectChoice
+from meshrt.frontend.model import ModelShape, ModelSpec
 from meshrt.targets import Target
 
 ACT_BYTES = 4  # activations and partial sums are fp32 in buffers
 MIN_EXPERT_CORES = 4  # below this an expert region has no room for distinct roles
 MAX_ROW_CHOICES = 64  # candidate block heights tried per wafer
+# Share of usable SRAM the mapper leaves free: the kernel lowering adds
+# per-role message buffers and reduction scratch this byte model only
+# approximates, so regions are sized to fill at most 95 %.
+SRAM_HEADROOM = 0.05
 # Kernels on a unit's critical path; every band is filled to the same SRAM
 # level, so each takes about the same time and this is the unit's load.
 UNIT_LOAD = {"embed": 1, "dense": 5, "moe": 6, "lm_head": 2}
@@ -110,8 +130,10 @@ class Sizer:
         s, f = self.shape, self.shape.expert_ffn
         weights = _c(s.hidden, h) * _c(2 * f, w) + _c(f, h) * _c(s.hidden, w)
         bufs = _c(s.hidden, h) + _c(2 * f, w) + _c(f, h) + _c(s.hidden, w)
-        return group * weights * s.expert_dtype_bytes + \
-            self.micro_batch * s.top_k * bufs * ACT_BYTES
+        # A token visits an expert at most once, so a region sees at most
+        # micro_batch x min(group, top_k) tokens per step.
+        tokens = self.micro_batch * min(group, s.top_k)
+        return group * weights * s.expert_dtype_bytes + tokens * bufs * ACT_BYTES
 
     def expert_cores(self, group: int) -> int:
         """Cores one expert group needs by SRAM alone (square-ish tiling ignored)."""
@@ -275,6 +297,21 @@ def _pack(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int,
     return Layout(placed, wafer + 1, height, 0)
 
 
+def _score(lay: Layout) -> tuple[int, int, int]:
+    """Fewest wafers, then least hop latency, then least area.
+
+    A band's collectives (row and column reduction trees) cost about w + h
+    hops, so square bands are fastest; expert regions run in parallel and
+    count once per layer.
+    """
+    hops = 0
+    for p in lay.placed:
+        hops += sum(w + p.h for w in p.shape.widths)
+        if p.shape.grid:
+            hops += p.shape.grid.w + p.shape.grid.h
+    return lay.wafers, hops, lay.area
+
+
 def _heights(target: Target, shape: ModelShape) -> list[int]:
     cap = min(target.height, shape.hidden)
     first_k = _c(target.height, cap)
@@ -297,6 +334,10 @@ class _Mapper:
     def __init__(self, spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None):
         self.spec, self.target, self.shape = spec, target, spec.shape
         self.mb, self.wafers = micro_batch, wafers
+        # Blame the spec's `wafers = N` when the budget came from there.
+        from_spec = wafers is not None and wafers == spec.wafers
+        self.budget_loc = spec.locs.get("wafers") if from_spec else None
+        self.budget_loc = self.budget_loc or Loc(spec.source)
         s = self.shape
         self.units = [Unit("embed", -1)] + [
             Unit("moe" if s.is_moe_layer(i) else "dense", i) for i in range(s.layers)
@@ -313,7 +354,7 @@ class _Mapper:
             return 1
         if m.experts_per_region:
             return m.experts_per_region
-        sizer = Sizer(s, self.mb, self.mb, self.target.usable_sram_bytes)
+        sizer = Sizer(s, self.mb, self.mb, self.usable)
         for group in range(1, s.experts + 1):
             if s.experts % group == 0 and sizer.expert_cores(group) >= MIN_EXPERT_CORES:
                 return group
@@ -322,9 +363,12 @@ class _Mapper:
     def kv_slots(self, stages: int) -> int:
         return self.mb * stages if self.spec.pipelined else self.mb
 
+    @property
+    def usable(self) -> int:
+        return int(self.target.usable_sram_bytes * (1 - SRAM_HEADROOM))
+
     def planner(self, stages: int) -> Planner:
-        return Planner(Sizer(self.shape, self.mb, self.kv_slots(stages),
-                             self.target.usable_sram_bytes), self.group)
+        return Planner(Sizer(self.shape, self.mb, self.kv_slots(stages), self.usable), self.group)
 
     # -- default layout --------------------------------------------------
     def layout(self, stages: int) -> Layout | None:
@@ -340,7 +384,7 @@ class _Mapper:
             lay = _pack(self.units, shapes, h, self.target)
             if lay is None:
                 continue
-            if best is None or (lay.wafers, lay.area, -h) < (best.wafers, best.area, -best.height):
+            if best is None or _score(lay) < _score(best):
                 best = lay
         if best is not None:
             best.kv_slots = self.kv_slots(stages)
@@ -381,7 +425,7 @@ class _Mapper:
                     hi = mid - 1
             stages, lay = lo, self.layout(lo)
         assert lay is not None
-        lay.placed = [_spread(p, self.planner(stages), self.target, lay) for p in lay.placed]
+        lay.placed = [_spread(p) for p in lay.placed]
         lay.stages = _assign_stages(lay, max(stages, lay.wafers))
         return lay
 
@@ -418,20 +462,22 @@ class _Mapper:
         for unit, r in zip(self.units, rects):
             explicit_experts = unit.layer in m.experts
             shape = planner.unit_shape(unit.kind, r.h, not explicit_experts)
-            need = shape.width if shape else None
-            if need is None or need > r.w:
+            if shape is None or shape.width > r.w:
+                fit = (f"a region at least {shape.width} cores wide at height {r.h}" if shape
+                       else f"more than {r.h} rows")
                 raise FrontendError(
-                    f"{unit.label} needs {_need_text(planner, unit, r.h, t)} but region {r} "
-                    f"has {r.w * r.h} cores", r.loc)
+                    f"region {r} is too small for {unit.label}: its "
+                    f"{_fmt_bytes(_unit_bytes(planner.sizer, unit))} of weights+KV need {fit} "
+                    f"with {planner.sizer.usable} bytes per core for data", r.loc)
             p = Placed(unit, shape, r.wafer, r.x, r.y, r.h, False)
-            placed.append(_spread(p, planner, t, None, r.w))
+            placed.append(_spread(p, r.w))
             for e in m.experts.get(unit.layer, ()):
                 group = self.shape.experts // (len(m.experts[unit.layer]) - self.shape.shared_experts)
                 if planner.sizer.expert(group, e.w, e.h) > planner.sizer.usable:
                     raise FrontendError(
                         f"expert region {e} is too small for {group} expert(s): needs "
-                        f"{planner.sizer.expert(group, e.w, e.h):.0f} bytes per core, the target "
-                        f"has {planner.sizer.usable}", e.loc)
+                        f"{planner.sizer.expert(group, e.w, e.h):.0f} bytes per core, the mapper "
+                        f"fills at most {planner.sizer.usable}", e.loc)
         lay = Layout(placed, wafers_used, 0, self.kv_slots(stages))
         lay.stages = _assign_stages(lay, stages)
         return lay
@@ -449,7 +495,7 @@ class _Mapper:
         return FrontendError(
             f"model does not fit: {worst.label} needs {_fmt_bytes(need)} of SRAM for weights+KV "
             f"but one {t.name} wafer has {_fmt_bytes(cap)} usable ({t.cores} cores x "
-            f"{t.usable_sram_bytes} B); {how}, and a layer cannot be split across wafers",
+            f"{t.usable_sram_bytes} B); {how}, and a unit (a layer, the embedding or the LM head) cannot be split across wafers",
             self.where())
 
     def no_fit_wafers(self, lay: Layout, stages: int) -> FrontendError:
@@ -462,7 +508,7 @@ class _Mapper:
             f"needed {_fmt_bytes(need)}, available {_fmt_bytes(have)}"
             + (f" (short by {_fmt_bytes(need - have)})" if need > have else
                " (enough in total, but layers cannot be split into the leftover space)")
-            + f"; the model needs at least {lay.wafers} wafers", self.where())
+            + f"; the model needs at least {lay.wafers} wafers", self.budget_loc)
 
 
 def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
@@ -478,11 +524,6 @@ def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
         (s.experts + s.shared_experts) * 3 * s.hidden * s.expert_ffn * s.expert_dtype_bytes
 
 
-def _need_text(planner: Planner, unit: Unit, h: int, t: Target) -> str:
-    need = _unit_bytes(planner.sizer, unit)
-    return f"{_fmt_bytes(need)} of SRAM (at least {_c(need, t.usable_sram_bytes)} cores)"
-
-
 def _fmt_bytes(n: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= scale:
@@ -490,15 +531,11 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _spread(p: Placed, planner: Planner, t: Target, lay: Layout | None,
-            width: int | None = None) -> Placed:
-    """Hand spare columns of the unit's row (or explicit rect) to its bands."""
+def _spread(p: Placed, width: int | None = None) -> Placed:
+    """Fix the unit's band widths, handing spare columns of an explicit rect to its bands."""
     base = list(p.shape.widths)
-    if width is None:
-        return Placed(p.unit, p.shape, p.wafer, p.x, p.y, p.h, p.reverse, tuple(base))
-    spare = width - p.shape.width
-    total = sum(base)
-    extra = [spare * b // total for b in base]
+    spare = 0 if width is None else width - p.shape.width
+    extra = [spare * b // sum(base) for b in base]  # in proportion to each band's need
     for i in range(spare - sum(extra)):
         extra[i % len(extra)] += 1
     widths = tuple(b + e for b, e in zip(base, extra))
@@ -610,7 +647,7 @@ class _Emitter:
             if prev is not None and stage != lay.stages[idx - 1]:
                 x = self.handoff(prev, x, lay.stages[idx - 1], stage, p.wafer)
             b = self.bands(p)
-            common = dict(stage=stage, wafer=p.wafer)
+            common = {"stage": stage, "wafer": p.wafer}
             if p.unit.kind == "embed":
                 x = self.add(g.EmbedOp("embed", b["embed"], layer=-1, vocab=s.vocab,
                                        hidden=s.hidden, **common))
@@ -664,11 +701,11 @@ class _Emitter:
 
     def model(self) -> ModuleOp:
         s, m, t, lay = self.s, self.m, self.m.target, self.lay
-        ints = dict(layers=s.layers, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads,
-                    head_dim=s.head_dim, vocab=s.vocab, ffn=s.ffn, experts=s.experts,
-                    top_k=s.top_k, expert_ffn=s.expert_ffn, shared_experts=s.shared_experts,
-                    max_seq=s.max_seq, eos_token=s.eos_token, kv_slots=lay.kv_slots,
-                    experts_per_region=m.group if s.is_moe else 0)
+        ints = {k: getattr(s, k) for k in (
+            "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts",
+            "top_k", "expert_ffn", "shared_experts", "max_seq", "eos_token")}
+        ints["kv_slots"] = lay.kv_slots
+        ints["experts_per_region"] = m.group if s.is_moe else 0
         hparams: dict[str, Attribute] = {k: IntegerAttr(v, i64) for k, v in ints.items()}
         for k in ("dtype_bytes", "expert_dtype_bytes", "kv_bytes"):
             hparams[k] = FloatAttr(float(getattr(s, k)), f64)

@@ -68,6 +68,8 @@ def parse_spec(text: str, filename: str = "<spec>") -> ModelSpec:
 
 
 def _describe_terminal(name: str) -> str:
+    if name == "$END":
+        return "end of file"
     try:
         pattern = _parser().get_terminal(name).pattern
     except KeyError:

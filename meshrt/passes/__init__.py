@@ -6,5 +6,37 @@ from xdsl.passes import ModulePass
 
 
 def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    # Filled in as passes land; keys are the names used in `-p`.
-    return {}
+    """Pass name (as used in `-p`) -> factory; imports stay lazy."""
+
+    def lower_to_mesh_kernels():
+        from meshrt.passes.lower_to_mesh_kernels import LowerToMeshKernels
+
+        return LowerToMeshKernels
+
+    def synthesize_schedules():
+        from meshrt.passes.synthesize_schedules import SynthesizeSchedules
+
+        return SynthesizeSchedules
+
+    def materialize_segments():
+        from meshrt.passes.materialize_segments import MaterializeSegments
+
+        return MaterializeSegments
+
+    def color_routes():
+        from meshrt.passes.color_routes import ColorRoutes
+
+        return ColorRoutes
+
+    def check_segments():
+        from meshrt.passes.check_segments import CheckSegments
+
+        return CheckSegments
+
+    return {
+        "lower-to-mesh-kernels": lower_to_mesh_kernels,
+        "synthesize-schedules": synthesize_schedules,
+        "materialize-segments": materialize_segments,
+        "color-routes": color_routes,
+        "check-segments": check_segments,
+    }

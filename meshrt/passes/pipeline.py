@@ -10,9 +10,9 @@ LEVELS: tuple[str, ...] = ("graph", "kernels", "events", "segments", "csl")
 # A level whose passes do not exist yet maps to None.
 LEVEL_PIPELINES: dict[str, str | None] = {
     "graph": "",
-    "kernels": None,
-    "events": None,
-    "segments": None,
+    "kernels": "lower-to-mesh-kernels",
+    "events": "lower-to-mesh-kernels,synthesize-schedules",
+    "segments": "lower-to-mesh-kernels,synthesize-schedules,materialize-segments,color-routes,check-segments",
     "csl": None,
 }
 
@@ -35,7 +35,20 @@ def lower_to(module: ModuleOp, level: str) -> ModuleOp:
     if pipeline is None:
         raise LevelNotReady(level)
     if pipeline:
-        from meshrt.tools.passes import run_pipeline
-
         run_pipeline(module, pipeline)
     return module
+
+
+def run_pipeline(module: ModuleOp, spec: str) -> None:
+    """Run a meshrt-opt style pass pipeline (`a,b{opt=1}`) on `module` in place."""
+    from xdsl.context import Context
+    from xdsl.passes import PassPipeline
+
+    from meshrt.diagnostics import verify_located
+    from meshrt.passes import get_all_passes
+
+    def verify(_prev, mod: ModuleOp, _next) -> None:
+        verify_located(mod)
+
+    ctx = Context(allow_unregistered=False)
+    PassPipeline.parse_spec(get_all_passes(), spec, verify).apply(ctx, module)

@@ -214,7 +214,7 @@ def load_target(name_or_path: str | Path) -> Target:
     return _load_file(path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_bundled(name: str) -> Target:
     return _load_file(TARGET_DIR / f"{name}.toml")
 
@@ -286,7 +286,7 @@ def _key_loc(where: str, key: str, text: str | None = None) -> Loc:
             text = Path(where).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             text = ""
-    m = re.search(rf"^[ \t]*(\[{re.escape(key)}\]|{re.escape(key)}[ \t]*=)", text, re.M)
+    m = re.search(rf"^[ \t]*(\[{re.escape(key)}\]|{re.escape(key)}[ \t]*=)", text, re.MULTILINE)
     if not m:
         return Loc(where)
     line = text.count("\n", 0, m.start(1)) + 1

@@ -10,9 +10,8 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 d
   %r = mesh_kernel.elementwise "add" @l0.add(%n, %x) on <(4, 1, 4, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16>, !graph.act<16> -> !graph.act<16>
   %g = mesh_kernel.topk_gate @l0.gate(%r) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
   %d = mesh_kernel.dispatch @l0.dispatch(%r, %g) on <(8, 2, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 2, 2)>, #mesh.cores<(9, 4, 2, 2)>]} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
-  %e0 = mesh_kernel.expert_ffn @l0.expert0(%d, %g) on <(9, 2, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, experts = array<i64: 0>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
-  %e1 = mesh_kernel.expert_ffn @l0.expert1(%d, %g) on <(9, 4, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, experts = array<i64: 1>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
-  %c = mesh_kernel.combine @l0.combine(%g, %e0, %e1) on <(8, 2, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.routing<2, 1>, !graph.act<16>, !graph.act<16> -> !graph.act<16>
+  %e = mesh_kernel.expert_ffn @l0.experts(%d, %g) on <(9, 2, 2, 2), (9, 4, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 2, 2)>, #mesh.cores<(9, 4, 2, 2)>], placement = array<i64: 0, 1>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
+  %c = mesh_kernel.combine @l0.combine(%g, %e) on <(8, 2, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.routing<2, 1>, !graph.act<16> -> !graph.act<16>
   %t = mesh_kernel.sample @sample(%c) on <(0, 6, 4, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, eos = 1 : i64} : !graph.act<16> -> !graph.tokens
 }
 
@@ -25,8 +24,7 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 d
 // CHECK-NEXT:   mesh_kernel.elementwise "add" @l0.add(%{{.*}}, %{{.*}}) on <(4, 1, 4, 2)> {{{.*}}} : !graph.act<16>, !graph.act<16> -> !graph.act<16>
 // CHECK-NEXT:   mesh_kernel.topk_gate @l0.gate(%{{.*}}) on <(8, 1, 2, 1)> {{{.*}}} : !graph.act<16> -> !graph.routing<2, 1>
 // CHECK-NEXT:   mesh_kernel.dispatch @l0.dispatch(%{{.*}}, %{{.*}}) on <(8, 2, 1, 4)> {{{.*}}expert_regions = [#mesh.cores<(9, 2, 2, 2)>, #mesh.cores<(9, 4, 2, 2)>]{{.*}}}
-// CHECK-NEXT:   mesh_kernel.expert_ffn @l0.expert0(%{{.*}}, %{{.*}}) on <(9, 2, 2, 2)> {{{.*}}experts = array<i64: 0>{{.*}}}
-// CHECK-NEXT:   mesh_kernel.expert_ffn @l0.expert1
-// CHECK-NEXT:   mesh_kernel.combine @l0.combine(%{{.*}}, %{{.*}}, %{{.*}}) on <(8, 2, 1, 4)> {{{.*}}} : !graph.routing<2, 1>, !graph.act<16>, !graph.act<16> -> !graph.act<16>
+// CHECK-NEXT:   mesh_kernel.expert_ffn @l0.experts(%{{.*}}, %{{.*}}) on <(9, 2, 2, 2), (9, 4, 2, 2)> {{{.*}}placement = array<i64: 0, 1>{{.*}}}
+// CHECK-NEXT:   mesh_kernel.combine @l0.combine(%{{.*}}, %{{.*}}) on <(8, 2, 1, 4)> {{{.*}}} : !graph.routing<2, 1>, !graph.act<16> -> !graph.act<16>
 // CHECK-NEXT:   mesh_kernel.sample @sample(%{{.*}}) on <(0, 6, 4, 1)> {{{.*}}eos = 1 : i64{{.*}}} : !graph.act<16> -> !graph.tokens
 // CHECK-NEXT: }

@@ -2,9 +2,9 @@
 
 mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<4>
-  %p = mesh_kernel.gemv @qkv(%x) on <(0, 1, 8, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<4> -> !graph.act<32>
+  %p = mesh_kernel.gemv @qkv(%x) on <(0, 1, 2, 8)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<4> -> !graph.act<32>
 }
-// CHECK: mesh_kernel_invalid.mlir:5:3: error: 'mesh_kernel.gemv' op kernel @qkv: a 8 x 2 grid is too large for a 4 x 32 matrix: every core needs at least one row and column
+// CHECK: mesh_kernel_invalid.mlir:5:3: error: 'mesh_kernel.gemv' op kernel @qkv: a 2 x 8 grid is too large for a 4 x 32 matrix: every core needs at least one row and column
 
 // -----
 
@@ -27,9 +27,18 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 d
 mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
   %g = mesh_kernel.topk_gate @gate(%x) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
-  %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, experts = array<i64: 0, 5>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
+  %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 2, 2)>], placement = array<i64: 0, 5>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
 }
-// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: expert ids [5] are outside 0..1
+// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: placement names expert regions [5], but only 1 exist
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %g = mesh_kernel.topk_gate @gate(%x) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
+  %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 2, 2), (9, 4, 3, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 2, 2)>, #mesh.cores<(9, 4, 3, 2)>], placement = array<i64: 0, 1>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: expert regions must share one shape, got [(2, 2), (3, 2)]
 
 // -----
 

@@ -22,6 +22,15 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
     segment.segment 0 use <colors = 2, iq = 1> {
     }
   }
+  segment.core_class @c2 wafer 0 cores <(0, 1, 3, 1)> params {upstream = "west"} {
+    segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
+    }
+    segment.reconfigure 0 to 1 release [@a] install [@b]
+    segment.segment 1 use <colors = 1, oq = 1> routes [@b] {
+    }
+    segment.marker_sync 1 to 0 over <(0, 0, 4, 2)>
+    segment.reconfigure 1 to 0 release [@b] install [@a]
+  }
   segment.route @a color 0 via <(0, 0, 4, 1)>
   segment.route @b color 0 via <(0, 0, 4, 1)>
 }
@@ -39,5 +48,14 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // CHECK-NEXT:     segment.reconfigure 0 to 1 release [@a] install [@b]
 // CHECK-NEXT:     segment.segment 1 use <colors = 1, oq = 1> {
 // CHECK:        segment.core_class @c1 wafer 0 cores <(3, 0, 1, 1)> budget <colors = 2, iq = 1> {
-// CHECK:        segment.route @a color 0 via <(0, 0, 4, 1)>
+// CHECK:        segment.core_class @c2 wafer 0 cores <(0, 1, 3, 1)> params {upstream = "west"} {
+// CHECK-NEXT:     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
+// CHECK-NEXT:     }
+// CHECK-NEXT:     segment.reconfigure 0 to 1 release [@a] install [@b]
+// CHECK-NEXT:     segment.segment 1 use <colors = 1, oq = 1> routes [@b] {
+// CHECK-NEXT:     }
+// CHECK-NEXT:     segment.marker_sync 1 to 0 over <(0, 0, 4, 2)>
+// CHECK-NEXT:     segment.reconfigure 1 to 0 release [@b] install [@a]
+// CHECK-NEXT:   }
+// CHECK-NEXT:   segment.route @a color 0 via <(0, 0, 4, 1)>
 // CHECK-NEXT:   segment.route @b color 0 via <(0, 0, 4, 1)>

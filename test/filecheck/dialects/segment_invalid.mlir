@@ -106,3 +106,40 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
   event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
 }
 // CHECK: error: 'segment.program' op program @m: reserved colours [9] are outside 0..7
+
+// -----
+
+segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
+    segment.segment 0 use <> {
+    }
+    segment.reconfigure 0 to 1 release [] install []
+    segment.segment 1 use <> {
+    }
+    segment.reconfigure 1 to 0 release [] install []
+    segment.segment 2 use <> {
+    }
+  }
+}
+// CHECK: error: 'segment.core_class' op core class @c: 'segment.segment' after the closing reconfigure back to segment 0
+
+// -----
+
+segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
+    segment.segment 0 use <> {
+    }
+    segment.reconfigure 0 to 0 release [] install []
+  }
+}
+// CHECK: error: 'segment.reconfigure' op reconfigure 0 to 0 must go to the next segment or, closing the table, back to segment 0
+
+// -----
+
+segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
+  segment.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
+    segment.segment 0 use <> routes [@nope] {
+    }
+  }
+}
+// CHECK: error: 'segment.segment' op references unknown flow @nope

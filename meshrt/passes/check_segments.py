@@ -1,0 +1,310 @@
+"""`check-segments`: prove a segment program safe to install.
+
+`check_segments(module, target)` re-derives everything from the segment IR
+(it trusts neither the recorded `use` nor the passes' own bookkeeping) and
+returns one located diagnostic line per violation; the `check-segments` pass
+raises the first one. For every `segment.program`:
+
+1. Capacity: for every core class and segment, what its subs bind together
+   (sum of demands, max of switch positions) fits the class's budget and
+   the target's per-core capacity, and the recorded `use` does not
+   understate it.
+2. Colours: every live, routed flow (see the liveness definition in
+   `meshrt.passes.color_routes`) has exactly one `segment.route`, on a user
+   colour, whose routers cover the flow's XY route; and no router carries
+   two live flows on one colour. The second check is done pair by pair over
+   flows that share a colour: where their routers intersect, every core
+   class owning part of the intersection must hold the two flows in
+   disjoint sets of segments, and no part may lie on an idle router (the
+   segments are recomputed from the definition position by position, not
+   with the passes' arc arithmetic).
+3. Boundaries: a class with n > 1 segments has the boundaries 0 to 1, ...,
+   n-2 to n-1 and n-1 to 0 (the table repeats every decode step); every
+   boundary whose closing segment does not end on a collective has a marker
+   sync whose region covers the class's cores and the routers of every flow
+   the boundary releases or installs, and stays off part of the mesh; each
+   segment's `routes` are exactly the flows live at the class's routers, and
+   each reconfigure releases and installs exactly the difference; no class
+   holds a route of another wafer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
+from xdsl.passes import ModulePass
+
+from meshrt.diagnostics import MeshrtError, format_diagnostic
+from meshrt.dialects import segment as sg
+from meshrt.dialects.mesh import RESOURCE_NAMES, Resources
+from meshrt.frontend.errors import FrontendError
+from meshrt.passes.color_routes import (
+    ClassTable,
+    flow_refs,
+    flow_window,
+    step_order,
+    tables_of_program,
+)
+from meshrt.passes.materialize_segments import accumulate
+from meshrt.routing import BoxIndex, RectSet, flow_routers, intersecting_pairs
+from meshrt.targets import Target, load_target
+
+
+@dataclass
+class _Problem:
+    message: str
+    op: Operation | None
+
+
+def _hold_sets(table: ClassTable, pos: dict[str, int], k: int) -> list[set[int]]:
+    """Per segment, the positions at which the class may hold it (the definition, directly)."""
+    segs = table.segments
+    n = len(segs)
+    if n <= 1 or any(not s for s in segs):
+        return [set(range(k)) for _ in segs]
+    ends = [pos[s[-1].kernel_name] for s in segs]
+    firsts = [pos[s[0].kernel_name] for s in segs]
+    out: list[set[int]] = []
+    for s in range(n):
+        held = set()
+        prev_end = ends[s - 1] - (k if s == 0 else 0)
+        t = prev_end + 1 if firsts[s] > prev_end else firsts[s]
+        while t <= ends[s]:
+            held.add(t % k)
+            t += 1
+        out.append(held)
+    return out
+
+
+def _window_set(window, k: int) -> set[int]:
+    if window is None:
+        return set()
+    start, length = window
+    return {(start + i) % k for i in range(min(length, k - 1) + 1)}
+
+
+def _check_program(program: sg.ProgramOp, target: Target | None) -> list[_Problem]:
+    problems: list[_Problem] = []
+    add = lambda msg, op: problems.append(_Problem(msg, op))  # noqa: E731
+    mesh = program.mesh_size
+    w, h = mesh
+    tables = tables_of_program(program)
+    classes = {c.class_name: c for c in program.core_classes()}
+    flows = {f.flow_name: f for f in program.flows()}
+    cap = target.budget() if target is not None else None
+
+    # -- 1. capacity -------------------------------------------------------
+    for cls in program.core_classes():
+        budget = cls.effective_budget()
+        for seg in cls.segments():
+            use = Resources()
+            for sub in seg.subs():
+                use = accumulate(use, sub.demand.value)
+            for what, limit in (("budget", budget), ("target capacity", cap)):
+                if limit is None:
+                    continue
+                over = use.exceeded(limit)
+                if over:
+                    res, d, c = over[0]
+                    add(f"segment {seg.index_value} of core class @{cls.class_name} binds {d} "
+                        f"{RESOURCE_NAMES[res]}, over its {what} of {c}", seg)
+            under = [f for f, d, _ in use.exceeded(seg.use.value)]
+            if under:
+                add(f"segment {seg.index_value} of core class @{cls.class_name} records use "
+                    f"<{seg.use}> below what its subs bind (<{use.attr()}>)", seg)
+
+    # -- liveness, recomputed ------------------------------------------------
+    try:
+        pos = step_order(tables)
+    except MeshrtError as e:
+        add(e.message, e.op)
+        return problems
+    k = max(len(pos), 1)
+    refs = flow_refs(tables, pos)
+    windows = {n: _window_set(flow_window(refs.get(n, ()), k), k) for n in flows}
+    holds = {t.name: _hold_sets(t, pos, k) for t in tables}
+    class_cores = {t.name: t.cores for t in tables}
+    xy = {n: flow_routers(f) for n, f in flows.items()}
+
+    seg_cache: dict[tuple[str, str], set[int]] = {}
+
+    def live_segs(cls: str, flow: str) -> set[int]:
+        key = (cls, flow)
+        if key not in seg_cache:
+            win = windows[flow]
+            seg_cache[key] = {s for s, held in enumerate(holds[cls]) if held & win}
+        return seg_cache[key]
+
+    # -- 2. colours --------------------------------------------------------
+    routes: dict[str, list[sg.RouteOp]] = defaultdict(list)
+    for r in program.routes():
+        routes[r.flow_name].append(r)
+    palette = set(program.user_colors)
+    for name, f in flows.items():
+        live = bool(windows[name]) and bool(xy[name])
+        rs = routes.get(name, [])
+        if live and not rs:
+            add(f"flow @{name} is live but has no segment.route", f)
+        if len(rs) > 1:
+            add(f"flow @{name} has {len(rs)} routes", rs[1])
+        for r in rs:
+            if r.color_id not in palette:
+                add(f"route of @{name} uses colour {r.color_id}, not a user colour", r)
+            if not RectSet.from_cores(r.via).covers(xy[name]):
+                add(f"route of @{name} via <{r.via}> misses routers of its XY route <{xy[name]}>", r)
+    by_colour: dict[tuple[int, int], list[sg.RouteOp]] = defaultdict(list)
+    for name, rs in routes.items():
+        if name in flows and windows[name]:
+            by_colour[(flows[name].wafer_index, rs[0].color_id)].append(rs[0])
+    by_wafer = defaultdict(list)
+    for t in tables:
+        by_wafer[t.wafer].append(t)
+    via = {r.flow_name: RectSet.from_cores(r.via) for rs in by_colour.values() for r in rs}
+    for (wafer, colour), rs in by_colour.items():
+        items = [(box, i) for i, r in enumerate(rs) for box in via[r.flow_name]]
+        pairs = sorted({
+            (min(items[a][1], items[b][1]), max(items[a][1], items[b][1]))
+            for a, b in intersecting_pairs(items) if items[a][1] != items[b][1]
+        })
+        for i, j in pairs:
+            a, b = rs[i], rs[j]
+            common = via[a.flow_name] & via[b.flow_name]
+            clash = _clash(a.flow_name, b.flow_name, common, by_wafer[wafer], live_segs)
+            if clash is not None:
+                add(f"flows @{a.flow_name} and @{b.flow_name} are both live on colour {colour} "
+                    f"at {clash}", b)
+
+    # -- 3. boundaries -------------------------------------------------------
+    flow_order = list(flows)
+    route_index = {
+        wafer: BoxIndex([(b, n) for n in flow_order if flows[n].wafer_index == wafer and windows[n]
+                         for b in xy[n]])
+        for wafer in {t.wafer for t in tables}
+    }
+    for t in tables:
+        cls = classes[t.name]
+        n = len(t.segments)
+        expected = [(i, i + 1) for i in range(n - 1)] + ([(n - 1, 0)] if n > 1 else [])
+        found = {(a, b): (sync, rec) for a, b, sync, rec in cls.boundaries()}
+        conf: list[list[str]] = [[] for _ in range(n)]
+        idx = route_index[t.wafer]
+        crossing = {idx.items[i][1] for b in t.cores for i in idx.query(b)}
+        for f in sorted(crossing, key=flow_order.index):
+            for s in live_segs(t.name, f):
+                conf[s].append(f)
+        for seg, want in zip(cls.segments(), conf):
+            if seg.routes is not None and seg.route_names() != want:
+                add(f"segment {seg.index_value} of core class @{t.name} lists routes "
+                    f"[{', '.join('@' + x for x in seg.route_names())}] but the flows live at its "
+                    f"routers are [{', '.join('@' + x for x in want)}]", seg)
+            for x in seg.route_names():
+                if x in flows and flows[x].wafer_index != t.wafer:
+                    add(f"segment {seg.index_value} of core class @{t.name} (wafer {t.wafer}) holds "
+                        f"route @{x} of wafer {flows[x].wafer_index}", seg)
+        for i, j in expected:
+            if (i, j) not in found:
+                add(f"core class @{t.name} has no boundary {i} to {j}", cls)
+                continue
+            sync, rec = found[(i, j)]
+            release = set(conf[i]) - set(conf[j])
+            install = set(conf[j]) - set(conf[i])
+            got_rel = {r.root_reference.data for r in rec.release.data}
+            got_ins = {r.root_reference.data for r in rec.install.data}
+            if got_rel != release or got_ins != install:
+                add(f"reconfigure {i} to {j} of core class @{t.name} must release "
+                    f"[{_names(release, flows)}] and install [{_names(install, flows)}]", rec)
+            closing = t.segments[i]
+            if closing and closing[-1].is_collective:
+                continue
+            if sync is None:
+                add(f"boundary {i} to {j} of core class @{t.name} does not end on a collective "
+                    f"but has no marker sync", rec)
+                continue
+            over = RectSet.from_cores(sync.over)
+            need = t.cores
+            for f in sorted(got_rel | got_ins | release | install):
+                if f in xy:
+                    need = need | xy[f]
+            need = need.clip(w, h)
+            if not over.covers(need):
+                add(f"marker sync {i} to {j} of core class @{t.name} over <{sync.over}> misses "
+                    f"<{need - over}> of the routers its reconfiguration touches", sync)
+            if over.clip(w, h).count >= w * h and w * h > 1:
+                add(f"marker sync {i} to {j} of core class @{t.name} spans the whole chip", sync)
+    return problems
+
+
+def _names(names, flows) -> str:
+    order = list(flows)
+    return ", ".join("@" + n for n in sorted(names, key=order.index))
+
+
+def _clash(fa: str, fb: str, common: RectSet, tables: list[ClassTable], live_segs) -> str | None:
+    """Where two same-coloured flows are live at one router, or None."""
+    if not common:
+        return None
+    rest = common
+    for t in tables:
+        part = common & t.cores
+        if not part:
+            continue
+        rest = rest - t.cores
+        shared = live_segs(t.name, fa) & live_segs(t.name, fb)
+        if shared:
+            x, y = part.first_core()
+            return f"router ({x}, {y}) of core class @{t.name} in segment {min(shared)}"
+    if rest:
+        x, y = rest.first_core()
+        return f"idle router ({x}, {y})"
+    return None
+
+
+def check_segments(module: Operation, target: Target | str | None = None) -> list[str]:
+    """Located one-line diagnostics for every violation in `module` (empty = proved safe).
+
+    `target` (a Target, a name or a path) defaults to each program's own.
+    """
+    out: list[str] = []
+    for p in _problems(module, target):
+        out.append(format_diagnostic(p.message, p.op))
+    return out
+
+
+def _problems(module: Operation, target: Target | str | None) -> list[_Problem]:
+    programs = [o for o in module.walk() if isinstance(o, sg.ProgramOp)]
+    problems: list[_Problem] = []
+    for program in programs:
+        t = target
+        if not isinstance(t, Target):
+            try:
+                t = load_target(t or program.target.data)
+            except FrontendError as e:
+                where = f" ({e.loc})" if e.loc is not None else ""
+                problems.append(_Problem(e.message + where, program))
+                continue
+        problems.extend(_check_program(program, t))
+    return problems
+
+
+@dataclass(frozen=True)
+class CheckSegments(ModulePass):
+    """Fail with the first violation `check_segments` finds (see the module docstring)."""
+
+    name = "check-segments"
+
+    target: str | None = None
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if not any(isinstance(o, sg.ProgramOp) for o in op.walk()):
+            ops = list(op.body.block.ops)
+            raise MeshrtError("check-segments needs segment IR (a segment.program)",
+                              ops[0] if ops else op)
+        problems = _problems(op, self.target)
+        if problems:
+            first = problems[0]
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise MeshrtError(first.message + more, first.op)

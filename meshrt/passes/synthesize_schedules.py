@@ -1,0 +1,422 @@
+"""`synthesize-schedules`: Algorithm 1, mesh_kernel -> event.
+
+Walk the kernels in topological order. For every role of every kernel:
+a metainfo resolver first where the role receives dynamism, then the
+kernel's own events (GetCoreSche, `meshrt.kernel_roles`) with the receives
+of its inputs and the sends of its outputs filled in, and a metainfo
+producer right before the send its metainfo rides on where the role
+produces dynamism; all guarded by the kernel's predecessors. Then cores
+that share exactly the same roles are grouped into one core class
+(`meshrt.core_classes`), whose table is the concatenation of its roles'
+sub-schedules in topological order.
+
+Metainfo never gets a message of its own: it is `meta` bytes on a send the
+data already makes. The continuous-batching payload (request id, status
+per slot) rides the sampler's token send back to the first stage, every
+handoff to the next stage, and the activation into attention; routing
+metainfo rides the tokens from the gate through dispatch, the experts and
+combine.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import defaultdict
+from functools import lru_cache
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DictionaryAttr,
+    FloatAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    UnitAttr,
+    i64,
+)
+from xdsl.ir import Block, Region
+from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import VerifyException
+
+from meshrt import kernel_roles as kr
+from meshrt.core_classes import partition
+from meshrt.diagnostics import MeshrtError
+from meshrt.dialects import event as ev
+from meshrt.dialects import mesh_kernel as mk
+from meshrt.dialects.base import kernel_deps, topological_order
+from meshrt.dialects.graph import RoutingType
+from meshrt.dialects.mesh import RESOURCE_NAMES, CoreSetAttr, RectAttr, ResourceAttr, Resources
+from meshrt.frontend.errors import FrontendError
+from meshrt.targets import Target, load_target
+
+
+def kernel_context(program: mk.ProgramOp) -> kr.KernelContext:
+    def num(key: str, default: float) -> float:
+        attr = program.hparams.data.get(key)
+        if isinstance(attr, IntegerAttr | FloatAttr):
+            return float(attr.value.data)
+        return default
+
+    b = program.micro_batch_size
+    pipelined = "micro_batch_pipeline" in program.dynamism_kinds
+    weight = num("dtype_bytes", 2)
+    return kr.KernelContext(
+        micro_batch=b,
+        # The mapper records the KV slots it sized for; without it, one
+        # micro-batch in flight per stage.
+        slots=int(num("kv_slots", b * program.num_stages if pipelined else b)),
+        weight_bytes=weight,
+        expert_weight_bytes=num("expert_dtype_bytes", weight),
+        kv_bytes=num("kv_bytes", weight),
+        top_k=int(num("top_k", 0)),
+        dynamism=program.dynamism_kinds,
+    )
+
+
+@dataclass
+class _Flow:
+    spec: kr.FlowSpec
+    kernel: str
+    wafer: int
+    cross_wafer: bool = False
+    meta: int = 0
+    meta_kind: str | None = None
+
+
+@dataclass
+class _KernelPlan:
+    op: mk.KernelOp
+    roles: list[kr.Role]
+    inputs: list[_Flow]
+    outputs: list[_Flow]
+    output_cores: CoreSetAttr
+    stage_entry: bool = False
+
+    @property
+    def input_cores(self) -> CoreSetAttr:
+        """Cores of the roles that receive the kernel's inputs."""
+        rects = [r for role in self.roles if kr.INPUTS in role.events for r in role.cores.rects.data]
+        return CoreSetAttr(rects) if rects else self.op.region
+
+    @property
+    def resident_cores(self) -> CoreSetAttr:
+        """Cores that hold the result: reductions relay it back to their whole
+        region; relays hold it only where it leaves."""
+        if isinstance(self.op, mk.DispatchOp | mk.CombineOp):
+            return self.output_cores
+        return self.op.region
+
+
+def _output_cores(op: mk.KernelOp, roles: list[kr.Role]) -> CoreSetAttr:
+    """Cores that send the kernel's result on (all of its region if it keeps it in place)."""
+    rects = [r for role in roles if role.sends_output for r in role.cores.rects.data]
+    return CoreSetAttr(rects) if rects else op.region
+
+
+def _same_shape(a: CoreSetAttr, b: CoreSetAttr) -> tuple[int, int] | None:
+    """The offset that maps `a` onto `b` if they are translates, else None."""
+    ra, rb = a.rects.data, b.rects.data
+    if len(ra) != len(rb):
+        return None
+    offsets = {(q.x.data - p.x.data, q.y.data - p.y.data) for p, q in zip(ra, rb)}
+    same = all(p.tuple[2:] == q.tuple[2:] for p, q in zip(ra, rb))
+    return offsets.pop() if same and len(offsets) == 1 else None
+
+
+class Synthesizer:
+    def __init__(self, program: mk.ProgramOp, target: Target):
+        self.program = program
+        self.target = target
+        self.kctx = kernel_context(program)
+        self.flows: dict[str, _Flow] = {}
+        self.plans: dict[mk.KernelOp, _KernelPlan] = {}
+
+    # -- flows between kernels ------------------------------------------
+    def _transfer(self, name: str, producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAttr,
+                  data: int) -> _Flow | None:
+        """The flow carrying a value from `producer` into `consumer`, or None if local."""
+        if name in self.flows:
+            return self.flows[name]
+        dst = self.plans[consumer].input_cores
+        cross = consumer.wafer_index != producer.op.wafer_index
+        held = producer.resident_cores
+        if not cross and held.is_dense() and held.covers(dst):
+            return None  # every consumer core already holds the value
+        offset = None if cross else _same_shape(src, dst)
+        if offset == (0, 0):
+            return None
+        if offset is not None:
+            spec = kr.FlowSpec(name, src, dst, "shift", data, *offset)
+        else:
+            spec = kr.FlowSpec(name, src, dst, "all", data)
+        flow = _Flow(spec, consumer.kernel_name, producer.op.wafer_index, cross)
+        self.flows[name] = flow
+        producer.outputs.append(flow)
+        return flow
+
+    def _wire_inputs(self, plan: _KernelPlan) -> None:
+        op = plan.op
+        act_bytes = self.kctx.micro_batch * kr.ACT_BYTES
+        cb = "continuous_batching" in self.kctx.dynamism
+        moe = "moe_routing" in self.kctx.dynamism
+        for i, value in enumerate(op.operands):
+            producer_op = value.owner
+            if isinstance(value.type, RoutingType) or not isinstance(producer_op, mk.KernelOp):
+                continue  # routing metainfo rides the token data, never a flow of its own
+            producer = self.plans[producer_op]
+            data = act_bytes * kr.input_share(op, value.type.width.data)
+            src = producer.output_cores
+            name = f"{op.kernel_name}.in{i}"
+            route_meta = False
+            if isinstance(op, mk.DispatchOp):
+                # The gate forwards the tokens it gated with its routing metainfo prepended.
+                gate = self.plans[op.routing.owner]
+                producer, src, route_meta = gate, gate.output_cores, moe
+            elif isinstance(op, mk.ExpertFFNOp):
+                route_meta = moe  # tokens turn from the corridor into the expert regions
+            elif isinstance(op, mk.CombineOp):
+                route_meta = moe  # expert results and their metainfo travel back
+            flow = self._transfer(name, producer, op, src, data)
+            if flow is None:
+                continue
+            if route_meta:
+                flow.meta, flow.meta_kind = self.kctx.route_bytes, "moe_routing"
+            elif cb and (isinstance(producer.op, mk.HandoffOp) or isinstance(op, mk.AttentionOp)):
+                flow.meta, flow.meta_kind = self.kctx.cf_bytes, "continuous_batching"
+            plan.inputs.append(flow)
+            if isinstance(producer.op, mk.HandoffOp):
+                plan.stage_entry = True
+
+    def _wire_token_loop(self, sample: _KernelPlan, embed: _KernelPlan) -> None:
+        """The sampler's tokens (and the CF payload) go back to the first stage's embed."""
+        name = f"{embed.op.kernel_name}.tokens"
+        data = self.kctx.micro_batch * 4
+        flow = _Flow(kr.FlowSpec(name, sample.output_cores, embed.op.region, "all", data),
+                     embed.op.kernel_name, sample.op.wafer_index,
+                     cross_wafer=sample.op.wafer_index != embed.op.wafer_index)
+        if "continuous_batching" in self.kctx.dynamism:
+            flow.meta, flow.meta_kind = self.kctx.cf_bytes, "continuous_batching"
+        self.flows[name] = flow
+        sample.outputs.append(flow)
+        embed.inputs.append(flow)
+
+    # -- Algorithm 1 ------------------------------------------------------
+    def run(self) -> ev.ScheduleOp:
+        try:
+            order = topological_order(self.program.kernels())
+        except VerifyException as e:
+            raise MeshrtError(str(e), self.program) from e
+        for op in order:
+            roles, internal = kr.kernel_roles(op, self.kctx)
+            for spec in internal:
+                self.flows[spec.name] = _Flow(spec, op.kernel_name, op.wafer_index)
+            plan = _KernelPlan(op, roles, [], [], _output_cores(op, roles))
+            self.plans[op] = plan
+            self._wire_inputs(plan)
+        samples = [p for p in self.plans.values() if isinstance(p.op, mk.SampleOp)]
+        embeds = [p for p in self.plans.values() if isinstance(p.op, mk.EmbedOp)]
+        if samples and embeds:
+            self._wire_token_loop(samples[-1], embeds[0])
+
+        budget = self.target.budget()
+        subs_by_key: dict[tuple[int, str], ev.SubScheduleOp] = {}
+        members: dict[int, list[tuple[tuple[int, int, int, int], tuple[int, str]]]] = defaultdict(list)
+        for index, op in enumerate(order):
+            plan = self.plans[op]
+            guard = ArrayAttr([SymbolRefAttr(d.kernel_name) for d in kernel_deps(op)])
+            for role in plan.roles:
+                sub = self._sub_schedule(plan, role, guard, budget)
+                subs_by_key[(index, role.name)] = sub
+                for r in role.cores.rects.data:
+                    if not r.is_unit_step():
+                        raise MeshrtError(
+                            f"kernel @{op.kernel_name} role \"{role.name}\": strided core sets "
+                            "cannot be partitioned into core classes yet", op)
+                    members[op.wafer_index].append((r.tuple[:4], (index, role.name)))
+
+        block = Block()
+        for name in sorted(self.flows, key=list(self.flows).index):
+            block.add_op(self._flow_op(self.flows[name]))
+        used_names: set[str] = set()
+        for wafer in sorted(members):
+            for rects, keys in partition(members[wafer]):
+                keys_sorted = sorted(keys)
+                first_kernel = order[keys_sorted[0][0]].kernel_name
+                name = f"{first_kernel}.{keys_sorted[0][1]}"
+                if wafer:
+                    name = f"w{wafer}.{name}"
+                base, n = name, 1
+                while name in used_names:
+                    n += 1
+                    name = f"{base}.{n}"
+                used_names.add(name)
+                cls = ev.CoreClassOp.create(
+                    properties={
+                        "sym_name": StringAttr(name),
+                        "wafer": IntegerAttr(wafer, i64),
+                        "cores": CoreSetAttr([RectAttr(*r) for r in rects]),
+                    },
+                    regions=[Region([Block([subs_by_key[k].clone() for k in keys_sorted])])],
+                )
+                cls.location = order[keys_sorted[0][0]].location
+                block.add_op(cls)
+        hparams = dict(self.program.hparams.data)
+        hparams["inflight_slots"] = IntegerAttr(self.kctx.slots, i64)
+        schedule = ev.ScheduleOp.like(self.program, body=Region([block]))
+        schedule.properties["hparams"] = DictionaryAttr(hparams)
+        schedule.location = self.program.location
+        return schedule
+
+    def _sub_schedule(self, plan: _KernelPlan, role: kr.Role, guard: ArrayAttr,
+                      budget: Resources) -> ev.SubScheduleOp:
+        op = plan.op
+        recv_kinds = kr.receives_dynamism(op, role.name, self.kctx, plan.stage_entry)
+        prod_kinds = kr.produces_dynamism(op, role.name, self.kctx)
+        events: list = []
+        # The kernel's own events, inputs and outputs filled in
+        sends: set[str] = set()
+        recvs: set[str] = set()
+        max_msg = 0
+        for e in role.events:
+            if e == kr.INPUTS:
+                for f in plan.inputs:
+                    if self._reaches(f, role):
+                        events.append(_recv(f.spec.name, f.spec.bytes, f.meta))
+                        recvs.add(f.spec.name)
+                        max_msg = max(max_msg, f.spec.bytes + f.meta)
+            elif e == kr.OUTPUTS:
+                if not role.sends_output:
+                    continue
+                for f in plan.outputs:
+                    # Metainfo producers, right before the send the metainfo rides on
+                    if f.meta_kind in prod_kinds:
+                        events.append(ev.MetaProduceOp.create(properties={
+                            "kind": _str(f.meta_kind), "flow": _sym(f.spec.name), "bytes": _int(f.meta)}))
+                    events.append(_send(f.spec.name, f.spec.bytes, f.meta))
+                    sends.add(f.spec.name)
+                    max_msg = max(max_msg, f.spec.bytes + f.meta)
+            elif e[0] == "compute":
+                events.append(ev.ComputeOp.create(properties={"op": _str(e[1]), "work": _int(int(e[2]))}))
+            else:
+                kind, flow, nbytes, *rest = e
+                meta = rest[0] if rest else 0
+                events.append((_recv if kind == "recv" else _send)(flow, nbytes, meta))
+                (recvs if kind == "recv" else sends).add(flow)
+                max_msg = max(max_msg, nbytes + meta)
+        # (1) metainfo resolvers go first: each reads the metainfo that rides
+        # ahead of the first message the role receives on the kernel's path.
+        resolvers = []
+        for kind in recv_kinds:
+            carrier = next((e for e in events if isinstance(e, ev.RecvOp) and e.meta.value.data > 0), None)
+            if carrier is None:
+                continue  # the role shares its cores' table, updated by an earlier resolver
+            resolvers.append(ev.MetaResolveOp.create(properties={
+                "kind": _str(kind), "flow": carrier.flow, "bytes": carrier.meta}))
+        events = resolvers + events
+        flows_used = recvs | sends
+        demand = Resources(
+            colors=len(flows_used),
+            iq=len(recvs),
+            oq=len(sends),
+            routes=len(flows_used),
+            switches=role.switches if flows_used else 0,
+            sram=role.state_sram + max_msg,  # resident state + the largest message buffer
+            ctrl=role.ctrl,
+        )
+        for res in ("sram", "ctrl"):
+            need, cap = getattr(demand, res), getattr(budget, res)
+            if need > cap:
+                raise MeshrtError(
+                    f"kernel @{op.kernel_name} role \"{role.name}\" needs {need} {RESOURCE_NAMES[res]} "
+                    f"per core on region {op.region}, but {self.target.name} has {cap}: the region is "
+                    "too small for the kernel's tiling", op)
+        props = {
+            "kernel": SymbolRefAttr(op.kernel_name),
+            "role": StringAttr(role.name),
+            "after": guard,
+            "demand": ResourceAttr(demand),
+        }
+        if kr.is_collective(op):
+            props["collective"] = UnitAttr()
+        sub = ev.SubScheduleOp.create(properties=props, regions=[Region([Block(events)])])
+        sub.location = op.location
+        return sub
+
+    @staticmethod
+    def _reaches(flow: _Flow, role: kr.Role) -> bool:
+        return flow.spec.dst.overlaps(role.cores)
+
+    def _flow_op(self, flow: _Flow) -> ev.FlowOp:
+        s = flow.spec
+        props = {
+            "sym_name": StringAttr(s.name),
+            "kernel": SymbolRefAttr(flow.kernel),
+            "wafer": IntegerAttr(flow.wafer, i64),
+            "src": s.src,
+            "dst": s.dst,
+            "pattern": StringAttr(s.pattern),
+            "bytes": IntegerAttr(max(s.bytes, 1), i64),
+        }
+        if s.dx is not None:
+            props["dx"] = IntegerAttr(s.dx, i64)
+            props["dy"] = IntegerAttr(s.dy, i64)
+        if flow.cross_wafer:
+            props["cross_wafer"] = UnitAttr()
+        return ev.FlowOp.create(properties=props)
+
+
+# Attributes are immutable: one instance per value serves every op, which
+# saves most of the construction time of large schedules.
+@lru_cache(maxsize=None)
+def _int(v: int) -> IntegerAttr:
+    return IntegerAttr(v, i64)
+
+
+@lru_cache(maxsize=None)
+def _str(v: str) -> StringAttr:
+    return StringAttr(v)
+
+
+@lru_cache(maxsize=None)
+def _sym(v: str) -> SymbolRefAttr:
+    return SymbolRefAttr(v)
+
+
+def _recv(flow: str, nbytes: int, meta: int) -> ev.RecvOp:
+    return ev.RecvOp.create(properties={"flow": _sym(flow), "bytes": _int(nbytes), "meta": _int(meta)})
+
+
+def _send(flow: str, nbytes: int, meta: int) -> ev.SendOp:
+    return ev.SendOp.create(properties={"flow": _sym(flow), "bytes": _int(nbytes), "meta": _int(meta)})
+
+
+@dataclass(frozen=True)
+class SynthesizeSchedules(ModulePass):
+    """mesh_kernel.program -> event.schedule (per-core-class event tables).
+
+    `target` overrides the target named in the program (a bundled name or a
+    .toml path).
+    """
+
+    name = "synthesize-schedules"
+
+    target: str | None = None
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for program in [o for o in op.body.block.ops if isinstance(o, mk.ProgramOp)]:
+            try:
+                target = load_target(self.target or program.target.data)
+            except FrontendError as e:
+                raise MeshrtError(str(e), program) from e
+            gc_was_enabled = gc.isenabled()
+            gc.disable()  # bulk IR construction: the cyclic GC only costs time here
+            try:
+                schedule = Synthesizer(program, target).run()
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
+            op.body.block.insert_op_before(schedule, program)
+            op.body.block.erase_op(program, safe_erase=False)

@@ -1,0 +1,370 @@
+"""Routes of class-level flows as sets of routers, without enumerating cores.
+
+A router is named by the core it sits on, so a set of routers is a set of
+cores. Here such sets are `RectSet`s: disjoint unions of dense boxes in a
+canonical form (maximal horizontal bands with identical column runs stacked
+into one box), so two sets that hold the same routers compare equal and print
+the same. Every operation works on boxes and grows with the number of boxes,
+never with the number of cores they cover: a wse3 kernel region of tens of
+thousands of cores is one box.
+
+Routes are dimension ordered (XY): a message first travels along its row to
+the destination column, then along that column. For a class-level flow the
+union over its senders of their routes is computed in closed form per
+(sender box, receiver box) pair:
+
+- `shift` by (dx, dy): each sender (x, y) reaches (x + dx, y + dy). The
+  X leg of a box of senders is the box stretched by dx along x, the Y leg the
+  box moved by dx and stretched by dy along y.
+- `row` / `col`: each sender multicasts to the receivers of its own row
+  (column). The tree of one sender spans from it to its furthest receivers;
+  over a box of senders that is one box per overlapping (sender, receiver)
+  box pair, spanning both boxes' columns (rows) on their common rows
+  (columns).
+- `all`: each sender multicasts to every receiver with an XY tree: along its
+  row to every receiver column, then down each receiver column. Per box pair
+  that is the sender rows stretched over both boxes' columns, plus the
+  receiver columns stretched over both boxes' rows.
+
+All of these are exact for dense boxes. Strided rects (`step sx, sy`) are
+cut into their dense columns or rows (or single cores) when that takes at
+most `STRIDED_PIECES` boxes, and otherwise over-approximated by their
+bounding box; an over-approximated route claims more routers than it uses,
+which can only add interference and widen marker-sync regions, never hide a
+conflict.
+
+A flow over the wafer-to-wafer link (`cross_wafer`) has no on-mesh route
+between its senders and receivers: its route is empty, it takes no colour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from meshrt.dialects.mesh import CoreSetAttr, RectAttr
+
+Box = tuple[int, int, int, int]
+"""(x0, y0, x1, y1): the dense box of cores x0 <= x < x1, y0 <= y < y1."""
+
+STRIDED_PIECES = 64
+"""Most dense pieces a strided rect is cut into before its bounding box is used."""
+
+
+def box_of(x: int, y: int, w: int, h: int) -> Box:
+    return (x, y, x + w, y + h)
+
+
+def boxes_intersect(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def box_intersection(a: Box, b: Box) -> Box | None:
+    x0, y0 = max(a[0], b[0]), max(a[1], b[1])
+    x1, y1 = min(a[2], b[2]), min(a[3], b[3])
+    return (x0, y0, x1, y1) if x0 < x1 and y0 < y1 else None
+
+
+def box_contains(b: Box, x: int, y: int) -> bool:
+    return b[0] <= x < b[2] and b[1] <= y < b[3]
+
+
+def box_subtract(a: Box, b: Box) -> list[Box]:
+    """`a` minus `b` as at most four disjoint boxes."""
+    if not boxes_intersect(a, b):
+        return [a]
+    ax0, ay0, ax1, ay1 = a
+    bx0, by0, bx1, by1 = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
+    out: list[Box] = []
+    if ay0 < by0:
+        out.append((ax0, ay0, ax1, by0))
+    if by1 < ay1:
+        out.append((ax0, by1, ax1, ay1))
+    if ax0 < bx0:
+        out.append((ax0, by0, bx0, by1))
+    if bx1 < ax1:
+        out.append((bx1, by0, ax1, by1))
+    return out
+
+
+def _canonical(boxes: Iterable[Box]) -> tuple[Box, ...]:
+    """The union of `boxes` as canonical disjoint boxes.
+
+    Cut the plane at every box's top and bottom edge; in each band merge the
+    covered column intervals; stack consecutive bands whose intervals are
+    equal. Work is O(bands x boxes), independent of the area covered.
+    """
+    bs = [b for b in boxes if b[0] < b[2] and b[1] < b[3]]
+    if not bs:
+        return ()
+    if len(bs) == 1:
+        return (bs[0],)
+    ys = sorted({b[1] for b in bs} | {b[3] for b in bs})
+    bs.sort(key=lambda b: b[1])
+    active: list[Box] = []
+    nxt = 0
+    bands: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
+    for ya, yb in zip(ys, ys[1:]):
+        while nxt < len(bs) and bs[nxt][1] <= ya:
+            active.append(bs[nxt])
+            nxt += 1
+        active = [b for b in active if b[3] > ya]
+        if not active:
+            continue
+        ivs = sorted((b[0], b[2]) for b in active)
+        merged: list[tuple[int, int]] = []
+        for x0, x1 in ivs:
+            if merged and x0 <= merged[-1][1]:
+                if x1 > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], x1)
+            else:
+                merged.append((x0, x1))
+        key = tuple(merged)
+        if bands and bands[-1][1] == ya and bands[-1][2] == key:
+            bands[-1] = (bands[-1][0], yb, key)
+        else:
+            bands.append((ya, yb, key))
+    return tuple((x0, ya, x1, yb) for ya, yb, ivs in bands for x0, x1 in ivs)
+
+
+class RectSet:
+    """A set of routers (cores) as canonical disjoint dense boxes."""
+
+    __slots__ = ("boxes",)
+
+    def __init__(self, boxes: Iterable[Box] = ()):
+        self.boxes: tuple[Box, ...] = _canonical(boxes)
+
+    # -- construction ----------------------------------------------------
+    @staticmethod
+    def of(x: int, y: int, w: int, h: int) -> RectSet:
+        return RectSet([box_of(x, y, w, h)])
+
+    @staticmethod
+    def from_cores(cores: CoreSetAttr) -> RectSet:
+        return RectSet(b for r in cores.rects for b in rect_boxes(r))
+
+    # -- algebra -----------------------------------------------------------
+    def __or__(self, other: RectSet) -> RectSet:
+        return RectSet(self.boxes + other.boxes)
+
+    def __and__(self, other: RectSet) -> RectSet:
+        out = []
+        for a in self.boxes:
+            for b in other.boxes:
+                c = box_intersection(a, b)
+                if c is not None:
+                    out.append(c)
+        return RectSet(out)
+
+    def __sub__(self, other: RectSet) -> RectSet:
+        pieces = list(self.boxes)
+        for b in other.boxes:
+            pieces = [p for a in pieces for p in box_subtract(a, b)]
+        return RectSet(pieces)
+
+    def clip(self, width: int, height: int) -> RectSet:
+        return self & RectSet([(0, 0, width, height)])
+
+    def intersects(self, other: RectSet) -> bool:
+        return any(boxes_intersect(a, b) for a in self.boxes for b in other.boxes)
+
+    def contains(self, x: int, y: int) -> bool:
+        return any(box_contains(b, x, y) for b in self.boxes)
+
+    def covers(self, other: RectSet) -> bool:
+        return not (other - self)
+
+    # -- views -------------------------------------------------------------
+    def __bool__(self) -> bool:
+        return bool(self.boxes)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RectSet) and self.boxes == other.boxes
+
+    def __hash__(self) -> int:
+        return hash(self.boxes)
+
+    def __iter__(self) -> Iterator[Box]:
+        return iter(self.boxes)
+
+    @property
+    def count(self) -> int:
+        return sum((b[2] - b[0]) * (b[3] - b[1]) for b in self.boxes)
+
+    def first_core(self) -> tuple[int, int]:
+        b = self.boxes[0]
+        return b[0], b[1]
+
+    def to_coreset(self) -> CoreSetAttr:
+        if not self.boxes:
+            raise ValueError("an empty router set has no core-set form")
+        return CoreSetAttr([RectAttr(x0, y0, x1 - x0, y1 - y0) for x0, y0, x1, y1 in self.boxes])
+
+    def __str__(self) -> str:
+        return ", ".join(f"({x0}, {y0}, {x1 - x0}, {y1 - y0})" for x0, y0, x1, y1 in self.boxes)
+
+    def __repr__(self) -> str:
+        return f"RectSet<{self}>"
+
+
+def rect_boxes(r: RectAttr, limit: int = STRIDED_PIECES) -> list[Box]:
+    """Dense boxes covering rect `r`: exact, or its bounding box if too many."""
+    x, y, w, h, sx, sy = r.tuple
+    if sx == 1 and sy == 1:
+        return [box_of(x, y, w, h)]
+    xs = [(x, x + w)] if sx == 1 else [(x + i * sx, x + i * sx + 1) for i in range(w)]
+    ys = [(y, y + h)] if sy == 1 else [(y + j * sy, y + j * sy + 1) for j in range(h)]
+    if len(xs) * len(ys) > limit:
+        x0, y0, x1, y1 = r.extent
+        return [(x0, y0, x1, y1)]
+    return [(xa, ya, xb, yb) for ya, yb in ys for xa, xb in xs]
+
+
+def _core_boxes(cores: CoreSetAttr) -> list[Box]:
+    return [b for r in cores.rects for b in rect_boxes(r)]
+
+
+def shift_route(senders: Sequence[Box], dx: int, dy: int) -> list[Box]:
+    out: list[Box] = []
+    for x0, y0, x1, y1 in senders:
+        out.append((min(x0, x0 + dx), y0, max(x1, x1 + dx), y1))  # X leg
+        out.append((x0 + dx, min(y0, y0 + dy), x1 + dx, max(y1, y1 + dy)))  # Y leg
+    return out
+
+
+def row_route(senders: Sequence[Box], receivers: Sequence[Box]) -> list[Box]:
+    out: list[Box] = []
+    for s in senders:
+        for r in receivers:
+            ya, yb = max(s[1], r[1]), min(s[3], r[3])
+            if ya < yb:
+                out.append((min(s[0], r[0]), ya, max(s[2], r[2]), yb))
+    return out
+
+
+def col_route(senders: Sequence[Box], receivers: Sequence[Box]) -> list[Box]:
+    out: list[Box] = []
+    for s in senders:
+        for r in receivers:
+            xa, xb = max(s[0], r[0]), min(s[2], r[2])
+            if xa < xb:
+                out.append((xa, min(s[1], r[1]), xb, max(s[3], r[3])))
+    return out
+
+
+def all_route(senders: Sequence[Box], receivers: Sequence[Box]) -> list[Box]:
+    out: list[Box] = []
+    for s in senders:
+        for r in receivers:
+            out.append((min(s[0], r[0]), s[1], max(s[2], r[2]), s[3]))  # along sender rows
+            out.append((r[0], min(s[1], r[1]), r[2], max(s[3], r[3])))  # down receiver columns
+    return out
+
+
+def pattern_routers(
+    pattern: str,
+    src: CoreSetAttr,
+    dst: CoreSetAttr,
+    offset: tuple[int, int] = (0, 0),
+) -> RectSet:
+    """Routers that a class-level flow's XY routes / multicast trees cross."""
+    senders = _core_boxes(src)
+    if pattern == "shift":
+        return RectSet(shift_route(senders, *offset))
+    receivers = _core_boxes(dst)
+    if pattern == "row":
+        return RectSet(row_route(senders, receivers))
+    if pattern == "col":
+        return RectSet(col_route(senders, receivers))
+    if pattern == "all":
+        return RectSet(all_route(senders, receivers))
+    raise ValueError(f"unknown flow pattern '{pattern}'")
+
+
+def flow_routers(flow) -> RectSet:
+    """Routers of an `event.flow` on its sender wafer (empty across the wafer link)."""
+    if flow.crosses_wafer:
+        return RectSet()
+    return pattern_routers(flow.pattern.data, flow.src, flow.dst, flow.offset)
+
+
+def xy_path(src: tuple[int, int], dst: tuple[int, int]) -> list[tuple[int, int]]:
+    """The routers of one XY route, core by core (for tests of small cases)."""
+    (x, y), (tx, ty) = src, dst
+    path = [(x, y)]
+    while x != tx:
+        x += 1 if tx > x else -1
+        path.append((x, y))
+    while y != ty:
+        y += 1 if ty > y else -1
+        path.append((x, y))
+    return path
+
+
+def reference_routers(pattern: str, src: CoreSetAttr, dst: CoreSetAttr,
+                      offset: tuple[int, int] = (0, 0)) -> set[tuple[int, int]]:
+    """Core-by-core union of XY paths: the definition `pattern_routers` implements.
+
+    Enumerates cores, so only for tests on small sets.
+    """
+    out: set[tuple[int, int]] = set()
+    receivers = list(dst.cores())
+    for s in src.cores():
+        if pattern == "shift":
+            targets = [(s[0] + offset[0], s[1] + offset[1])]
+        elif pattern == "row":
+            targets = [r for r in receivers if r[1] == s[1]]
+        elif pattern == "col":
+            targets = [r for r in receivers if r[0] == s[0]]
+        else:
+            targets = receivers
+        for t in targets:
+            out.update(xy_path(s, t))
+    return out
+
+
+class BoxIndex:
+    """A uniform-grid index of boxes for intersection queries."""
+
+    def __init__(self, items: Sequence[tuple[Box, object]], cell: int | None = None):
+        self.items = list(items)
+        if cell is None:
+            if self.items:
+                span = max(max(b[2] - b[0], b[3] - b[1]) for b, _ in self.items)
+                cell = max(8, min(256, span))
+            else:
+                cell = 8
+        self.cell = cell
+        self.grid: dict[tuple[int, int], list[int]] = {}
+        for i, (b, _) in enumerate(self.items):
+            for key in self._cells(b):
+                self.grid.setdefault(key, []).append(i)
+
+    def _cells(self, b: Box) -> Iterator[tuple[int, int]]:
+        c = self.cell
+        for gy in range(b[1] // c, (b[3] - 1) // c + 1):
+            for gx in range(b[0] // c, (b[2] - 1) // c + 1):
+                yield gx, gy
+
+    def query(self, b: Box) -> list[int]:
+        """Indices of the items whose box intersects `b`, in index order."""
+        seen: set[int] = set()
+        for key in self._cells(b):
+            for i in self.grid.get(key, ()):
+                if i not in seen and boxes_intersect(self.items[i][0], b):
+                    seen.add(i)
+        return sorted(seen)
+
+
+def intersecting_pairs(items: Sequence[tuple[Box, object]]) -> Iterator[tuple[int, int]]:
+    """Index pairs (i < j) of items whose boxes intersect (sweep along x)."""
+    order = sorted(range(len(items)), key=lambda i: items[i][0][0])
+    active: list[int] = []
+    for i in order:
+        b = items[i][0]
+        active = [j for j in active if items[j][0][2] > b[0]]
+        for j in active:
+            a = items[j][0]
+            if a[1] < b[3] and b[1] < a[3]:
+                yield (min(i, j), max(i, j))
+        active.append(i)

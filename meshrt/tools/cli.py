@@ -1,0 +1,154 @@
+"""The `meshrt` command: compile, csl-lint, run, bench, viz.
+
+Every error caused by the input (a bad spec or config, an unknown target, a
+model that does not fit, a level not built yet, a bad command line) is one
+line on stderr and exit code 1, never a traceback. Set MESHRT_TRACEBACK=1 to
+see the traceback of an internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from meshrt.frontend.errors import FrontendError
+
+# Subcommands that exist in name only so far, with what will provide them.
+NOT_YET = {
+    "run": "the reference interpreter and serving loop",
+    "bench": "the side-by-side benchmarks",
+    "viz": "the mesh pictures",
+}
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 1, not argparse's usage dump
+        raise _UsageError(f"{self.prog}: error: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from meshrt.passes.pipeline import LEVELS
+
+    p = _Parser(prog="meshrt", description="Compile and run LLMs on wafer-scale meshes.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    c = sub.add_parser("compile", help="compile a .mrt spec or a config.json to IR",
+                       description="Compile MODEL (a .mrt spec or a Hugging Face config.json) "
+                       "for target T and print the IR at LEVEL.")
+    c.add_argument("model", metavar="MODEL")
+    c.add_argument("--target", required=True, metavar="T",
+                   help="a bundled target (wse3, wse2, test32, test16) or a target .toml file")
+    c.add_argument("--micro-batch", type=int, metavar="N", help="requests per micro-batch")
+    c.add_argument("--wafers", type=int, metavar="N", help="wafer budget (default: as few as fit)")
+    c.add_argument("--emit", choices=LEVELS, default="graph", metavar="LEVEL",
+                   help=f"stop after this level: {', '.join(LEVELS)} (default graph)")
+    c.add_argument("-o", dest="output", metavar="PATH", help="write here instead of stdout")
+    lint = sub.add_parser("csl-lint", help="syntax-check CSL files")
+    lint.add_argument("files", nargs="+", metavar="FILE")
+    for name, what in NOT_YET.items():
+        s = sub.add_parser(name, help=f"not implemented yet ({what})")
+        s.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except _UsageError as e:
+        return _fail(str(e))
+    if args.cmd == "compile":
+        return _compile(args)
+    if args.cmd == "csl-lint":
+        try:
+            from meshrt.backend.csl_lint import lint_main
+        except ImportError:
+            return _fail("meshrt csl-lint: error: the CSL linter is not available in this build")
+        return lint_main(args.files)
+    print(f"meshrt {args.cmd}: not implemented yet ({NOT_YET[args.cmd]} is a later issue)",
+          file=sys.stderr)
+    return 2
+
+
+def _fail(line: str) -> int:
+    if line.startswith("error:"):  # a FrontendError with no file to blame
+        line = f"meshrt: {line}"
+    print(" ".join(line.split()), file=sys.stderr)
+    return 1
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from xdsl.utils.exceptions import DiagnosticException, VerifyException
+
+    from meshrt.passes.pipeline import LevelNotReady, lower_to
+
+    for flag, v in (("--micro-batch", args.micro_batch), ("--wafers", args.wafers)):
+        if v is not None and v < 1:
+            return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
+    try:
+        module = compile_model(args.model, args.target, args.micro_batch, args.wafers)
+    except FrontendError as e:
+        return _fail(str(e))
+    try:
+        module.verify()
+    except (VerifyException, DiagnosticException) as e:
+        return _fail(f"{args.model}: error: internal error: the generated graph IR does not "
+                     f"verify: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
+    if args.emit != "graph":
+        try:
+            module = lower_to(module, args.emit)
+        except LevelNotReady as e:
+            return _fail(f"{args.model}: error: {e}")
+        except Exception as e:  # a pass failing on valid input is a bug: say so on one line
+            if os.environ.get("MESHRT_TRACEBACK"):
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return _fail(f"{args.model}: error: lowering to {args.emit} failed: {first}")
+    try:
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as f:
+                _print_module(module, f)
+        else:
+            _print_module(module, sys.stdout)
+    except BrokenPipeError:  # e.g. `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:
+        return _fail(f"{args.output or '<stdout>'}: error: cannot write output: {e.strerror or e}")
+    return 0
+
+
+def compile_model(model: str, target: str, micro_batch: int | None = None,
+                  wafers: int | None = None):
+    """MODEL path + target name/path -> graph-level ModuleOp (FrontendError on bad input)."""
+    from meshrt.frontend.hf_config import load_hf_config
+    from meshrt.frontend.mapper import map_model
+    from meshrt.frontend.spec import parse_spec_file
+    from meshrt.targets import load_target
+
+    path = Path(model)
+    if not path.is_file():
+        raise FrontendError("no such model file" if not path.exists() else "not a file", model)
+    tgt = load_target(target)
+    try:
+        spec = load_hf_config(path) if path.suffix == ".json" else parse_spec_file(path)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:  # belt and braces
+        raise FrontendError(f"cannot read model: {e}", model) from None
+    return map_model(spec, tgt, micro_batch, wafers)
+
+
+def _print_module(module, stream) -> None:
+    from xdsl.printer import Printer
+
+    Printer(stream=stream).print_op(module)
+    stream.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+// RUN: meshrt-opt %s -p check-segments | filecheck %s
+// RUN: meshrt compile %examples/tiny_dense.mrt --target test32 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=TIGHT
+// RUN: meshrt compile %examples/tiny_moe.mrt --target test32 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=TIGHT
+// RUN: meshrt compile %examples/tiny_dense.mrt --target wse3 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
+// RUN: meshrt compile %examples/tiny_moe.mrt --target wse3 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
+// RUN: meshrt compile %examples/tiny_dense.mrt --target wse2 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
+// RUN: meshrt compile %examples/tiny_moe.mrt --target wse2 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
+
+// A correct program (color-routes{colors=1} of ../color-routes/color_split.mlir)
+// passes the checker untouched.
+segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
+  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
+    segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
+      event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
+        event.send @a bytes 32 meta 0
+      }
+    }
+    segment.marker_sync 0 to 1 over <(0, 0, 3, 1)>
+    segment.reconfigure 0 to 1 release [@a] install [@b]
+    segment.segment 1 use <colors = 1, oq = 1> routes [@b] {
+      event.sub @k2 "src" after [@k1] demand <colors = 1, oq = 1> {
+        event.send @b bytes 32 meta 0
+      }
+    }
+    segment.marker_sync 1 to 0 over <(0, 0, 3, 1)>
+    segment.reconfigure 1 to 0 release [@b] install [@a]
+  }
+  segment.core_class @q wafer 0 cores <(1, 0, 2, 1)> {
+    segment.segment 0 use <colors = 1, iq = 1> routes [@a] {
+      event.sub @k1 "dst" after [] demand <colors = 1, iq = 1> collective {
+        event.recv @a bytes 32 meta 0
+      }
+    }
+    segment.reconfigure 0 to 1 release [@a] install [@b]
+    segment.segment 1 use <colors = 1, iq = 1> routes [@b] {
+      event.sub @k2 "dst" after [@k1] demand <colors = 1, iq = 1> {
+        event.recv @b bytes 32 meta 0
+      }
+    }
+    segment.marker_sync 1 to 0 over <(0, 0, 3, 1)>
+    segment.reconfigure 1 to 0 release [@b] install [@a]
+  }
+  segment.route @a color 0 via <(0, 0, 3, 1)>
+  segment.route @b color 0 via <(0, 0, 3, 1)>
+}
+
+// CHECK:      segment.program @m
+// CHECK:      segment.marker_sync 0 to 1 over <(0, 0, 3, 1)>
+// CHECK:      segment.route @a color 0 via <(0, 0, 3, 1)>
+// CHECK-NEXT: segment.route @b color 0 via <(0, 0, 3, 1)>
+
+// The examples on the tight test32 need several segments in some classes,
+// with marker syncs at non-collective boundaries; the checker accepts them.
+// TIGHT:      segment.program
+// TIGHT:      segment.segment 2
+// TIGHT:      segment.marker_sync
+// TIGHT:      segment.route
+
+// On a real wafer every class fits one segment.
+// ROOMY:      segment.program
+// ROOMY-NOT:  segment.reconfigure
+// ROOMY-NOT:  segment.marker_sync
+// ROOMY:      segment.route

@@ -1,0 +1,144 @@
+"""Target descriptions: bundled figures, budgets, user files, located errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from meshrt.dialects.mesh import Resources
+from meshrt.frontend.errors import FrontendError
+from meshrt.targets import COST_KEYS, TARGET_DIR, available_targets, load_target
+
+
+def test_bundled_targets_exist():
+    assert {"wse3", "wse2", "test32", "test16"} <= set(available_targets())
+
+
+def test_wse3_figures():
+    t = load_target("wse3")
+    assert (t.width, t.height) == (762, 1172)
+    assert t.sram_bytes == 48 * 1024
+    assert t.colors == 24 and t.reserved_colors == (21, 22, 23)
+    assert t.user_colors == tuple(range(21))
+    assert t.input_queues == 8 and t.reserved_input_queues == (0, 1)
+    assert t.user_input_queues == tuple(range(2, 8))
+    assert t.switch_positions == 4
+    assert 31 in t.reserved_task_ids
+    assert 0 < t.usable_sram_bytes < t.sram_bytes
+
+
+def test_wse2_figures():
+    t = load_target("wse2")
+    assert (t.width, t.height) == (757, 996)
+    assert t.reserved_colors == (21, 22, 23)
+
+
+@pytest.mark.parametrize("name", ["test32", "test16"])
+def test_test_targets_are_tight(name):
+    t, wse = load_target(name), load_target("wse3")
+    assert t.cores <= 32 * 32
+    assert 1 <= len(t.reserved_colors) <= 2 and t.colors <= 8
+    assert len(t.user_input_queues) <= 3 and t.route_entries < wse.route_entries
+    assert t.usable_sram_bytes < wse.usable_sram_bytes
+
+
+def test_budget_is_per_core_capacity():
+    t = load_target("wse3")
+    b = t.budget()
+    assert isinstance(b, Resources)
+    assert b == Resources(colors=21, iq=6, oq=len(t.user_output_queues), routes=t.route_entries,
+                          switches=4, sram=t.usable_sram_bytes, ctrl=t.control_bytes)
+    assert t.usable_sram_bytes == t.sram_bytes - t.reserved_sram_bytes - t.control_bytes
+    assert Resources(colors=22).exceeded(b) == [("colors", 22, 21)]
+
+
+def test_costs_complete_and_documented():
+    for name in available_targets():
+        t = load_target(name)
+        assert set(t.costs) == set(COST_KEYS)
+        assert all(v >= 0 for v in t.costs.values())
+        text = (TARGET_DIR / f"{name}.toml").read_text()
+        costs = text.split("[costs]", 1)[1]
+        for key in COST_KEYS:
+            line = re.search(rf"^{key}\s*=.*$", costs, re.MULTILINE)
+            assert line, (name, key)
+        # every cost line of the wse3 file explains its figure
+        if name == "wse3":
+            for key in COST_KEYS:
+                assert "#" in re.search(rf"^{key}\s*=.*$", costs, re.MULTILINE).group(0), key
+
+
+def test_with_overrides():
+    t = load_target("test32")
+    u = t.with_overrides(width=8, reserved_colors=[7], costs={"exp": 5.0})
+    assert u.width == 8 and u.reserved_colors == (7,) and u.costs["exp"] == 5.0
+    assert u.costs["fmac"] == t.costs["fmac"] and t.width == 32  # original untouched
+    with pytest.raises(FrontendError, match="width"):
+        t.with_overrides(width=0)
+    with pytest.raises(FrontendError, match="unknown field"):
+        t.with_overrides(colours=3)
+    with pytest.raises(FrontendError, match="reserves every one"):
+        t.with_overrides(reserved_colors=list(range(8)))
+
+
+def test_frozen_and_hashable():
+    t = load_target("wse3")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.width = 3  # type: ignore[misc]
+    assert t == load_target("wse3")
+    hash(t)
+
+
+def test_user_target_file(tmp_path: Path):
+    text = (TARGET_DIR / "test32.toml").read_text().replace('name = "test32"', 'name = "mine"')
+    p = tmp_path / "mine.toml"
+    p.write_text(text.replace("width = 32", "width = 20"))
+    t = load_target(str(p))
+    assert t.name == "mine" and t.width == 20 and t.source == str(p)
+
+
+def _write(tmp_path: Path, old: str, new: str) -> Path:
+    text = (TARGET_DIR / "test32.toml").read_text()
+    assert old in text
+    p = tmp_path / "t.toml"
+    p.write_text(text.replace(old, new))
+    return p
+
+
+def test_unknown_key_is_located(tmp_path: Path):
+    p = _write(tmp_path, "colors = 8", "colors = 8\ncolours = 8")
+    with pytest.raises(FrontendError) as e:
+        load_target(str(p))
+    line = (TARGET_DIR / "test32.toml").read_text().splitlines().index("colors = 8") + 2
+    assert str(e.value).startswith(f"{p}:{line}:1: error: unknown target key 'colours'")
+
+
+def test_missing_key(tmp_path: Path):
+    p = _write(tmp_path, "speed_spread = 0.02\n", "")
+    with pytest.raises(FrontendError, match=rf"^{re.escape(str(p))}: error: .*speed_spread"):
+        load_target(str(p))
+
+
+def test_missing_cost(tmp_path: Path):
+    p = _write(tmp_path, "marker_hop = 2.0", "")
+    with pytest.raises(FrontendError, match="missing marker_hop"):
+        load_target(str(p))
+
+
+def test_toml_syntax_error_is_located(tmp_path: Path):
+    p = _write(tmp_path, "height = 32", "height = ")
+    with pytest.raises(FrontendError, match=rf"^{re.escape(str(p))}:\d+:\d+: error: invalid TOML"):
+        load_target(str(p))
+
+
+def test_unknown_target_name():
+    with pytest.raises(FrontendError, match="unknown target 'wse9'.*test16, test32, wse2, wse3"):
+        load_target("wse9")
+
+
+def test_seconds():
+    t = load_target("wse3")
+    assert t.seconds(t.clock_hz) == pytest.approx(1.0)
