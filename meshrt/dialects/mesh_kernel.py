@@ -148,12 +148,15 @@ class AttentionOp(KernelOp):
         kv = int_value(self.kv_heads)
         if int_value(self.slots) <= 0:
             raise self.fail("slots must be > 0")
-        if h < 1 or w < 1 or int_value(self.max_seq) < w:
-            raise self.fail(
-                f"{int_value(self.max_seq)} KV positions cannot be tiled over {w} columns"
-            )
         if kv <= 0 or int_value(self.heads) % kv:
             raise self.fail("heads must be a positive multiple of kv_heads")
+        # KV positions are split over rows, KV heads x head_dim over columns.
+        if int_value(self.max_seq) < h:
+            raise self.fail(f"{int_value(self.max_seq)} KV positions cannot be tiled over {h} rows")
+        if kv * int_value(self.head_dim) < w:
+            raise self.fail(
+                f"{kv * int_value(self.head_dim)} KV columns cannot be tiled over {w} columns"
+            )
 
 
 @irdl_op_definition

@@ -398,20 +398,23 @@ class Liveness:
         for other, w in meets:
             by_owner[w.owner].append((other, w))
         for owner, ms in by_owner.items():
+            # The deepest point of a set of boxes has some box's x0 and some
+            # box's y0; beyond a few hundred candidates, try box corners only.
             xs = sorted({w.box[0] for _, w in ms})
             ys = sorted({w.box[1] for _, w in ms})
+            points = ([(x, y) for y in ys for x in xs] if len(xs) * len(ys) <= 400
+                      else sorted({(w.box[0], w.box[1]) for _, w in ms}, key=lambda p: (p[1], p[0])))
             segs = sorted(set().union(*(w.segs for _, w in ms)))
-            for y in ys:
-                for x in xs:
-                    for s in segs:
-                        live = sorted({o for o, w in ms if s in w.segs and box_contains(w.box, x, y)})
-                        if not live:
-                            continue
-                        key = (len(live), -y, -x)
-                        if best_key is None or key > best_key:
-                            best_key = key
-                            names = [f.name] + [self.flows[o].name for o in live]
-                            best = Clique(owner, f.wafer, (x, y), s, names)
+            for x, y in points:
+                for s in segs:
+                    live = sorted({o for o, w in ms if s in w.segs and box_contains(w.box, x, y)})
+                    if not live:
+                        continue
+                    key = (len(live), -y, -x)
+                    if best_key is None or key > best_key:
+                        best_key = key
+                        names = [f.name] + [self.flows[o].name for o in live]
+                        best = Clique(owner, f.wafer, (x, y), s, names)
         if best is None:
             x, y = f.routers.first_core()
             best = Clique(None, f.wafer, (x, y), 0, [f.name])

@@ -244,8 +244,10 @@ class Synthesizer:
         for wafer in sorted(members):
             for rects, keys in partition(members[wafer]):
                 keys_sorted = sorted(keys)
-                first_kernel = order[keys_sorted[0][0]].kernel_name
-                name = f"{first_kernel}.{keys_sorted[0][1]}"
+                # Named after the last role it runs: what sets it apart from
+                # the classes it shares earlier kernels with.
+                last = keys_sorted[-1]
+                name = f"{order[last[0]].kernel_name}.{last[1]}"
                 if wafer:
                     name = f"w{wafer}.{name}"
                 base, n = name, 1
@@ -410,7 +412,7 @@ class SynthesizeSchedules(ModulePass):
             try:
                 target = load_target(self.target or program.target.data)
             except FrontendError as e:
-                raise MeshrtError(str(e), program) from e
+                raise MeshrtError(e.message, program) from e
             gc_was_enabled = gc.isenabled()
             gc.disable()  # bulk IR construction: the cyclic GC only costs time here
             try:

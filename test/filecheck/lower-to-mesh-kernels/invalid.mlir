@@ -1,0 +1,25 @@
+// RUN: meshrt-opt %s -p lower-to-mesh-kernels --split-input-file --verify-diagnostics | filecheck %s
+
+// A cycle in the kernel graph: the add feeds the norm that feeds it.
+graph.model @m target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %n = graph.rmsnorm @l0.norm(%r) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<32>
+  %r = graph.add @l0.add(%n, %n) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32>
+}
+// CHECK: invalid.mlir:4:1: error: 'graph.model' op kernel graph has a cycle: @l0.norm -> @l0.add -> @l0.norm
+
+// -----
+
+// A kernel with no region is not a mapped kernel.
+graph.model @m target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = "graph.embed"() <{sym_name = "embed", layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64}> : () -> !graph.act<8>
+}
+// CHECK: error: 'graph.embed' op property 'region' expected in operation 'graph.embed'
+
+// -----
+
+// A region that cannot hold one row and one column per core.
+graph.model @m target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<8>
+  %y = graph.matmul @l0.up(%x) on <(4, 0, 2, 16)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<8> -> !graph.act<64>
+}
+// CHECK: error: 'mesh_kernel.gemv' op kernel @l0.up: a 2 x 16 grid is too large for a 8 x 64 matrix: every core needs at least one row and column

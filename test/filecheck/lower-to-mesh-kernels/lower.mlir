@@ -1,0 +1,39 @@
+// RUN: meshrt-opt %s -p lower-to-mesh-kernels --split-input-file | filecheck %s
+
+// A matmul becomes a tiled GEMV and the column AllReduce that completes it;
+// norms and adds become elementwise kernels on the same regions.
+graph.model @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %n = graph.rmsnorm @l0.norm(%x) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<32>
+  %y = graph.matmul @l0.up(%n) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<64>
+  %a = graph.elementwise @l0.act(%y) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, kind = "silu_mul"} : !graph.act<64> -> !graph.act<32>
+  %r = graph.add @l0.add(%a, %x) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32>
+}
+// CHECK:      mesh_kernel.program @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
+// CHECK-NEXT:   %[[X:.*]] = mesh_kernel.embed @embed on <(0, 0, 4, 4)>
+// CHECK-NEXT:   %[[N:.*]] = mesh_kernel.elementwise "rmsnorm" @l0.norm(%[[X]]) on <(4, 0, 2, 4)>
+// CHECK-NEXT:   %[[P:.*]] = mesh_kernel.gemv @l0.up(%[[N]]) on <(4, 0, 2, 4)> {{.*}} : !graph.act<32> -> !graph.act<64>
+// CHECK-NEXT:   %[[Y:.*]] = mesh_kernel.allreduce @l0.up.reduce(%[[P]]) on <(4, 0, 2, 4)> {{{.*}}axis = "col"{{.*}}} : !graph.act<64> -> !graph.act<64>
+// CHECK-NEXT:   %[[A:.*]] = mesh_kernel.elementwise "silu_mul" @l0.act(%[[Y]])
+// CHECK-NEXT:   mesh_kernel.elementwise "add" @l0.add(%[[A]], %[[X]]) on <(4, 0, 2, 4)> {{.*}} : !graph.act<32>, !graph.act<32> -> !graph.act<32>
+// CHECK-NEXT: }
+
+// -----
+
+// An MoE layer becomes dispatch relays, one expert_ffn kernel over all expert
+// regions (placement kept), and combine relays; attention gets its KV slots
+// (micro-batch 2 x 2 stages with pipelining).
+graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 2 micro_batch 2 dynamism [#mesh.dyn<moe_routing>, #mesh.dyn<micro_batch_pipeline>] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %q = graph.matmul @l0.qkv(%x) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<64>
+  %a = graph.attention @l0.attn(%q) on <(6, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 1 : i64, head_dim = 16 : i64, max_seq = 16 : i64} : !graph.act<64> -> !graph.act<32>
+  %g = graph.gate_topk @l0.gate(%a) on <(8, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.routing<4, 2>
+  %e = graph.moe_experts @l0.moe(%a, %g) on <(9, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_ffn = 16 : i64, shared_experts = 0 : i64, expert_regions = [#mesh.cores<(10, 0, 2, 2)>, #mesh.cores<(10, 2, 2, 2)>], placement = array<i64: 1, 0, 1, 0>} : !graph.act<32>, !graph.routing<4, 2> -> !graph.act<32>
+}
+// CHECK:      mesh_kernel.program @moe
+// CHECK:        mesh_kernel.attention @l0.attn({{.*}}) on <(6, 0, 2, 4)> {{{.*}}slots = 4 : i64{{.*}}}
+// CHECK-NEXT:   %[[G:.*]] = mesh_kernel.topk_gate @l0.gate
+// CHECK-NEXT:   %[[D:.*]] = mesh_kernel.dispatch @l0.moe.dispatch(%{{.*}}, %[[G]]) on <(9, 0, 1, 4)> {{{.*}}expert_regions = [#mesh.cores<(10, 0, 2, 2)>, #mesh.cores<(10, 2, 2, 2)>]{{.*}}}
+// CHECK-NEXT:   %[[E:.*]] = mesh_kernel.expert_ffn @l0.moe.experts(%[[D]], %[[G]]) on <(10, 0, 2, 2), (10, 2, 2, 2)> {{{.*}}placement = array<i64: 1, 0, 1, 0>{{.*}}}
+// CHECK-NEXT:   mesh_kernel.combine @l0.moe.combine(%[[G]], %[[E]]) on <(9, 0, 1, 4)>
+// CHECK-NEXT: }

@@ -1,0 +1,33 @@
+// RUN: meshrt-opt %s -p lower-to-mesh-kernels,synthesize-schedules | filecheck %s
+
+// MoE routing: the gate's root produces routing metainfo ahead of the token
+// data it sends into the dispatch corridor; every relay role (dispatch and
+// combine) and every expert role resolves it; nothing else touches it.
+graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [#mesh.dyn<moe_routing>] hparams {dtype_bytes = 4 : i64, top_k = 2 : i64} {
+  %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %g = graph.gate_topk @l0.gate(%x) on <(2, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.routing<4, 2>
+  %e = graph.moe_experts @l0.moe(%x, %g) on <(3, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_ffn = 16 : i64, shared_experts = 0 : i64, expert_regions = [#mesh.cores<(4, 0, 2, 2)>, #mesh.cores<(4, 2, 2, 2)>], placement = array<i64: 0, 0, 1, 1>} : !graph.act<32>, !graph.routing<4, 2> -> !graph.act<32>
+}
+
+// CHECK-NOT:  "continuous_batching"
+// CHECK:      event.sub @l0.moe.dispatch "head" after [@embed, @l0.gate]
+// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.dispatch.in0 bytes 16
+// CHECK:      event.sub @l0.moe.combine "head" after [@l0.moe.experts, @l0.gate]
+// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
+// CHECK:      event.core_class @l0.moe.experts.edge wafer 0 cores <(4, 0, 2, 1), (4, 2, 2, 1)> {
+// CHECK-NEXT:   event.sub @l0.moe.experts "edge" after [@l0.moe.dispatch, @l0.gate] demand <{{.*}}> collective {
+// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.experts.in0 bytes 16
+// CHECK:      event.core_class @l0.moe.experts.root wafer 0 cores <(4, 1, 2, 1), (4, 3, 2, 1)> {
+// CHECK-NEXT:   event.sub @l0.moe.experts "root"
+// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.experts.in0 bytes 16
+// CHECK:          event.send @l0.moe.combine.in0 bytes {{[0-9]+}} meta 16
+// CHECK:      event.sub @l0.gate "root"
+// CHECK:        event.compute "topk" work 8
+// CHECK-NEXT:   event.send @l0.gate.up
+// CHECK-NEXT:   event.meta_produce "moe_routing" onto @l0.moe.dispatch.in0 bytes 16
+// CHECK-NEXT:   event.send @l0.moe.dispatch.in0 bytes {{[0-9]+}} meta 16
+// CHECK:      event.sub @l0.moe.dispatch "tail"
+// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.dispatch.hop bytes 16
+// CHECK:      event.sub @l0.moe.combine "tail"
+// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
+// CHECK-NOT:  event.meta_produce
