@@ -37,11 +37,12 @@ def _ctx():
 
 def events_module(model: str, target: str):
     """Event IR of `model` on `target`, via the frontend and the lead's passes."""
-    from meshrt.diagnostics import parse_module
-    from meshrt.tools.meshrt_opt import MeshrtOptMain
     import subprocess
 
-    graph = subprocess.run(
+    from meshrt.diagnostics import parse_module
+    from meshrt.tools.meshrt_opt import MeshrtOptMain
+
+    graph = subprocess.run(  # noqa: PLW1510 - the return code is checked below
         [sys.executable, "-m", "meshrt.tools.cli", "compile", model, "--target", target, "--emit", "graph"],
         capture_output=True, text=True,
     )
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
             print(f"no model compiles to events on {args.target}: {err}", file=sys.stderr)
             return 1
     t_events = time.perf_counter() - t0
-    sched = [o for o in module.body.block.ops if o.name == "event.schedule"][0]
+    sched = next(o for o in module.body.block.ops if o.name == "event.schedule")
     n_classes = len(sched.core_classes())
     n_flows = len(sched.flows())
     n_subs = sum(len(c.subs()) for c in sched.core_classes())
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
         return time.perf_counter() - t
 
     t_mat = timed(lambda: MaterializeSegments().apply(ctx, module))
-    program = [o for o in module.body.block.ops if isinstance(o, sg.ProgramOp)][0]
+    program = next(o for o in module.body.block.ops if isinstance(o, sg.ProgramOp))
     segs_before = sum(len(c.segments()) for c in program.core_classes())
     t_col = timed(lambda: ColorRoutes().apply(ctx, module))
     t_chk = timed(lambda: check_segments(module))

@@ -39,6 +39,7 @@ between its senders and receivers: its route is empty, it takes no colour.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
 from meshrt.dialects.mesh import CoreSetAttr, RectAttr
@@ -103,7 +104,7 @@ def _canonical(boxes: Iterable[Box]) -> tuple[Box, ...]:
     active: list[Box] = []
     nxt = 0
     bands: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
-    for ya, yb in zip(ys, ys[1:]):
+    for ya, yb in itertools.pairwise(ys):
         while nxt < len(bs) and bs[nxt][1] <= ya:
             active.append(bs[nxt])
             nxt += 1

@@ -89,7 +89,10 @@ def _window_set(window, k: int) -> set[int]:
 
 def _check_program(program: sg.ProgramOp, target: Target | None) -> list[_Problem]:
     problems: list[_Problem] = []
-    add = lambda msg, op: problems.append(_Problem(msg, op))  # noqa: E731
+
+    def add(msg: str, op: Operation | None) -> None:
+        problems.append(_Problem(msg, op))
+
     mesh = program.mesh_size
     w, h = mesh
     tables = tables_of_program(program)
@@ -127,7 +130,6 @@ def _check_program(program: sg.ProgramOp, target: Target | None) -> list[_Proble
     refs = flow_refs(tables, pos)
     windows = {n: _window_set(flow_window(refs.get(n, ()), k), k) for n in flows}
     holds = {t.name: _hold_sets(t, pos, k) for t in tables}
-    class_cores = {t.name: t.cores for t in tables}
     xy = {n: flow_routers(f) for n, f in flows.items()}
 
     seg_cache: dict[tuple[str, str], set[int]] = {}

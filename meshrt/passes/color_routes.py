@@ -90,7 +90,6 @@ from meshrt.routing import (
 )
 
 SEND_EVENTS = (ev.SendOp, ev.MetaProduceOp)
-RECV_EVENTS = (ev.RecvOp, ev.MetaResolveOp)
 
 Arc = tuple[int, int]
 """(start, length): the cyclic positions start, start + 1, ..., start + length (mod K)."""
@@ -149,7 +148,7 @@ def step_order(tables: Sequence[ClassTable]) -> dict[str, int]:
                 edge_op.setdefault((prev, k), sub)
             prev = k
     indeg = dict.fromkeys(first, 0)
-    for a, bs in succ.items():
+    for bs in succ.values():
         for b in bs:
             indeg[b] += 1
     heap = [(first[k], k) for k, d in indeg.items() if d == 0]
@@ -181,7 +180,7 @@ def _find_cycle(nodes: list[str], succ: dict[str, set[str]]) -> list[str]:
     seen = {start: 0}
     cur = start
     while True:
-        nxt = sorted(b for b in succ.get(cur, ()) if b in left)[0]
+        nxt = min(b for b in succ.get(cur, ()) if b in left)
         if nxt in seen:
             return path[seen[nxt]:] + [nxt]
         seen[nxt] = len(path)
@@ -602,10 +601,10 @@ def colour_program(program: sg.ProgramOp, *, limit: int | None = None, split: bo
             break
         clique = live.densest(res.failed, edges, res.component)
         failed = live.flows[res.failed]
-        if split and (max_splits is None or splits < max_splits) and clique.owner is not None:
-            if split_segment(program, live, clique):
-                splits += 1
-                continue
+        if (split and (max_splits is None or splits < max_splits) and clique.owner is not None
+                and split_segment(program, live, clique)):
+            splits += 1
+            continue
         raise MeshrtError(_failure_message(live, failed.name, clique, len(palette), split), failed.op)
     block = program.body.block
     for i, f in enumerate(live.flows):

@@ -54,7 +54,12 @@ from xdsl.passes import ModulePass
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
-from meshrt.dialects.mesh import RESOURCE_FIELDS, RESOURCE_NAMES, ResourceAttr, Resources
+from meshrt.dialects.mesh import (
+    RESOURCE_FIELDS,
+    RESOURCE_NAMES,
+    ResourceAttr,
+    Resources,
+)
 from meshrt.frontend.errors import FrontendError
 from meshrt.routing import RectSet
 from meshrt.targets import Target, load_target
@@ -172,7 +177,7 @@ def emit_class(op: sg.CoreClassOp, table, live, mesh: tuple[int, int]) -> None:
                 "use": ResourceAttr(segment_use(subs)),
                 "routes": _refs(conf[i]),
             },
-            regions=[Region(Block(list(subs)))],
+            regions=[Region(Block(list(subs))) if subs else Region()],
         )
         seg.location = subs[0].location if subs else op.location
         block.add_op(seg)

@@ -86,6 +86,7 @@ def _fail(line: str) -> int:
 def _compile(args: argparse.Namespace) -> int:
     from xdsl.utils.exceptions import DiagnosticException, VerifyException
 
+    from meshrt.diagnostics import MeshrtError
     from meshrt.passes.pipeline import LevelNotReady, lower_to
 
     for flag, v in (("--micro-batch", args.micro_batch), ("--wafers", args.wafers)):
@@ -105,6 +106,10 @@ def _compile(args: argparse.Namespace) -> int:
             module = lower_to(module, args.emit)
         except LevelNotReady as e:
             return _fail(f"{args.model}: error: {e}")
+        except MeshrtError as e:
+            # Compiled IR has no source line of its own: name the model file,
+            # and the message names the kernel, class, flow or resource.
+            return _fail(f"{args.model}: error: {e.message}")
         except Exception as e:  # a pass failing on valid input is a bug: say so on one line
             if os.environ.get("MESHRT_TRACEBACK"):
                 raise

@@ -94,8 +94,8 @@ def event_program(seed: int, scale: int = 1, n_kernels: int | None = None) -> st
         flows.append(("wrap", kernels[first[2][0]], last[2][-1], first[2][0], last, first, "all"))
 
     lines = [
-        f'event.schedule @m target "test32" mesh {12 * s} x {6 * s} wafers 1 stages 1 micro_batch 1 '
-        "dynamism [] hparams {} {"
+        (f'event.schedule @m target "test32" mesh {12 * s} x {6 * s} wafers 1 stages 1 micro_batch 1 '
+         "dynamism [] hparams {} {")
     ]
     for name, k, _, _, a, b, pattern in flows:
         lines.append(f"  event.flow @{name} kernel @{k} wafer 0 from <{rect(a[1])}> to <{rect(b[1])}> "
@@ -221,8 +221,8 @@ def test_budget_overrides_cut_more():
     text = event_program(7, n_kernels=6)
     loose = program_of(run(parse(text), "materialize-segments"))
     tight = program_of(run(parse(text), f"materialize-segments{{{TIGHT}}}"))
-    count = lambda p: sum(len(c.segments()) for c in p.core_classes())  # noqa: E731
-    assert count(tight) > count(loose)
+    assert sum(len(c.segments()) for c in tight.core_classes()) > sum(
+        len(c.segments()) for c in loose.core_classes())
     assert tight.budget.value == BUDGET
 
 
@@ -327,7 +327,7 @@ def test_segment_holds_cover_the_step_and_their_own_subs(positions, data):
     k = 12
     cuts = sorted(data.draw(st.sets(st.integers(1, len(positions) - 1))) if len(positions) > 1 else [])
     bounds = [0, *cuts, len(positions)]
-    segs = [positions[a:b] for a, b in zip(bounds, bounds[1:])]
+    segs = [positions[a:b] for a, b in itertools.pairwise(bounds)]
     holds = hold_arcs(segs, k)
     covered = set()
     for seg, h in zip(segs, holds):
@@ -373,7 +373,7 @@ def _events(model: str, target: str) -> str | None:
     r = subprocess.run(
         [sys.executable, "-m", "meshrt.tools.cli", "compile", str(EXAMPLES / model), "--target", target,
          "--emit", "events"],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )
     return r.stdout if r.returncode == 0 else None
 
@@ -382,18 +382,11 @@ def _events(model: str, target: str) -> str | None:
 @pytest.mark.parametrize("model", ["tiny_dense.mrt", "tiny_moe.mrt"])
 def test_examples_pass_the_checker_on_every_target(model, target):
     text = _events(model, target)
-    if text is None:
-        pytest.skip(f"{model} does not lower to events on {target} yet")
+    assert text is not None, f"{model} does not lower to events on {target}"
     module = parse(text, model)
-    try:
-        run(module, "materialize-segments,color-routes")
-    except MeshrtError as e:
-        # A kernel role that alone does not fit the target is the specified
-        # compile error; anything else is a bug here.
-        assert "sub-schedule of kernel @" in e.message and ", capacity " in e.message, str(e)
-        return
+    run(module, "materialize-segments,color-routes")
     assert check_segments(module, target) == []
     program = program_of(module)
-    if target == "test32":  # the tight target needs several segments somewhere
+    if target in ("test32", "test16"):  # the tight targets need several segments somewhere
         assert max(len(c.segments()) for c in program.core_classes()) >= 2
         assert any(b[2] is not None for c in program.core_classes() for b in c.boundaries())
