@@ -19,7 +19,7 @@ sent, because those flows depend on the neighbouring kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from meshrt.dialects import mesh_kernel as mk
 from meshrt.dialects.base import int_value
@@ -83,7 +83,6 @@ class Role:
     ctrl: int = 0  # control-state bytes per core
     switches: int = 1  # switch positions its colours need (relays choose among 2)
     sends_output: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 def _rect(x: int, y: int, w: int, h: int) -> CoreSetAttr:
@@ -163,7 +162,7 @@ def kernel_roles(kernel: mk.KernelOp, kctx: KernelContext) -> tuple[list[Role], 
     b = kctx.micro_batch
     match kernel:
         case mk.EmbedOp():
-            x, y, w, h = kernel.grid()
+            _, _, w, h = kernel.grid()
             hidden = kernel.output.type.width.data
             vocab = int_value(kernel.vocab)
             state = _c(vocab, h) * _c(hidden, w) * kctx.weight_bytes
@@ -181,7 +180,7 @@ def kernel_roles(kernel: mk.KernelOp, kctx: KernelContext) -> tuple[list[Role], 
             across = h if kernel.axis.data == "row" else w  # the output is split the other way
             return chain(kernel, [], "add", b * _c(n, across) * ACT_BYTES, [], 0, axis=kernel.axis.data)
         case mk.ElementwiseOp():
-            x, y, w, h = kernel.grid()
+            _x, _y, w, h = kernel.grid()
             n = kernel.output.type.width.data
             kind = kernel.kind.data
             if kind == "rmsnorm":  # sum of squares reduced down the columns

@@ -24,7 +24,8 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
 
 from meshrt.diagnostics import MeshrtError
-from meshrt.dialects import graph, mesh_kernel as mk
+from meshrt.dialects import graph
+from meshrt.dialects import mesh_kernel as mk
 from meshrt.dialects.base import int_value, topological_order
 from meshrt.dialects.mesh import CoreSetAttr
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from functools import lru_cache
 from dataclasses import dataclass
+from functools import cache
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import (
@@ -48,7 +48,13 @@ from meshrt.dialects import event as ev
 from meshrt.dialects import mesh_kernel as mk
 from meshrt.dialects.base import kernel_deps, topological_order
 from meshrt.dialects.graph import RoutingType
-from meshrt.dialects.mesh import RESOURCE_NAMES, CoreSetAttr, RectAttr, ResourceAttr, Resources
+from meshrt.dialects.mesh import (
+    RESOURCE_NAMES,
+    CoreSetAttr,
+    RectAttr,
+    ResourceAttr,
+    Resources,
+)
 from meshrt.frontend.errors import FrontendError
 from meshrt.targets import Target, load_target
 
@@ -372,17 +378,17 @@ class Synthesizer:
 
 # Attributes are immutable: one instance per value serves every op, which
 # saves most of the construction time of large schedules.
-@lru_cache(maxsize=None)
+@cache
 def _int(v: int) -> IntegerAttr:
     return IntegerAttr(v, i64)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _str(v: str) -> StringAttr:
     return StringAttr(v)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _sym(v: str) -> SymbolRefAttr:
     return SymbolRefAttr(v)
 
