@@ -1,0 +1,1092 @@
+"""Discrete-event GALS simulation of segment IR: the timing core of the interpreter.
+
+What this is
+------------
+It executes the lowest IR (a coloured `segment.program`), i.e. what the chip
+would be configured with, core by core, and reports cycles, stalls and
+failures. It models *timing and structure only*: messages carry sizes and
+metainfo sizes, never data. Numerics in messages, the NumPy comparison, the
+serving loop and `meshrt run` are not part of this module: the event tables
+do not yet describe per-core data layouts (which slice of a tile a core
+holds, how a reduction combines partial tiles) precisely enough to move real
+tensors. This is the one place where per-core work is allowed, so it is only
+meant for tiny models on the test targets (test32, test16).
+
+Model
+-----
+Cores. Every core class is expanded to its cores. Each core runs its class's
+table: the events of each segment's subs in order, then the boundary's
+marker sync (if compiled) and reconfigure, and after the last segment the
+table loops (back to segment 0 on multi-segment classes); one pass over the
+table is one decode step. Subs run in table order, so a sub's `after`
+kernels' subs on the same core have always completed before it starts.
+Time is integer cycles. Each event costs `ceil(base * speed * jitter)`
+cycles (at least 1): `speed` is a per-core factor drawn once from
+1 + U(-s, s) with s = `target.speed_spread`, `jitter` is drawn per event from
+1 + U(0, j) (default j = s); all randomness comes from one `random.Random(seed)`
+and the event order is total (time, sequence number), so a seed gives
+identical results. Base costs:
+
+- `event.compute "op" work N`: N * cost[op]; ops the target does not cost are
+  mapped by `OP_ALIASES` (e.g. qk / av / square_sum -> fmac) and anything
+  else costs `DEFAULT_OP_CYCLES` per element.
+- `event.send` / `event.recv`: `send_wavelet` / `recv_wavelet` per 32-bit
+  wavelet of data + metainfo (a recv pays per message it gathers).
+- `event.meta_resolve` / `event.meta_produce`: local work,
+  `meta_*_slot` * slots, slots = the program's micro-batch size.
+- each sub pays `task_switch` once when it starts.
+- `segment.reconfigure`: `reconfigure` + `reconfigure_route` * (released +
+  installed routes).
+
+Flows. Each sender of a class-level flow sends one message per send event to
+its targets: `shift` by (dx, dy) to (x + dx, y + dy); `row` / `col` to the
+receivers in its row / column; `all` to every receiver. A core never sends to
+itself. A recv event completes when it has gathered one message from *each*
+sender that targets the core (so an `all` receiver gathers one message per
+sender); a second message from the same sender (the next step's) stays
+queued for the next recv.
+
+Network. A message travels hop by hop along its XY route (shift) or XY
+multicast tree (row / col / all; copies split where the paths diverge).
+Virtual cut-through: the head crosses a link in `hop_latency_cycles` once the
+link is free; the link (router, direction) is then busy for the serialisation
+time ceil(bytes / link_bytes_per_cycle) and links are shared by all flows.
+The tail reaches a destination core serialisation cycles after the head.
+Cross-wafer flows skip the mesh and use one shared wafer link per wafer pair
+(`wafer_link_latency_cycles`, `wafer_link_bytes_per_cycle`).
+
+Queues and backpressure. Each core has, per flow, an input queue of
+`queue_depth` messages per sender that targets it. A message that finds the
+queue full stays parked in its colour's buffer at the destination router and
+stalls that colour there until the core consumes a message of the flow. A
+message holds its sender's output-queue slot until every copy is in an input
+queue or consumed; a send blocks while the core has `out_queue` messages
+outstanding (default: the target's user output queues). This is the "waiting
+to send" stall.
+
+Routers. Every router (core) applies the colour configuration of its *own*
+class's current segment: flow F on colour c is bound at router r iff F is in
+the current segment's `routes` list and r is on F's `segment.route ... via`.
+Routers on no class's core hold every routed flow that crosses them, all the
+time. The check is made when a message's head reaches a router, and again
+for every message still passing through (tail not yet past, or parked) when
+the router reconfigures. A message on a colour the router binds to another
+flow (stale) or does not bind at all (missing) is a `CorruptionReport` naming
+the message, flow, colour, router, the router's class and segment and the
+sender's class and segment; the run stops there (`stop_on_corruption=False`
+is a diagnostic mode that records every report and lets the message pass as
+if routed, to list all race sites in one run).
+
+Reconfiguration and markers (safe build). A core reaching
+`segment.marker_sync i to j over R` takes a snapshot of every message in
+flight (sent, not yet delivered) whose route touches R; markers sent behind
+them flush the region, so the sync completes `marker_hop` * (Manhattan
+distance from the core to the furthest corner of R) cycles after the last of
+those messages is delivered. A `segment.reconfigure` first waits until every
+message the core sent was delivered, then pays its cost, then switches the
+core's router to the next segment.
+
+Unsafe ablation (`safe=False`). Marker syncs are skipped and a reconfigure
+waits only until the core's own output queue is empty (the tails of its
+messages have left its own router), not for delivery. It exists only to show
+that the checks can fail.
+
+Loop-carried flows (the sampler -> embed token flow): a receiver whose recv
+comes before the flow's first send in the step order (see
+`meshrt.passes.color_routes.step_order`) gets its first step's messages from
+the host at cycle 0; from then on step s + 1 consumes what step s sent.
+
+Failures are reported, never hung on: no pending event while some core has
+work left is a `DeadlockReport` with the wait-for graph (what every blocked
+core waits for: a recv on flow F from which senders, an output-queue slot
+held by messages parked at which core, markers waiting for which messages, or
+the drain of its own messages); `max_cycles` bounds simulated time
+(`TimeBoundReport`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time as _time
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from meshrt.dialects import event as ev
+from meshrt.dialects import segment as sg
+from meshrt.routing import RectSet, xy_path
+
+OP_ALIASES: dict[str, str] = {
+    "square_sum": "fmac",
+    "qk": "fmac",
+    "av": "fmac",
+    "combine": "fmac",
+    "scale": "mul",
+    "normalize": "mul",
+    "silu_mul": "exp",
+    "softmax_merge": "exp",
+    "argmax_merge": "argmax",
+    "topk": "argmax",
+    "eos_check": "add",
+    "route": "add",
+    "embed": "add",
+}
+"""Compute ops the targets do not cost, mapped to the closest costed op."""
+
+DEFAULT_OP_CYCLES = 1.0
+"""Cycles per element of a compute op that is neither costed nor aliased."""
+
+WAVELET_BYTES = 4
+
+# Instruction kinds of a flattened class table.
+I_SEG, I_SUB, I_COMPUTE, I_SEND, I_RECV, I_MARKER, I_RECONF, I_SWITCH, I_END = range(9)
+# Core states.
+RUN, W_RECV, W_SEND, W_MARKER, W_DRAIN, DONE = range(6)
+STATE_NAMES = ("run", "recv", "send", "marker", "drain", "done")
+# Heap event kinds.
+E_RESUME, E_HOP, E_DELIVER, E_MARKER_DONE = range(4)
+
+_DIRS = {(1, 0): 0, (-1, 0): 1, (0, 1): 2, (0, -1): 3}
+
+
+# ---------------------------------------------------------------------------
+# Reports and results
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CorruptionReport:
+    """A message met a router whose current segment binds its colour to another flow, or not at all."""
+
+    cycle: int
+    message: int
+    flow: str
+    color: int
+    router: tuple[int, int, int]  # (wafer, x, y)
+    router_class: str | None
+    router_segment: int | None
+    sender: tuple[int, int, int]
+    sender_class: str
+    sender_segment: int
+    bound_to: str | None  # the flow the router binds the colour to (None: unbound)
+    when: str  # "arrival" or "reconfigure"
+
+    def __str__(self) -> str:
+        bound = f"bound to @{self.bound_to}" if self.bound_to else "not bound"
+        return (
+            f"corruption at cycle {self.cycle}: message #{self.message} of @{self.flow} on colour "
+            f"{self.color} at router {self.router[1:]} (wafer {self.router[0]}, class "
+            f"@{self.router_class}, segment {self.router_segment}) where the colour is {bound} "
+            f"[{self.when}]; sent by {self.sender[1:]} (@{self.sender_class}) in segment "
+            f"{self.sender_segment}"
+        )
+
+
+@dataclass(frozen=True)
+class WaitEdge:
+    core: tuple[int, int, int]
+    core_class: str
+    waits_for: str  # "recv" | "send" | "marker" | "drain"
+    flow: str | None
+    on: tuple[tuple[int, int, int], ...]  # cores it waits for
+    detail: str
+
+
+@dataclass(frozen=True)
+class DeadlockReport:
+    """No event is pending but some core has work left: the wait-for graph."""
+
+    cycle: int
+    waits: tuple[WaitEdge, ...]
+
+    def __str__(self) -> str:
+        lines = [f"deadlock at cycle {self.cycle}: {len(self.waits)} blocked core(s)"]
+        for w in self.waits:
+            lines.append(f"  {w.core[1:]} @{w.core_class} waits ({w.waits_for}) {w.detail}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TimeBoundReport:
+    cycle: int
+    max_cycles: int
+    steps_done: int
+
+    def __str__(self) -> str:
+        return (
+            f"time bound: simulated time reached {self.max_cycles} cycles with "
+            f"{self.steps_done} decode step(s) complete"
+        )
+
+
+Report = CorruptionReport | DeadlockReport | TimeBoundReport
+
+
+@dataclass
+class SimResult:
+    completed: bool
+    cycles: int
+    steps: int
+    step_cycles: list[int]  # cycles of each complete decode step
+    stalls: dict[tuple[int, int, int], dict[str, int]]  # core -> {recv, send, marker, drain}
+    link_utilisation: dict[str, float]  # mean / max busy fraction over used links
+    events: int
+    wall_seconds: float
+    reports: list[Report]
+    messages: int
+    seed: int
+    safe: bool
+    spans: list[tuple[int, int, str, int, int]] | None = None  # (core idx, class idx, name, start, end)
+    cores: list[tuple[tuple[int, int, int], str]] = field(default_factory=list)
+    clock_hz: float = 1e9
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.wall_seconds if self.wall_seconds > 0 else float("inf")
+
+    def corruptions(self) -> list[CorruptionReport]:
+        return [r for r in self.reports if isinstance(r, CorruptionReport)]
+
+    def deadlocks(self) -> list[DeadlockReport]:
+        return [r for r in self.reports if isinstance(r, DeadlockReport)]
+
+    def stall_totals(self) -> dict[str, int]:
+        out = {"recv": 0, "send": 0, "marker": 0, "drain": 0}
+        for s in self.stalls.values():
+            for k, v in s.items():
+                out[k] += v
+        return out
+
+    def summary(self) -> str:
+        status = "complete" if self.completed else "FAILED"
+        lines = [
+            (f"{status}: {self.steps} step(s) in {self.cycles} cycles "
+             f"(per step {self.step_cycles}), {self.messages} messages, {self.events} events "
+             f"in {self.wall_seconds:.3f} s ({self.events_per_second:,.0f} events/s)"),
+            f"stalls (core-cycles): {self.stall_totals()}; links: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in self.link_utilisation.items()),
+        ]
+        lines += [str(r) for r in self.reports]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Loading programs
+# ---------------------------------------------------------------------------
+
+
+def program_of(module) -> sg.ProgramOp:
+    if isinstance(module, sg.ProgramOp):
+        return module
+    for op in module.body.block.ops:
+        if isinstance(op, sg.ProgramOp):
+            return op
+    raise ValueError("no segment.program in the module")
+
+
+def parse_program(text: str, filename: str = "<segments>") -> sg.ProgramOp:
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import Builtin
+
+    from meshrt.diagnostics import parse_module
+    from meshrt.dialects import get_all_dialects
+
+    ctx = Context()
+    ctx.load_dialect(Builtin)
+    for load in get_all_dialects().values():
+        ctx.load_dialect(load())
+    return program_of(parse_module(ctx, text, filename))
+
+
+def compile_program(model: str, target: str) -> sg.ProgramOp:
+    """Compile a model spec to coloured segment IR (what the interpreter runs)."""
+    from meshrt.passes.pipeline import lower_to
+    from meshrt.tools.cli import compile_model
+
+    return program_of(lower_to(compile_model(model, target), "segments"))
+
+
+# ---------------------------------------------------------------------------
+# The simulator
+# ---------------------------------------------------------------------------
+
+
+class _Msg:
+    __slots__ = (
+        "dests",
+        "flow",
+        "id",
+        "left",
+        "parked_at",
+        "seg",
+        "sender",
+        "ser",
+        "tail_src",
+        "tree",
+        "waiters",
+    )
+
+    def __init__(self, mid, flow, sender, seg, ser, left, tree, dests):
+        self.id = mid
+        self.flow = flow
+        self.sender = sender
+        self.seg = seg
+        self.ser = ser
+        self.left = left  # copies not yet delivered
+        self.tree = tree
+        self.dests = dests
+        self.waiters = None  # cores in a marker sync waiting for this message
+        self.parked_at = None
+        self.tail_src = 0
+
+
+class _Core:
+    __slots__ = (
+        "cap",
+        "cls",
+        "eseg",
+        "idx",
+        "inq",
+        "marker_lat",
+        "marker_wait",
+        "oldest",
+        "out_tail",
+        "outstanding",
+        "parked",
+        "passing",
+        "pc",
+        "pos",
+        "prog",
+        "recv_cost",
+        "recv_flow",
+        "recv_total",
+        "rid",
+        "rseg",
+        "senders",
+        "speed",
+        "stall",
+        "state",
+        "step",
+        "sub_name",
+        "sub_start",
+        "t_block",
+        "want",
+    )
+
+    def __init__(self, idx, rid, pos, cls, prog, speed):
+        self.idx = idx
+        self.rid = rid
+        self.pos = pos
+        self.cls = cls
+        self.prog = prog
+        self.pc = 0
+        self.step = 0
+        self.rseg = 0
+        self.eseg = 0
+        self.speed = speed
+        self.state = RUN
+        self.t_block = 0
+        self.inq: dict[int, list[_Msg]] = {}
+        self.parked: dict[int, deque[_Msg]] = {}
+        self.cap: dict[int, int] = {}
+        self.outstanding: dict[int, _Msg] = {}
+        self.out_tail = 0
+        self.want: set[int] | None = None
+        self.recv_flow = -1
+        self.recv_cost = 0.0
+        self.recv_total = 0.0
+        self.marker_wait = 0
+        self.marker_lat = 0
+        self.stall = [0, 0, 0, 0]  # recv, send, marker, drain
+        self.passing: list[tuple[int, _Msg]] | None = None
+        self.senders: dict[int, tuple[int, ...]] = {}
+        self.sub_name = ""
+        self.sub_start = 0
+
+
+class MeshSim:
+    """One simulation of a coloured segment program on a target (see the module docstring)."""
+
+    def __init__(self, program: sg.ProgramOp, target, *, seed: int = 0, safe: bool = True,
+                 jitter: float | None = None, queue_depth: int = 2, out_queue: int | None = None,
+                 max_cycles: int = 50_000_000, trace: bool = False,
+                 stop_on_corruption: bool = True):
+        self.program = program
+        self.target = target
+        self.seed = seed
+        self.safe = safe
+        self.rng = random.Random(seed)
+        self.jitter = target.speed_spread if jitter is None else jitter
+        self.queue_depth = max(1, queue_depth)
+        self.out_cap = max(1, out_queue if out_queue is not None else len(target.user_output_queues))
+        self.max_cycles = max_cycles
+        self.trace = trace
+        self.stop_on_corruption = stop_on_corruption
+        self.W, self.H = program.mesh_size
+        self.wafers = program.num_wafers
+        self.costs = dict(target.costs)
+        self.slots = program.micro_batch_size
+        self._build()
+
+    # -- construction ----------------------------------------------------
+    def _op_cost(self, op: str) -> float:
+        c = self.costs.get(op)
+        if c is None and op in OP_ALIASES:
+            c = self.costs.get(OP_ALIASES[op])
+        return float(c) if c is not None else DEFAULT_OP_CYCLES
+
+    def _rid(self, w: int, x: int, y: int) -> int:
+        return (w * self.H + y) * self.W + x
+
+    def _build(self) -> None:
+        prog = self.program
+        costs = self.costs
+        flows = prog.flows()
+        self.flow_names = [f.flow_name for f in flows]
+        fidx = {n: i for i, n in enumerate(self.flow_names)}
+        self.flow_ops = flows
+        routes = {r.flow_name: r for r in prog.routes()}
+        self.flow_color = [routes[n].color_id if n in routes else -1 for n in self.flow_names]
+        self.flow_via = [RectSet.from_cores(routes[n].via) if n in routes else RectSet()
+                         for n in self.flow_names]
+        classes = prog.core_classes()
+        self.class_names = [c.class_name for c in classes]
+        # Routers are keyed by id (wafer, y, x) -> int; only routers that hold a
+        # core or a route are stored, so a large mesh costs nothing extra.
+        self.router_class: dict[int, int] = {}
+        self.router_core: dict[int, _Core] = {}
+
+        # step order, for loop-carried flows
+        from meshrt.passes.color_routes import step_order, tables_of_program
+
+        pos = step_order(tables_of_program(prog))
+        first_send: dict[int, int] = {}
+        for c in classes:
+            for seg in c.segments():
+                for sub in seg.subs():
+                    for e in sub.events():
+                        if isinstance(e, ev.SendOp | ev.MetaProduceOp):
+                            f = fidx[e.flow_name]
+                            first_send[f] = min(first_send.get(f, 1 << 30), pos[sub.kernel_name])
+
+        # flattened tables
+        self.class_progs: list[list[tuple]] = []
+        prime: list[dict[int, int]] = []  # class -> flow -> host-primed recvs per step
+        self.regions: list[tuple[RectSet, tuple[int, int, int, int], list[bool]]] = []
+        ts = costs["task_switch"]
+        for c in classes:
+            instrs: list[tuple] = []
+            primed: dict[int, int] = defaultdict(int)
+            segs = c.segments()
+            bounds = {b[0]: b for b in c.boundaries()}
+            for seg in segs:
+                s = seg.index_value
+                instrs.append((I_SEG, s))
+                for sub in seg.subs():
+                    instrs.append((I_SUB, f"{sub.kernel_name} {sub.role_name}", ts))
+                    for e in sub.events():
+                        if isinstance(e, ev.ComputeOp):
+                            instrs.append((I_COMPUTE, e.op.data,
+                                           e.work.value.data * self._op_cost(e.op.data)))
+                        elif isinstance(e, ev.SendOp):
+                            f = fidx[e.flow_name]
+                            nb = e.num_bytes + e.meta.value.data
+                            instrs.append((I_SEND, f, nb,
+                                           math.ceil(nb / WAVELET_BYTES) * costs["send_wavelet"]))
+                        elif isinstance(e, ev.RecvOp):
+                            f = fidx[e.flow_name]
+                            nb = e.num_bytes + e.meta.value.data
+                            instrs.append((I_RECV, f,
+                                           math.ceil(nb / WAVELET_BYTES) * costs["recv_wavelet"]))
+                            if pos[sub.kernel_name] < first_send.get(f, -1):
+                                primed[f] += 1
+                        elif isinstance(e, ev.MetaResolveOp):
+                            instrs.append((I_COMPUTE, "meta_resolve",
+                                           costs["meta_resolve_slot"] * self.slots))
+                        elif isinstance(e, ev.MetaProduceOp):
+                            instrs.append((I_COMPUTE, "meta_produce",
+                                           costs["meta_produce_slot"] * self.slots))
+                b = bounds.get(s)
+                if b is not None:
+                    src, dst, sync, reconf = b
+                    if sync is not None:
+                        region = RectSet.from_cores(sync.over)
+                        instrs.append((I_MARKER, src, dst, len(self.regions)))
+                        self.regions.append((region, self._extent(region), []))
+                    n = len(reconf.release.data) + len(reconf.install.data)
+                    instrs.append((I_RECONF, src, dst,
+                                   costs["reconfigure"] + costs["reconfigure_route"] * n))
+                    instrs.append((I_SWITCH, dst))
+            instrs.append((I_END,))
+            self.class_progs.append(instrs)
+            prime.append(primed)
+        # which flows' routes touch each marker region
+        for region, _, touch in self.regions:
+            touch.extend(self.flow_via[f].intersects(region) for f in range(len(flows)))
+
+        # cores
+        self.cores: list[_Core] = []
+        spread = self.target.speed_spread
+        for ci, c in enumerate(classes):
+            w = c.wafer_index
+            for x, y in c.cores.cores():
+                rid = self._rid(w, x, y)
+                speed = 1.0 + self.rng.uniform(-spread, spread)
+                core = _Core(len(self.cores), rid, (w, x, y), ci, self.class_progs[ci], speed)
+                self.cores.append(core)
+                self.router_class[rid] = ci
+                self.router_core[rid] = core
+                if len(c.segments()) > 1:
+                    core.passing = []
+
+        # per router, per segment: colour -> flow bound there
+        self.bind: dict[int, list[dict[int, int]]] = {}
+        idle_bind: dict[int, dict[int, int]] = {}
+        for f, via in enumerate(self.flow_via):
+            col = self.flow_color[f]
+            w = self.flow_ops[f].wafer_index
+            for x0, y0, x1, y1 in via:
+                for y in range(y0, y1):
+                    for x in range(x0, x1):
+                        rid = self._rid(w, x, y)
+                        if rid not in self.router_class:
+                            idle_bind.setdefault(rid, {})[col] = f
+        for rid, b in idle_bind.items():
+            self.bind[rid] = [b]
+        for ci, c in enumerate(classes):
+            seg_routes = [[fidx[n] for n in seg.route_names()] for seg in c.segments()]
+            for core in self.cores:
+                if core.cls != ci:
+                    continue
+                w, x, y = core.pos
+                per_seg = []
+                for fl in seg_routes:
+                    b = {}
+                    for f in fl:
+                        if self.flow_ops[f].wafer_index == w and self.flow_via[f].contains(x, y):
+                            b[self.flow_color[f]] = f
+                    per_seg.append(b)
+                self.bind[core.rid] = per_seg
+
+        # flow endpoints: per sender core its targets (and tree), per receiver its senders
+        self.send_plan: dict[tuple[int, int], tuple[dict[int, tuple[int, ...]], frozenset[int], bool]] = {}
+        senders_of: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for f, fo in enumerate(flows):
+            w = fo.wafer_index
+            dw = (w + 1) % self.wafers if fo.crosses_wafer else w  # the last wafer feeds the first
+            pattern = fo.pattern.data
+            dx, dy = fo.offset
+            receivers = [(x, y) for x, y in fo.dst.cores()]
+            for sx, sy in fo.src.cores():
+                src_rid = self._rid(w, sx, sy)
+                if src_rid not in self.router_core:
+                    continue
+                if pattern == "shift":
+                    targets = [(sx + dx, sy + dy)]
+                elif pattern == "row":
+                    targets = [r for r in receivers if r[1] == sy]
+                elif pattern == "col":
+                    targets = [r for r in receivers if r[0] == sx]
+                else:
+                    targets = receivers
+                targets = [t for t in targets if not (dw == w and t == (sx, sy))
+                           and self._rid(dw, *t) in self.router_core]
+                dests = frozenset(self._rid(dw, *t) for t in targets)
+                tree: dict[int, list[int]] = {}
+                if not fo.crosses_wafer:
+                    for t in targets:
+                        path = xy_path((sx, sy), t)
+                        for a, b in itertools.pairwise(path):
+                            ra, rb = self._rid(w, *a), self._rid(w, *b)
+                            kids = tree.setdefault(ra, [])
+                            if rb not in kids:
+                                kids.append(rb)
+                self.send_plan[(src_rid, f)] = (
+                    {k: tuple(v) for k, v in tree.items()}, dests, fo.crosses_wafer)
+                for d in dests:
+                    senders_of[(d, f)].append(src_rid)
+        for (rid, f), ss in senders_of.items():
+            core = self.router_core[rid]
+            core.senders[f] = tuple(ss)
+            core.cap[f] = self.queue_depth * len(ss)
+        for core in self.cores:
+            for f, n in prime[core.cls].items():
+                for _ in range(n):
+                    for s in core.senders.get(f, ()):
+                        m = _Msg(-1, f, s, 0, 0, 1, None, None)
+                        core.inq.setdefault(f, []).append(m)
+                core.cap[f] = max(core.cap.get(f, 0), self.queue_depth * len(core.senders.get(f, ())))
+
+    def _extent(self, region: RectSet) -> tuple[int, int, int, int]:
+        xs = [b[0] for b in region] + [b[2] - 1 for b in region]
+        ys = [b[1] for b in region] + [b[3] - 1 for b in region]
+        return min(xs), min(ys), max(xs), max(ys)
+
+    # -- running ---------------------------------------------------------
+    def run(self, steps: int = 1) -> SimResult:
+        self.steps = steps
+        heap: list = []
+        self.heap = heap
+        self.seq = 0
+        self.now = 0
+        self.reports: list[Report] = []
+        self.stop = False
+        self.done = 0
+        self.msg_count = 0
+        self.inflight: dict[int, _Msg] = {}
+        self.link_busy: dict[int, int] = {}
+        self.link_used: dict[int, int] = defaultdict(int)
+        self.wlink_busy: dict[int, int] = defaultdict(int)
+        self.step_end: list[int] = []  # latest end of each decode step over all cores
+        self.spans: list | None = [] if self.trace else None
+        push = heapq.heappush
+        pop = heapq.heappop
+        for core in self.cores:
+            push(heap, (0, self.seq, E_RESUME, core, None))
+            self.seq += 1
+        n_events = 0
+        t0 = _time.perf_counter()
+        ncores = len(self.cores)
+        max_cycles = self.max_cycles
+        advance = self._advance
+        hop = self._hop
+        deliver = self._deliver
+        while heap:
+            t, _, kind, a, b = pop(heap)
+            if t > max_cycles:
+                self.now = max_cycles
+                self.reports.append(TimeBoundReport(max_cycles, max_cycles, self._steps_done()))
+                break
+            self.now = t
+            n_events += 1
+            if kind == E_RESUME:
+                advance(a, t)
+            elif kind == E_HOP:
+                hop(a, b, t)
+            elif kind == E_DELIVER:
+                deliver(a, b, t)
+            else:  # E_MARKER_DONE
+                a.pc += 1
+                a.state = RUN
+                advance(a, t)
+            if self.stop or self.done == ncores:
+                break
+        wall = _time.perf_counter() - t0
+        if not heap and self.done < ncores and not self.stop and not self.reports:
+            self.reports.append(self._deadlock())
+        completed = self.done == ncores and not self.reports
+        end = self.now if not completed else max(self.step_end)
+        step_cycles = []
+        prev = 0
+        for s in range(self._steps_done()):
+            step_cycles.append(self.step_end[s] - prev)
+            prev = self.step_end[s]
+        used = [u for u in self.link_used.values() if u]
+        span = max(end, 1)
+        util = {
+            "mean": min(1.0, sum(used) / len(used) / span) if used else 0.0,
+            "max": min(1.0, max(used) / span) if used else 0.0,
+            "links": float(len(used)),
+        }
+        return SimResult(
+            completed=completed,
+            cycles=end,
+            steps=self._steps_done(),
+            step_cycles=step_cycles,
+            stalls={c.pos: dict(zip(("recv", "send", "marker", "drain"), c.stall)) for c in self.cores},
+            link_utilisation=util,
+            events=n_events,
+            wall_seconds=wall,
+            reports=self.reports,
+            messages=self.msg_count,
+            seed=self.seed,
+            safe=self.safe,
+            spans=self.spans,
+            cores=[(c.pos, self.class_names[c.cls]) for c in self.cores],
+            clock_hz=self.target.clock_hz,
+        )
+
+    def _steps_done(self) -> int:
+        return min(c.step for c in self.cores) if self.cores else 0
+
+    def _cost(self, core: _Core, base: float) -> int:
+        c = base * core.speed * (1.0 + self.jitter * self.rng.random())
+        return int(c) + 1 if c > 0 else 0
+
+    def _at(self, t: int, kind: int, a, b=None) -> None:
+        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+        self.seq += 1
+
+    def _span(self, core: _Core, name: str, start: int, end: int) -> None:
+        self.spans.append((core.idx, core.cls, name, start, end))
+
+    # -- cores -------------------------------------------------------------
+    def _advance(self, core: _Core, t: int) -> None:
+        prog = core.prog
+        while True:
+            ins = prog[core.pc]
+            k = ins[0]
+            if k == I_COMPUTE:
+                c = self._cost(core, ins[2])
+                if self.spans is not None:
+                    self._span(core, ins[1], t, t + c)
+                core.pc += 1
+                self._at(t + c, E_RESUME, core)
+                return
+            if k == I_RECV:
+                f = ins[1]
+                want = set(core.senders.get(f, ()))
+                q = core.inq.get(f)
+                got = 0
+                if q and want:
+                    i = 0
+                    while i < len(q) and want:
+                        m = q[i]
+                        if m.sender in want:
+                            want.discard(m.sender)
+                            del q[i]
+                            got += 1
+                            self._unpark(core, f, t)
+                        else:
+                            i += 1
+                if not want:
+                    c = self._cost(core, ins[2] * max(got, 1))
+                    if self.spans is not None:
+                        self._span(core, "recv " + self.flow_names[f], t, t + c)
+                    core.pc += 1
+                    self._at(t + c, E_RESUME, core)
+                    return
+                core.want = want
+                core.recv_flow = f
+                core.recv_cost = ins[2]
+                core.recv_total = ins[2] * got
+                core.state = W_RECV
+                core.t_block = t
+                return
+            if k == I_SEND:
+                if len(core.outstanding) >= self.out_cap:
+                    core.state = W_SEND
+                    core.t_block = t
+                    return
+                f = ins[1]
+                self._inject(core, f, ins[2], t)
+                c = self._cost(core, ins[3])
+                if self.spans is not None:
+                    self._span(core, "send " + self.flow_names[f], t, t + c)
+                core.pc += 1
+                self._at(t + c, E_RESUME, core)
+                return
+            if k == I_SUB:
+                c = self._cost(core, ins[2])
+                if self.spans is not None:
+                    if core.sub_name:
+                        self._span(core, core.sub_name, core.sub_start, t)
+                    core.sub_name = ins[1]
+                    core.sub_start = t
+                core.pc += 1
+                self._at(t + c, E_RESUME, core)
+                return
+            if k == I_SEG:
+                core.eseg = ins[1]
+                core.pc += 1
+                continue
+            if k == I_MARKER:
+                if not self.safe:
+                    core.pc += 1
+                    continue
+                _, (x0, y0, x1, y1), touch = self.regions[ins[3]]
+                _, x, y = core.pos
+                lat = int(self.costs["marker_hop"] * (max(abs(x - x0), abs(x - x1))
+                                                       + max(abs(y - y0), abs(y - y1)))) + 1
+                n = 0
+                for m in self.inflight.values():
+                    if touch[m.flow]:
+                        if m.waiters is None:
+                            m.waiters = [core]
+                        else:
+                            m.waiters.append(core)
+                        n += 1
+                core.t_block = t
+                core.marker_lat = lat
+                if n == 0:
+                    core.stall[2] += lat
+                    if self.spans is not None:
+                        self._span(core, "marker sync", t, t + lat)
+                    core.state = W_MARKER
+                    self._at(t + lat, E_MARKER_DONE, core)
+                    return
+                core.marker_wait = n
+                core.state = W_MARKER
+                return
+            if k == I_RECONF:
+                if self.safe:
+                    if core.outstanding:
+                        core.state = W_DRAIN
+                        core.t_block = t
+                        return
+                elif core.out_tail > t:
+                    core.stall[3] += core.out_tail - t
+                    self._at(core.out_tail, E_RESUME, core)
+                    return
+                c = self._cost(core, ins[3])
+                if self.spans is not None:
+                    self._span(core, f"reconfigure {ins[1]}->{ins[2]}", t, t + c)
+                core.pc += 1
+                self._at(t + c, E_RESUME, core)
+                return
+            if k == I_SWITCH:
+                self._switch(core, ins[1], t)
+                if self.stop:
+                    return
+                core.pc += 1
+                continue
+            # I_END
+            if core.step == len(self.step_end):
+                self.step_end.append(t)
+            elif t > self.step_end[core.step]:
+                self.step_end[core.step] = t
+            core.step += 1
+            if core.step >= self.steps:
+                if self.spans is not None and core.sub_name:
+                    self._span(core, core.sub_name, core.sub_start, t)
+                core.state = DONE
+                self.done += 1
+                return
+            core.pc = 0
+
+    def _wake(self, core: _Core, t: int, slot: int) -> None:
+        core.stall[slot] += t - core.t_block
+        core.state = RUN
+        self._at(t, E_RESUME, core)
+
+    # -- network -------------------------------------------------------------
+    def _inject(self, core: _Core, f: int, nbytes: int, t: int) -> None:
+        plan = self.send_plan.get((core.rid, f))
+        self.msg_count += 1
+        if plan is None or not plan[1]:
+            return  # nobody to send to
+        tree, dests, cross = plan
+        tg = self.target
+        if cross:
+            ser = -(-nbytes // tg.wafer_link_bytes_per_cycle)
+        else:
+            ser = -(-nbytes // tg.link_bytes_per_cycle)
+        m = _Msg(self.msg_count, f, core.rid, core.eseg, ser, len(dests), tree, dests)
+        self.inflight[m.id] = m
+        core.outstanding[m.id] = m
+        m.tail_src = t + ser
+        core.out_tail = max(core.out_tail, m.tail_src)
+        if cross:
+            w = core.pos[0]
+            start = max(t, self.wlink_busy[w])
+            self.wlink_busy[w] = start + ser
+            arrive = start + ser + tg.wafer_link_latency_cycles
+            for d in sorted(dests):
+                self._at(arrive, E_DELIVER, m, d)
+        else:
+            self._hop(m, core.rid, t)
+
+    def _check(self, m: _Msg, rid: int, t: int, when: str) -> bool:
+        binds = self.bind.get(rid)
+        f = m.flow
+        col = self.flow_color[f]
+        if binds is None:
+            bound = None
+            seg = None
+        else:
+            core = self.router_core.get(rid)
+            seg = core.rseg if core is not None else 0
+            bound = binds[seg].get(col)
+            if bound == f:
+                return True
+        sender = self.router_core[m.sender]
+        core = self.router_core.get(rid)
+        w = rid // (self.W * self.H)
+        rr = rid % (self.W * self.H)
+        self.reports.append(CorruptionReport(
+            cycle=t, message=m.id, flow=self.flow_names[f], color=col,
+            router=(w, rr % self.W, rr // self.W),
+            router_class=self.class_names[core.cls] if core is not None else None,
+            router_segment=seg if core is not None else None,
+            sender=sender.pos, sender_class=self.class_names[sender.cls], sender_segment=m.seg,
+            bound_to=self.flow_names[bound] if bound is not None else None, when=when))
+        if not self.stop_on_corruption:
+            return True  # diagnostic mode: record, and let the message pass as if routed
+        self.stop = True
+        return False
+
+    def _hop(self, m: _Msg, rid: int, t: int) -> None:
+        if not self._check(m, rid, t, "arrival"):
+            return
+        ser = m.ser
+        core = self.router_core.get(rid)
+        if core is not None and core.passing is not None:
+            core.passing.append((t + ser, m))
+        if rid in m.dests:
+            self._at(t + ser, E_DELIVER, m, rid)
+        kids = m.tree.get(rid)
+        if kids:
+            busy = self.link_busy
+            used = self.link_used
+            lat = self.target.hop_latency_cycles
+            W = self.W
+            for nxt in kids:
+                d = nxt - rid
+                link = rid * 4 + (0 if d == 1 else 1 if d == -1 else 2 if d == W else 3)
+                start = busy.get(link, 0)
+                start = max(start, t)
+                busy[link] = start + ser
+                used[link] += ser
+                self._at(start + lat, E_HOP, m, nxt)
+
+    def _deliver(self, m: _Msg, rid: int, t: int) -> None:
+        core = self.router_core[rid]
+        f = m.flow
+        if core.state == W_RECV and core.recv_flow == f and m.sender in core.want:
+            self._consume(core, m, t)
+            self._delivered(m, t)
+            return
+        q = core.inq.setdefault(f, [])
+        if len(q) < core.cap.get(f, self.queue_depth):
+            q.append(m)
+            self._delivered(m, t)
+            return
+        m.parked_at = rid
+        core.parked.setdefault(f, deque()).append(m)
+
+    def _consume(self, core: _Core, m: _Msg, t: int) -> None:
+        core.want.discard(m.sender)
+        core.recv_total += core.recv_cost
+        if not core.want:
+            c_last = self._cost(core, core.recv_cost)
+            end = max(t + c_last, core.t_block + self._cost(core, core.recv_total))
+            core.stall[0] += t - core.t_block
+            if self.spans is not None:
+                self._span(core, "wait " + self.flow_names[core.recv_flow], core.t_block, t)
+            core.want = None
+            core.recv_flow = -1
+            core.state = RUN
+            core.pc += 1
+            self._at(end, E_RESUME, core)
+
+    def _unpark(self, core: _Core, f: int, t: int) -> None:
+        pk = core.parked.get(f)
+        if pk:
+            m = pk.popleft()
+            m.parked_at = None
+            core.inq[f].append(m)
+            self._delivered(m, t)
+
+    def _delivered(self, m: _Msg, t: int) -> None:
+        m.left -= 1
+        if m.left:
+            return
+        del self.inflight[m.id]
+        sender = self.router_core[m.sender]
+        del sender.outstanding[m.id]
+        if sender.state == W_SEND:
+            self._wake(sender, t, 1)
+        elif sender.state == W_DRAIN and not sender.outstanding:
+            self._wake(sender, t, 3)
+        if m.waiters:
+            for c in m.waiters:
+                c.marker_wait -= 1
+                if c.marker_wait == 0 and c.state == W_MARKER:
+                    c.stall[2] += t + c.marker_lat - c.t_block
+                    if self.spans is not None:
+                        self._span(c, "marker sync", c.t_block, t + c.marker_lat)
+                    self._at(t + c.marker_lat, E_MARKER_DONE, c)
+
+    def _switch(self, core: _Core, seg: int, t: int) -> None:
+        core.rseg = seg
+        if core.passing is None:
+            return
+        live = [(tt, m) for tt, m in core.passing if tt > t and m.left]
+        core.passing = live
+        for _, m in live:
+            if not self._check(m, core.rid, t, "reconfigure"):
+                return
+        for pk in core.parked.values():
+            for m in pk:
+                if not self._check(m, core.rid, t, "reconfigure"):
+                    return
+
+    # -- deadlock ------------------------------------------------------------
+    def _deadlock(self) -> DeadlockReport:
+        waits: list[WaitEdge] = []
+        pos = lambda rid: self.router_core[rid].pos
+        for c in self.cores:
+            if c.state == DONE:
+                continue
+            cname = self.class_names[c.cls]
+            if c.state == W_RECV:
+                fl = self.flow_names[c.recv_flow]
+                on = tuple(sorted(pos(s) for s in c.want))
+                waits.append(WaitEdge(c.pos, cname, "recv", fl, on,
+                                      f"recv @{fl} from {', '.join(str(p[1:]) for p in on)}"))
+            elif c.state in (W_SEND, W_DRAIN):
+                blocked = sorted({pos(m.parked_at) for m in c.outstanding.values()
+                                  if m.parked_at is not None})
+                fl = self.flow_names[next(iter(c.outstanding.values())).flow] if c.outstanding else None
+                what = "send" if c.state == W_SEND else "drain"
+                waits.append(WaitEdge(c.pos, cname, what, fl, tuple(blocked),
+                                      f"{len(c.outstanding)} own message(s) undelivered "
+                                      f"(parked at {', '.join(str(p[1:]) for p in blocked) or '-'})"))
+            elif c.state == W_MARKER:
+                ms = [m for m in self.inflight.values() if m.waiters and c in m.waiters]
+                on = tuple(sorted({pos(m.parked_at) for m in ms if m.parked_at is not None}))
+                waits.append(WaitEdge(c.pos, cname, "marker", None, on,
+                                      f"marker sync waits for {c.marker_wait} message(s) "
+                                      f"({', '.join('@' + self.flow_names[m.flow] for m in ms[:4])})"))
+            else:
+                waits.append(WaitEdge(c.pos, cname, STATE_NAMES[c.state], None, (), "?"))
+        return DeadlockReport(self.now, tuple(waits))
+
+
+def simulate(program: sg.ProgramOp, target, *, steps: int = 2, **kw) -> SimResult:
+    """Run `steps` decode steps of `program` on `target` (a Target or its name)."""
+    if isinstance(target, str):
+        from meshrt.targets import load_target
+
+        target = load_target(target)
+    return MeshSim(program, target, **kw).run(steps)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m meshrt.runtime.mesh_sim",
+        description="GALS discrete-event simulation of a model's segment IR (timing only, no numerics)")
+    ap.add_argument("model", help="model spec (.mrt / config.json) or segment IR (.mlir)")
+    ap.add_argument("--target", default="test32")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--unsafe", action="store_true", help="ablation: no marker syncs, eager reconfigure")
+    ap.add_argument("--max-cycles", type=int, default=50_000_000)
+    ap.add_argument("--trace", metavar="FILE", help="write a Chrome / Perfetto trace")
+    ap.add_argument("--by-class", action="store_true", help="one trace track per core class")
+    args = ap.parse_args(argv)
+    from meshrt.targets import load_target
+
+    target = load_target(args.target)
+    if args.model.endswith(".mlir"):
+        with open(args.model) as fh:
+            program = parse_program(fh.read(), args.model)
+    else:
+        program = compile_program(args.model, args.target)
+    res = MeshSim(program, target, seed=args.seed, safe=not args.unsafe,
+                  max_cycles=args.max_cycles, trace=bool(args.trace)).run(args.steps)
+    print(res.summary())
+    if args.trace:
+        from meshrt.runtime.trace import write_trace
+
+        write_trace(res, args.trace, by_class=args.by_class)
+    return 0 if res.completed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

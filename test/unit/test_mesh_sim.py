@@ -1,0 +1,233 @@
+"""The discrete-event mesh simulation (meshrt.runtime.mesh_sim): timing, failures, traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshrt.runtime.mesh_sim import (
+    CorruptionReport,
+    DeadlockReport,
+    MeshSim,
+    TimeBoundReport,
+    compile_program,
+    parse_program,
+)
+from meshrt.runtime.trace import trace_events, write_trace
+from meshrt.targets import load_target
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SEEDS = range(20)
+
+HEADER = (
+    'segment.program @{name} target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 '
+    "dynamism [] hparams {{}} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, "
+    "sram = 8960, ctrl = 256> colors 8 reserved [6, 7]"
+)
+
+# A (0,0) sends a small @h to B and then a long @f through B to C. B's segment
+# 0 ends right after it received @h, then B releases @f; the compiled marker
+# sync holds B until @f has left the region, the unsafe ablation does not.
+RACE = """builtin.module {
+  segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
+    event.flow @f kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
+    event.flow @h kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+    event.flow @g kernel @kb wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
+    segment.core_class @a wafer 0 cores <(0, 0, 1, 1)> {
+      segment.segment 0 use <colors = 2> routes [@f, @h] {
+        event.sub @ka "src" after [] demand <colors = 2> {
+          event.send @h bytes 8 meta 0
+          event.send @f bytes 4096 meta 0
+        }
+      }
+    }
+    segment.core_class @b wafer 0 cores <(1, 0, 1, 1)> {
+      segment.segment 0 use <colors = 2> routes [@f, @h] {
+        event.sub @ka "pass" after [] demand <colors = 2> {
+          event.recv @h bytes 8 meta 0
+          event.compute "add" work 100
+        }
+      }
+      segment.marker_sync 0 to 1 over <(0, 0, 3, 1)>
+      segment.reconfigure 0 to 1 release [@f, @h] install [@g]
+      segment.segment 1 use <colors = 1> routes [@g] {
+        event.sub @kb "src" after [@ka] demand <colors = 1> {
+          event.send @g bytes 64 meta 0
+        }
+      }
+      segment.reconfigure 1 to 0 release [@g] install [@f, @h]
+    }
+    segment.core_class @c wafer 0 cores <(2, 0, 1, 1)> {
+      segment.segment 0 use <colors = 2> routes [@f, @g] {
+        event.sub @kb "dst" after [@ka] demand <colors = 2> {
+          event.recv @f bytes 4096 meta 0
+          event.recv @g bytes 64 meta 0
+        }
+      }
+    }
+    segment.route @f color 0 via <(0, 0, 3, 1)>
+    segment.route @h color 1 via <(0, 0, 2, 1)>
+    segment.route @g color 2 via <(1, 0, 2, 1)>
+  }
+}
+"""
+
+# Two cores that each wait to receive from the other before sending.
+DEADLOCK = "builtin.module {\n  " + HEADER.format(name="dl") + """ {
+    event.flow @ab kernel @k wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+    event.flow @ba kernel @k wafer 0 from <(1, 0, 1, 1)> to <(0, 0, 1, 1)> pattern "shift" by -1, 0 bytes 8
+    segment.core_class @left wafer 0 cores <(0, 0, 1, 1)> {
+      segment.segment 0 use <colors = 2> routes [@ab, @ba] {
+        event.sub @k "l" after [] demand <colors = 2> {
+          event.recv @ba bytes 8 meta 0
+          event.send @ab bytes 8 meta 0
+        }
+      }
+    }
+    segment.core_class @right wafer 0 cores <(1, 0, 1, 1)> {
+      segment.segment 0 use <colors = 2> routes [@ab, @ba] {
+        event.sub @k "r" after [] demand <colors = 2> {
+          event.recv @ab bytes 8 meta 0
+          event.send @ba bytes 8 meta 0
+        }
+      }
+    }
+    segment.route @ab color 0 via <(0, 0, 2, 1)>
+    segment.route @ba color 1 via <(0, 0, 2, 1)>
+  }
+}
+"""
+
+# One core that only computes: it never ends on its own.
+SPIN = "builtin.module {\n  " + HEADER.format(name="spin") + """ {
+    segment.core_class @spin wafer 0 cores <(3, 3, 1, 1)> {
+      segment.segment 0 use <colors = 0> {
+        event.sub @k "s" after [] demand <colors = 0> {
+          event.compute "fmac" work 4000
+        }
+      }
+    }
+  }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def test32():
+    return load_target("test32")
+
+
+@pytest.fixture(scope="module")
+def programs():
+    cache = {}
+
+    def get(model: str, target: str):
+        if (model, target) not in cache:
+            cache[model, target] = compile_program(str(EXAMPLES / f"{model}.mrt"), target)
+        return cache[model, target]
+
+    return get
+
+
+@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+def test_one_segment_target_completes_across_seeds(programs, model):
+    """wse3 gives every class one segment: no reconfiguration, nothing can race."""
+    program, target = programs(model, "wse3"), load_target("wse3")
+    for seed in SEEDS:
+        res = MeshSim(program, target, seed=seed).run(2)
+        assert res.completed, (seed, res.summary())
+        assert res.steps == 2 and len(res.step_cycles) == 2 and all(c > 0 for c in res.step_cycles)
+        assert not res.reports
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "compiler race, not fixed here: a reduction's edge class sends `.reduce.down` at the start "
+    "of its segment while the mid class's router is still in its previous segment (it is "
+    "finishing the tile / paying its reconfigure), so the message meets a missing or stale "
+    "colour; the position-based liveness of color-routes assumes classes switch in lockstep"))
+@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+def test_safe_build_on_test32_has_no_corruption(programs, test32, model):
+    program = programs(model, "test32")
+    for seed in SEEDS:
+        res = MeshSim(program, test32, seed=seed).run(2)
+        assert res.completed and not res.reports, res.summary()
+
+
+@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+def test_safe_build_on_test32_runs_all_steps_in_diagnostic_mode(programs, test32, model):
+    """Letting corrupted messages pass shows that nothing else goes wrong: no deadlock."""
+    program = programs(model, "test32")
+    for seed in range(5):
+        res = MeshSim(program, test32, seed=seed, stop_on_corruption=False).run(2)
+        assert res.steps == 2 and len(res.step_cycles) == 2
+        assert not res.deadlocks()
+        assert not any(isinstance(r, TimeBoundReport) for r in res.reports)
+        for r in res.corruptions():
+            assert r.router_class and r.sender_class and r.router_segment is not None
+            assert r.flow and r.color >= 0 and "corruption at cycle" in str(r)
+
+
+def test_same_seed_same_result(programs, test32):
+    program = programs("tiny_moe", "test32")
+    a = MeshSim(program, test32, seed=7, stop_on_corruption=False).run(2)
+    b = MeshSim(program, test32, seed=7, stop_on_corruption=False).run(2)
+    c = MeshSim(program, test32, seed=8, stop_on_corruption=False).run(2)
+    assert (a.cycles, a.step_cycles, a.stalls, a.events, a.messages) == (
+        b.cycles, b.step_cycles, b.stalls, b.events, b.messages)
+    assert [str(r) for r in a.reports] == [str(r) for r in b.reports]
+    assert a.cycles != c.cycles
+
+
+def test_unsafe_ablation_fails_where_safe_build_does_not(test32):
+    program = parse_program(RACE)
+    unsafe_fail = 0
+    for seed in SEEDS:
+        safe = MeshSim(program, test32, seed=seed).run(1)
+        assert safe.completed and not safe.reports, safe.summary()
+        assert safe.stall_totals()["marker"] > 0
+        unsafe = MeshSim(program, test32, seed=seed, safe=False).run(1)
+        bad = [r for r in unsafe.reports if isinstance(r, CorruptionReport | DeadlockReport)]
+        unsafe_fail += bool(bad)
+    assert unsafe_fail > 0
+    r = MeshSim(program, test32, seed=0, safe=False).run(1).corruptions()[0]
+    assert (r.flow, r.router[1:], r.router_class, r.router_segment) == ("f", (1, 0), "b", 1)
+    assert (r.sender[1:], r.sender_class, r.sender_segment, r.color) == ((0, 0), "a", 0, 0)
+
+
+def test_deadlock_report_names_both_cores_and_flows(test32):
+    res = MeshSim(parse_program(DEADLOCK), test32).run(1)
+    assert not res.completed
+    (dl,) = res.deadlocks()
+    waits = {w.core[1:]: w for w in dl.waits}
+    assert set(waits) == {(0, 0), (1, 0)}
+    assert (waits[0, 0].waits_for, waits[0, 0].flow, waits[0, 0].on) == ("recv", "ba", ((0, 1, 0),))
+    assert (waits[1, 0].waits_for, waits[1, 0].flow, waits[1, 0].on) == ("recv", "ab", ((0, 0, 0),))
+    assert "@left" in str(dl) and "@right" in str(dl)
+
+
+def test_time_bound_stops_a_run_that_never_ends(test32):
+    res = MeshSim(parse_program(SPIN), test32, max_cycles=20_000).run(10**9)
+    assert not res.completed
+    (tb,) = res.reports
+    assert isinstance(tb, TimeBoundReport) and tb.max_cycles == 20_000 and tb.steps_done > 0
+
+
+@pytest.mark.parametrize("by_class", [False, True])
+def test_trace_export(tmp_path, test32, by_class):
+    res = MeshSim(parse_program(RACE), test32, trace=True).run(1)
+    path = tmp_path / "trace.json"
+    write_trace(res, str(path), by_class=by_class)
+    data = json.loads(path.read_text())
+    assert set(data) >= {"traceEvents", "displayTimeUnit"}
+    xs = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    assert xs and all({"name", "ts", "dur", "pid", "tid"} <= set(e) for e in xs)
+    names = {e["args"]["name"] for e in data["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    if by_class:
+        assert names == {"@a", "@b", "@c"}
+    else:
+        assert names == {"(0, 0) @a", "(1, 0) @b", "(2, 0) @c"}
+    assert any(e["name"] == "marker sync" for e in xs)
+    with pytest.raises(ValueError):
+        trace_events(MeshSim(parse_program(RACE), test32).run(1))
