@@ -5,10 +5,11 @@
     python bench/bench_mesh_sim.py --profile            # plus a cProfile summary
 
 Reports the simulator's events/s and the wall time of one simulated decode
-step on the 32 x 32 mesh (compile time excluded). The compiled test32
-programs currently hit the edge-before-mid reduction race (see
-test_mesh_sim.py), so the run uses the diagnostic mode that records
-corruption reports and lets the messages pass; the timing work is the same.
+step on the 32 x 32 mesh (compile time excluded). The safe build executes
+the compiled route handshakes (install credits, route drains; see
+meshrt.passes.insert_route_handshakes) and must report nothing; `--unsafe`
+runs the ablation (no marker syncs, no handshakes, eager reconfigure) in the
+diagnostic mode that records every corruption and lets the messages pass.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs")
     ap.add_argument("--profile", action="store_true", help="print a cProfile summary of one run")
+    ap.add_argument("--unsafe", action="store_true", help="the ablation, in diagnostic mode")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -43,30 +45,36 @@ def main(argv=None) -> int:
     best = None
     for _ in range(args.repeat):
         t1 = time.perf_counter()
-        sim = MeshSim(program, target, seed=args.seed, stop_on_corruption=False)
+        sim = MeshSim(program, target, seed=args.seed, safe=not args.unsafe,
+                      stop_on_corruption=not args.unsafe)
         t_build = time.perf_counter() - t1
         res = sim.run(args.steps)
         if best is None or res.wall_seconds < best[1].wall_seconds:
             best = (t_build, res)
     t_build, res = best
     cores = len(res.cores)
-    print(f"{args.model} on {args.target}: {cores} cores, {args.steps} decode steps, seed {args.seed}")
+    print(f"{args.model} on {args.target}: {cores} cores, {args.steps} decode steps, seed {args.seed}, "
+          f"{'unsafe ablation' if args.unsafe else 'safe build'}")
     print(f"  compile to segments      {t_compile:8.2f} s")
     print(f"  build simulator          {t_build:8.3f} s")
     print(f"  simulate                 {res.wall_seconds:8.3f} s  ({res.events:,} events, "
           f"{res.events_per_second:,.0f} events/s, {res.messages:,} messages)")
     print(f"  wall time per step       {res.wall_seconds / max(res.steps, 1) * 1e3:8.1f} ms")
     print(f"  simulated cycles / step  {res.step_cycles}")
+    st = res.stall_totals()
+    print(f"  handshake stalls         credit {st['credit']:,}, route drain {st['route_drain']:,} "
+          f"core-cycles (marker {st['marker']:,}, drain {st['drain']:,})")
     print(f"  reports                  {len(res.reports)} "
           f"({len(res.corruptions())} corruption, {len(res.deadlocks())} deadlock)")
     if args.profile:
-        sim = MeshSim(program, target, seed=args.seed, stop_on_corruption=False)
+        sim = MeshSim(program, target, seed=args.seed, safe=not args.unsafe,
+                      stop_on_corruption=not args.unsafe)
         prof = cProfile.Profile()
         prof.enable()
         sim.run(args.steps)
         prof.disable()
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(12)
-    return 0
+    return 0 if args.unsafe or not res.reports else 1
 
 
 if __name__ == "__main__":

@@ -21,6 +21,41 @@ it when the previous segment did not end on a collective. The table repeats
 every decode step: a class with several segments ends with the boundary
 `reconfigure N-1 to 0` (and its marker sync) back to the first segment.
 `route` binds a flow's colour over the routers it crosses.
+
+Route handshakes (optional)
+---------------------------
+Core classes switch segments asynchronously, so the liveness of
+`color-routes` (which reasons in step positions, as if classes switched in
+lockstep) is only true at run time if the compiled program also states two
+handshakes. `insert-route-handshakes` emits them and `check-segments` proves
+them complete; IR without them still parses (it then assumes lockstep).
+
+    segment.segment 1 use <...> routes [@f, @g] await [@mid::@f] grant [@g] { ... }
+    segment.reconfigure 0 to 1 release [@h] install [@f] notify [@f] drain [@h]
+
+- `notify [@F, ...]` on a reconfigure (each F installed there): once the
+  class's routers have switched, each router on F's route sends an *install
+  credit* for F over the reverse route to every sender of F whose route
+  crosses it (a control message with hop latency; it uses no data colour).
+- `grant [@F, ...]` (segment 0 only, each F in its `routes`): the chip starts
+  configured in segment 0, so the class's routers grant F's credit at program
+  start. Only flows whose first step's traffic crosses the class while this
+  first segment 0 is current are granted; a flow whose hold started in the
+  previous step (a loop-carried flow that is only coming back) is not.
+- `await [@T::@F, ...]` on the segment holding a class's first `event.send`
+  of F in the step: before that send, each sender core waits for one credit
+  per step from every router of class T on its route (its own router
+  excepted). Credits count: step s of a sender consumes the (s+1)-th credit of
+  each such router. Classes holding F in every segment never notify and are
+  never awaited.
+- `drain [@F, ...]` on a reconfigure (each F released there): before the
+  reconfiguration, each router of the class on F's route waits until the last
+  message of F (senders mark it: an end-of-flow wavelet) of every step it has
+  credited has passed it, from every sender whose route crosses it.
+
+Together: no sender uses a flow before every router on its route installed
+it, and no router releases a flow before its traffic passed, whatever the
+classes' relative speeds.
 """
 
 from __future__ import annotations
@@ -219,10 +254,18 @@ class SegmentOp(IRDLOperation):
     use = prop_def(ResourceAttr)
     # Flows whose routes this class's routers hold while the segment is current.
     routes = opt_prop_def(ArrayAttr[SymbolRefAttr])
+    # Route handshakes (see the module docstring): `@class::@flow` install
+    # credits awaited before this segment's first send of each flow, and the
+    # flows whose credits the class grants at program start (segment 0 only).
+    awaits = opt_prop_def(ArrayAttr[SymbolRefAttr], prop_name="await")
+    grant = opt_prop_def(ArrayAttr[SymbolRefAttr])
     body = region_def()
 
     traits = traits_def(NoTerminator())
-    assembly_format = "$index `use` $use (`routes` $routes^)? attr-dict-with-keyword $body"
+    assembly_format = (
+        "$index `use` $use (`routes` $routes^)? (`await` $await^)? (`grant` $grant^)? "
+        "attr-dict-with-keyword $body"
+    )
 
     @property
     def index_value(self) -> int:
@@ -233,6 +276,15 @@ class SegmentOp(IRDLOperation):
 
     def subs(self) -> list[SubScheduleOp]:
         return [op for op in body_ops(self.body) if isinstance(op, SubScheduleOp)]
+
+    def await_pairs(self) -> list[tuple[str, str]]:
+        """(class, flow) of every awaited install credit."""
+        if self.awaits is None:
+            return []
+        return [(r.root_reference.data, r.nested_references.data[0].data) for r in self.awaits.data]
+
+    def grant_names(self) -> list[str]:
+        return [r.root_reference.data for r in self.grant.data] if self.grant is not None else []
 
     def verify_(self) -> None:
         parent = self.parent_op()
@@ -253,6 +305,31 @@ class SegmentOp(IRDLOperation):
         if self.routes is not None:
             for ref in self.routes.data:
                 lookup_flow(self, ref)
+        where = f"segment {self.index_value} of @{cls}"
+        if self.grant is not None:
+            if self.index_value != 0:
+                raise VerifyException(f"{where}: only segment 0 may grant credits at program start")
+            held = set(self.route_names())
+            for ref in self.grant.data:
+                lookup_flow(self, ref)
+                if ref.root_reference.data not in held:
+                    raise VerifyException(f"{where} grants {ref} but does not hold its route")
+        if self.awaits is not None:
+            program = _program(self)
+            classes = ({c.class_name for c in program.core_classes()} if program is not None else None)
+            sent = {e.flow_name for sub in self.subs() for e in sub.events()
+                    if e.name == "event.send"}
+            for ref in self.awaits.data:
+                if len(ref.nested_references.data) != 1:
+                    raise VerifyException(f"{where}: await entry {ref} must be @class::@flow")
+                flow = SymbolRefAttr(ref.nested_references.data[0])
+                lookup_flow(self, flow)
+                if classes is not None and ref.root_reference.data not in classes:
+                    raise VerifyException(f"{where} awaits a credit from unknown core class "
+                                          f"@{ref.root_reference.data}")
+                if flow.root_reference.data not in sent:
+                    raise VerifyException(f"{where} awaits credits for {flow} but sends no "
+                                          f"{flow} in this segment")
 
 
 def _next_or_loop(source: int, dest: int) -> bool:
@@ -269,8 +346,16 @@ class ReconfigureOp(IRDLOperation):
     to_index = prop_def(IntegerAttr[I64], prop_name="to")
     release = prop_def(ArrayAttr[SymbolRefAttr])
     install = prop_def(ArrayAttr[SymbolRefAttr])
+    # Route handshakes (see the module docstring): installed flows whose
+    # credits the class's routers send, released flows whose traffic they
+    # wait for.
+    notify = opt_prop_def(ArrayAttr[SymbolRefAttr])
+    drain = opt_prop_def(ArrayAttr[SymbolRefAttr])
 
-    assembly_format = "$from `to` $to `release` $release `install` $install attr-dict"
+    assembly_format = (
+        "$from `to` $to `release` $release `install` $install (`notify` $notify^)? "
+        "(`drain` $drain^)? attr-dict"
+    )
 
     @property
     def source(self) -> int:
@@ -288,6 +373,23 @@ class ReconfigureOp(IRDLOperation):
             )
         for ref in (*self.release.data, *self.install.data):
             lookup_flow(self, ref)
+        for what, refs, among, verb in (("notify", self.notify, self.install, "install"),
+                                        ("drain", self.drain, self.release, "release")):
+            if refs is None:
+                continue
+            names = {r.root_reference.data for r in among.data}
+            for ref in refs.data:
+                lookup_flow(self, ref)
+                if ref.root_reference.data not in names:
+                    raise VerifyException(
+                        f"reconfigure {self.source} to {self.dest}: {what} {ref} but it does not "
+                        f"{verb} {ref}")
+
+    def notify_names(self) -> list[str]:
+        return [r.root_reference.data for r in self.notify.data] if self.notify is not None else []
+
+    def drain_names(self) -> list[str]:
+        return [r.root_reference.data for r in self.drain.data] if self.drain is not None else []
 
 
 @irdl_op_definition

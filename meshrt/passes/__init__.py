@@ -28,6 +28,11 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
 
         return ColorRoutes
 
+    def insert_route_handshakes():
+        from meshrt.passes.insert_route_handshakes import InsertRouteHandshakes
+
+        return InsertRouteHandshakes
+
     def check_segments():
         from meshrt.passes.check_segments import CheckSegments
 
@@ -38,5 +43,6 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "synthesize-schedules": synthesize_schedules,
         "materialize-segments": materialize_segments,
         "color-routes": color_routes,
+        "insert-route-handshakes": insert_route_handshakes,
         "check-segments": check_segments,
     }

@@ -26,6 +26,18 @@ raises the first one. For every `segment.program`:
    segment's `routes` are exactly the flows live at the class's routers, and
    each reconfigure releases and installs exactly the difference; no class
    holds a route of another wafer.
+4. Route handshakes (see `meshrt.dialects.segment` and
+   `meshrt.passes.insert_route_handshakes`), re-derived from the liveness
+   above: at every boundary, each installed flow that carries messages
+   (`event.send`) is `notify`d (its install credit exists) and each released
+   one is `drain`ed (the router keeps it until its traffic passed); every
+   class that sends a flow awaits, on the segment of its first send of it in
+   the step, the credit of every class that holds the flow in some but not
+   all of its segments, and awaits no credit nobody sends; segment 0 grants
+   exactly the flows it holds for the first step's traffic. Programs that
+   state no handshake at all are lockstep programs and skip this part unless
+   `handshakes=true` (the `segments` pipeline's setting); `handshakes=false`
+   never checks it.
 """
 
 from __future__ import annotations
@@ -87,7 +99,19 @@ def _window_set(window, k: int) -> set[int]:
     return {(start + i) % k for i in range(min(length, k - 1) + 1)}
 
 
-def _check_program(program: sg.ProgramOp, target: Target | None) -> list[_Problem]:
+def _states_handshakes(program: sg.ProgramOp) -> bool:
+    for c in program.core_classes():
+        for seg in c.segments():
+            if seg.awaits is not None or seg.grant is not None:
+                return True
+        for _, _, _, rec in c.boundaries():
+            if rec.notify is not None or rec.drain is not None:
+                return True
+    return False
+
+
+def _check_program(program: sg.ProgramOp, target: Target | None,
+                   handshakes: bool | None = None) -> list[_Problem]:
     problems: list[_Problem] = []
 
     def add(msg: str, op: Operation | None) -> None:
@@ -187,12 +211,14 @@ def _check_program(program: sg.ProgramOp, target: Target | None) -> list[_Proble
                          for b in xy[n]])
         for wafer in {t.wafer for t in tables}
     }
+    confs: dict[str, list[list[str]]] = {}
     for t in tables:
         cls = classes[t.name]
         n = len(t.segments)
         expected = [(i, i + 1) for i in range(n - 1)] + ([(n - 1, 0)] if n > 1 else [])
         found = {(a, b): (sync, rec) for a, b, sync, rec in cls.boundaries()}
         conf: list[list[str]] = [[] for _ in range(n)]
+        confs[t.name] = conf
         idx = route_index[t.wafer]
         crossing = {idx.items[i][1] for b in t.cores for i in idx.query(b)}
         for f in sorted(crossing, key=flow_order.index):
@@ -237,6 +263,75 @@ def _check_program(program: sg.ProgramOp, target: Target | None) -> list[_Proble
                     f"<{need - over}> of the routers its reconfiguration touches", sync)
             if over.clip(w, h).count >= w * h and w * h > 1:
                 add(f"marker sync {i} to {j} of core class @{t.name} spans the whole chip", sync)
+
+    # -- 4. route handshakes ----------------------------------------------------
+    if handshakes is False or (handshakes is None and not _states_handshakes(program)):
+        return problems
+    sends: dict[str, list[int]] = defaultdict(list)  # flow -> positions of its event.send
+    first_seg: dict[str, dict[str, int]] = {}  # class -> flow -> segment of its first send
+    for t in tables:
+        firsts: dict[str, int] = {}
+        for si, seg in enumerate(t.segments):
+            for sub in seg:
+                for e in sub.events():
+                    if e.name == "event.send":
+                        sends[e.flow_name].append(pos[sub.kernel_name])
+                        firsts.setdefault(e.flow_name, si)
+        first_seg[t.name] = firsts
+    takers: dict[str, list[str]] = defaultdict(list)
+    for t in tables:
+        cls = classes[t.name]
+        conf = confs[t.name]
+        n = len(conf)
+        if n <= 1:
+            continue
+        held = [set(c) for c in conf]
+        for i, j, _, rec in cls.boundaries():
+            if not (0 <= i < n and 0 <= j < n):
+                continue
+            notify, drain = set(rec.notify_names()), set(rec.drain_names())
+            for f in conf[j]:
+                if f in sends and f not in held[i] and f not in notify:
+                    add(f"reconfigure {i} to {j} of core class @{t.name} installs @{f} but does not "
+                        f"notify its senders (no install credit before their first send)", rec)
+            for f in conf[i]:
+                if f in sends and f not in held[j] and f not in drain:
+                    add(f"reconfigure {i} to {j} of core class @{t.name} releases @{f} but does not "
+                        f"drain it (its traffic may still be passing)", rec)
+            for f in sorted(notify - {x for x in conf[j] if x in sends and x not in held[i]}):
+                add(f"reconfigure {i} to {j} of core class @{t.name} notifies @{f}, which it does "
+                    f"not install or which carries no message", rec)
+        grant_want = []
+        for f in flow_order:
+            if f not in sends or not any(f in h for h in held) or all(f in h for h in held):
+                continue
+            takers[f].append(t.name)
+            if f not in held[0]:
+                continue
+            b = 0
+            while b + 1 < n and f in held[b + 1]:
+                b += 1
+            if t.segments[b] and min(sends[f]) <= pos[t.segments[b][-1].kernel_name]:
+                grant_want.append(f)
+        seg0 = cls.segments()[0]
+        got = seg0.grant_names()
+        if set(got) != set(grant_want):
+            add(f"segment 0 of core class @{t.name} grants [{_names(got, flows)}] at program start "
+                f"but holds [{_names(grant_want, flows)}] for the first step's traffic", seg0)
+    for t in tables:
+        cls = classes[t.name]
+        segops = cls.segments()
+        stated = [set(seg.await_pairs()) for seg in segops]
+        for f, si in first_seg[t.name].items():
+            for owner in takers.get(f, ()):
+                if (owner, f) not in stated[si]:
+                    add(f"segment {si} of core class @{t.name} sends @{f} without awaiting the "
+                        f"install credit of @{owner} (missing await @{owner}::@{f})", segops[si])
+        for seg, pairs in zip(segops, stated):
+            for owner, f in sorted(pairs):
+                if owner not in takers.get(f, ()):
+                    add(f"segment {seg.index_value} of core class @{t.name} awaits a credit of @{f} "
+                        f"that @{owner} never sends", seg)
     return problems
 
 
@@ -265,18 +360,21 @@ def _clash(fa: str, fb: str, common: RectSet, tables: list[ClassTable], live_seg
     return None
 
 
-def check_segments(module: Operation, target: Target | str | None = None) -> list[str]:
+def check_segments(module: Operation, target: Target | str | None = None,
+                   handshakes: bool | None = None) -> list[str]:
     """Located one-line diagnostics for every violation in `module` (empty = proved safe).
 
-    `target` (a Target, a name or a path) defaults to each program's own.
+    `target` (a Target, a name or a path) defaults to each program's own;
+    `handshakes` as the pass option (None: check them where stated).
     """
     out: list[str] = []
-    for p in _problems(module, target):
+    for p in _problems(module, target, handshakes):
         out.append(format_diagnostic(p.message, p.op))
     return out
 
 
-def _problems(module: Operation, target: Target | str | None) -> list[_Problem]:
+def _problems(module: Operation, target: Target | str | None,
+              handshakes: bool | None = None) -> list[_Problem]:
     programs = [o for o in module.walk() if isinstance(o, sg.ProgramOp)]
     problems: list[_Problem] = []
     for program in programs:
@@ -288,7 +386,7 @@ def _problems(module: Operation, target: Target | str | None) -> list[_Problem]:
                 where = f" ({e.loc})" if e.loc is not None else ""
                 problems.append(_Problem(e.message + where, program))
                 continue
-        problems.extend(_check_program(program, t))
+        problems.extend(_check_program(program, t, handshakes))
     return problems
 
 
@@ -299,13 +397,14 @@ class CheckSegments(ModulePass):
     name = "check-segments"
 
     target: str | None = None
+    handshakes: bool | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if not any(isinstance(o, sg.ProgramOp) for o in op.walk()):
             ops = list(op.body.block.ops)
             raise MeshrtError("check-segments needs segment IR (a segment.program)",
                               ops[0] if ops else op)
-        problems = _problems(op, self.target)
+        problems = _problems(op, self.target, self.handshakes)
         if problems:
             first = problems[0]
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

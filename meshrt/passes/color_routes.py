@@ -60,6 +60,13 @@ the result.
 
 Cross-wafer flows use the wafer-to-wafer link, have no on-mesh route between
 sender and receiver and get no `segment.route`.
+
+Asynchrony. Holds and windows are arcs of step positions, i.e. they describe
+classes switching in lockstep. On the GALS mesh classes switch when they
+get there, so this liveness is made true in time by the route handshakes
+that `insert-route-handshakes` compiles after colouring (install credits
+before a sender's first use, drains before a router's release; see
+`meshrt.passes.insert_route_handshakes`), and `check-segments` proves them.
 """
 
 from __future__ import annotations

@@ -12,9 +12,11 @@ LEVEL_PIPELINES: dict[str, str | None] = {
     "graph": "",
     "kernels": "lower-to-mesh-kernels",
     "events": "lower-to-mesh-kernels,synthesize-schedules",
-    "segments": "lower-to-mesh-kernels,synthesize-schedules,materialize-segments,color-routes,check-segments",
-    "csl": None,
+    "segments": "lower-to-mesh-kernels,synthesize-schedules,materialize-segments,color-routes,insert-route-handshakes,check-segments{handshakes=true}",
+    "csl": None,  # set below
 }
+# CSL is a printing target on top of segment IR (meshrt.backend.csl), not a pass.
+LEVEL_PIPELINES["csl"] = LEVEL_PIPELINES["segments"]
 
 
 class LevelNotReady(Exception):

@@ -86,7 +86,27 @@ those messages is delivered. A `segment.reconfigure` first waits until every
 message the core sent was delivered, then pays its cost, then switches the
 core's router to the next segment.
 
-Unsafe ablation (`safe=False`). Marker syncs are skipped and a reconfigure
+Route handshakes (safe build; what `insert-route-handshakes` compiles, see
+`meshrt.dialects.segment`). Classes switch segments asynchronously, so the
+simulator executes the compiled handshakes that keep the step-position
+liveness of color-routes true in time:
+
+- install credits: after a `segment.reconfigure ... notify [@F]` switches the
+  router, each core of the class sends one credit for F to every sender core
+  whose route (tree) crosses its router (itself excepted), arriving
+  `hop_latency_cycles` * (Manhattan distance) + 1 cycles later (a control
+  message: no colour, no link time). `grant [@F]` on segment 0 gives those
+  credits at cycle 0. A sender core at `await [@T::@F]` (placed before the
+  segment's first send of F) in its step s waits until it holds s + 1
+  credits of F from every router of class T on its route ("credit" stall).
+- route drains: senders mark their last message of each flow in the step
+  (end of flow). A `segment.reconfigure ... drain [@F]` first waits, at each
+  core, until the end-of-flow messages of every step the router has credited
+  (grants + notifies so far) from every sender crossing it have passed it,
+  tails included ("route_drain" stall). The count is static: credited steps
+  x senders crossing the router.
+
+Unsafe ablation (`safe=False`). Marker syncs and route handshakes are skipped and a reconfigure
 waits only until the core's own output queue is empty (the tails of its
 messages have left its own router), not for delivery. It exists only to show
 that the checks can fail.
@@ -99,8 +119,10 @@ the host at cycle 0; from then on step s + 1 consumes what step s sent.
 Failures are reported, never hung on: no pending event while some core has
 work left is a `DeadlockReport` with the wait-for graph (what every blocked
 core waits for: a recv on flow F from which senders, an output-queue slot
-held by messages parked at which core, markers waiting for which messages, or
-the drain of its own messages); `max_cycles` bounds simulated time
+held by messages parked at which core, markers waiting for which messages,
+the drain of its own messages, an install credit of which flow from which
+routers, or a route drain still missing end-of-flow messages from which
+senders); `max_cycles` bounds simulated time
 (`TimeBoundReport`).
 """
 
@@ -142,12 +164,14 @@ DEFAULT_OP_CYCLES = 1.0
 WAVELET_BYTES = 4
 
 # Instruction kinds of a flattened class table.
-I_SEG, I_SUB, I_COMPUTE, I_SEND, I_RECV, I_MARKER, I_RECONF, I_SWITCH, I_END = range(9)
+(I_SEG, I_SUB, I_COMPUTE, I_SEND, I_RECV, I_MARKER, I_RECONF, I_SWITCH, I_END,
+ I_AWAIT, I_NOTIFY, I_RDRAIN) = range(12)
 # Core states.
-RUN, W_RECV, W_SEND, W_MARKER, W_DRAIN, DONE = range(6)
-STATE_NAMES = ("run", "recv", "send", "marker", "drain", "done")
+RUN, W_RECV, W_SEND, W_MARKER, W_DRAIN, DONE, W_CREDIT, W_RDRAIN = range(8)
+STATE_NAMES = ("run", "recv", "send", "marker", "drain", "done", "credit", "route-drain")
+STALL_NAMES = ("recv", "send", "marker", "drain", "credit", "route_drain")
 # Heap event kinds.
-E_RESUME, E_HOP, E_DELIVER, E_MARKER_DONE = range(4)
+E_RESUME, E_HOP, E_DELIVER, E_MARKER_DONE, E_CREDIT = range(5)
 
 _DIRS = {(1, 0): 0, (-1, 0): 1, (0, 1): 2, (0, -1): 3}
 
@@ -254,10 +278,10 @@ class SimResult:
         return [r for r in self.reports if isinstance(r, DeadlockReport)]
 
     def stall_totals(self) -> dict[str, int]:
-        out = {"recv": 0, "send": 0, "marker": 0, "drain": 0}
+        out = dict.fromkeys(STALL_NAMES, 0)
         for s in self.stalls.values():
             for k, v in s.items():
-                out[k] += v
+                out[k] = out.get(k, 0) + v
         return out
 
     def summary(self) -> str:
@@ -317,6 +341,7 @@ def compile_program(model: str, target: str) -> sg.ProgramOp:
 class _Msg:
     __slots__ = (
         "dests",
+        "eof",
         "flow",
         "id",
         "left",
@@ -341,12 +366,16 @@ class _Msg:
         self.waiters = None  # cores in a marker sync waiting for this message
         self.parked_at = None
         self.tail_src = 0
+        self.eof = False  # the sender's last message of the flow in its step
 
 
 class _Core:
     __slots__ = (
+        "await_rs",
+        "await_want",
         "cap",
         "cls",
+        "credit",
         "eseg",
         "idx",
         "inq",
@@ -400,7 +429,10 @@ class _Core:
         self.recv_total = 0.0
         self.marker_wait = 0
         self.marker_lat = 0
-        self.stall = [0, 0, 0, 0]  # recv, send, marker, drain
+        self.stall = [0, 0, 0, 0, 0, 0]  # recv, send, marker, drain, credit, route drain
+        self.credit: dict[tuple[int, int], int] = {}  # (flow, router) -> install credits received
+        self.await_rs: dict[tuple[int, int], tuple[int, ...]] = {}  # (flow, await id) -> routers
+        self.await_want: tuple[int, set[int]] | None = None  # (flow, routers) while W_CREDIT
         self.passing: list[tuple[int, _Msg]] | None = None
         self.senders: dict[int, tuple[int, ...]] = {}
         self.sub_name = ""
@@ -454,6 +486,7 @@ class MeshSim:
                          for n in self.flow_names]
         classes = prog.core_classes()
         self.class_names = [c.class_name for c in classes]
+        cidx = {n: i for i, n in enumerate(self.class_names)}
         # Routers are keyed by id (wafer, y, x) -> int; only routers that hold a
         # core or a route are stored, so a large mesh costs nothing extra.
         self.router_class: dict[int, int] = {}
@@ -476,15 +509,28 @@ class MeshSim:
         self.class_progs: list[list[tuple]] = []
         prime: list[dict[int, int]] = []  # class -> flow -> host-primed recvs per step
         self.regions: list[tuple[RectSet, tuple[int, int, int, int], list[bool]]] = []
+        # Route handshakes (safe build only): await specs (flow, awaited class
+        # indices), and per class the flows granted at program start.
+        self.await_specs: list[tuple[int, frozenset[int]]] = []
+        grants: list[tuple[int, ...]] = []
+        drains: list[set[int]] = []
         ts = costs["task_switch"]
         for c in classes:
             instrs: list[tuple] = []
             primed: dict[int, int] = defaultdict(int)
             segs = c.segments()
             bounds = {b[0]: b for b in c.boundaries()}
+            grant: tuple[int, ...] = ()
+            drain: set[int] = set()
             for seg in segs:
                 s = seg.index_value
                 instrs.append((I_SEG, s))
+                awaiting: dict[int, set[int]] = defaultdict(set)
+                if self.safe:
+                    for cname, fname in seg.await_pairs():
+                        awaiting[fidx[fname]].add(cidx[cname])
+                    if s == 0:
+                        grant = tuple(fidx[n] for n in seg.grant_names())
                 for sub in seg.subs():
                     instrs.append((I_SUB, f"{sub.kernel_name} {sub.role_name}", ts))
                     for e in sub.events():
@@ -494,8 +540,11 @@ class MeshSim:
                         elif isinstance(e, ev.SendOp):
                             f = fidx[e.flow_name]
                             nb = e.num_bytes + e.meta.value.data
+                            if f in awaiting:
+                                instrs.append((I_AWAIT, f, len(self.await_specs)))
+                                self.await_specs.append((f, frozenset(awaiting.pop(f))))
                             instrs.append((I_SEND, f, nb,
-                                           math.ceil(nb / WAVELET_BYTES) * costs["send_wavelet"]))
+                                           math.ceil(nb / WAVELET_BYTES) * costs["send_wavelet"], False))
                         elif isinstance(e, ev.RecvOp):
                             f = fidx[e.flow_name]
                             nb = e.num_bytes + e.meta.value.data
@@ -517,12 +566,28 @@ class MeshSim:
                         instrs.append((I_MARKER, src, dst, len(self.regions)))
                         self.regions.append((region, self._extent(region), []))
                     n = len(reconf.release.data) + len(reconf.install.data)
+                    dr = tuple(fidx[x] for x in reconf.drain_names()) if self.safe else ()
+                    if dr:
+                        instrs.append((I_RDRAIN, dr))
+                        drain.update(dr)
                     instrs.append((I_RECONF, src, dst,
                                    costs["reconfigure"] + costs["reconfigure_route"] * n))
                     instrs.append((I_SWITCH, dst))
+                    nt = tuple(fidx[x] for x in reconf.notify_names()) if self.safe else ()
+                    if nt:
+                        instrs.append((I_NOTIFY, nt))
             instrs.append((I_END,))
+            # senders mark their last message of each flow in the step (end of flow)
+            last: dict[int, int] = {}
+            for i, ins in enumerate(instrs):
+                if ins[0] == I_SEND:
+                    last[ins[1]] = i
+            for i in last.values():
+                instrs[i] = instrs[i][:4] + (True,)
             self.class_progs.append(instrs)
             prime.append(primed)
+            grants.append(grant)
+            drains.append(drain)
         # which flows' routes touch each marker region
         for region, _, touch in self.regions:
             touch.extend(self.flow_via[f].intersects(region) for f in range(len(flows)))
@@ -612,6 +677,34 @@ class MeshSim:
             core = self.router_core[rid]
             core.senders[f] = tuple(ss)
             core.cap[f] = self.queue_depth * len(ss)
+
+        # route handshakes: who crosses which router, what each sender awaits
+        self.crossers: dict[tuple[int, int], list[_Core]] = defaultdict(list)
+        self.granted: dict[tuple[int, int], int] = defaultdict(int)
+        self.eof_watch: dict[tuple[int, int], list[int]] = {}
+        if self.safe:
+            nodes_of: dict[tuple[int, int], set[int]] = {}
+            for (src, f), (tree, _, _) in self.send_plan.items():
+                nodes = set(tree)
+                for kids in tree.values():
+                    nodes.update(kids)
+                nodes.discard(src)
+                nodes_of[(src, f)] = nodes
+                for r in nodes:
+                    self.crossers[(r, f)].append(self.router_core[src])
+            for core in self.cores:
+                for ins in core.prog:
+                    if ins[0] == I_AWAIT:
+                        f, spec = self.await_specs[ins[2]]
+                        nodes = nodes_of.get((core.rid, f), ())
+                        core.await_rs[(f, ins[2])] = tuple(sorted(
+                            r for r in nodes if self.router_class.get(r) in spec))
+                for f in drains[core.cls]:
+                    self.eof_watch[(core.rid, f)] = [0, 0]
+                for f in grants[core.cls]:
+                    self.granted[(core.rid, f)] = 1
+                    for s in self.crossers.get((core.rid, f), ()):
+                        s.credit[(f, core.rid)] = s.credit.get((f, core.rid), 0) + 1
         for core in self.cores:
             for f, n in prime[core.cls].items():
                 for _ in range(n):
@@ -668,6 +761,8 @@ class MeshSim:
                 hop(a, b, t)
             elif kind == E_DELIVER:
                 deliver(a, b, t)
+            elif kind == E_CREDIT:
+                self._credit(a, b, t)
             else:  # E_MARKER_DONE
                 a.pc += 1
                 a.state = RUN
@@ -696,7 +791,7 @@ class MeshSim:
             cycles=end,
             steps=self._steps_done(),
             step_cycles=step_cycles,
-            stalls={c.pos: dict(zip(("recv", "send", "marker", "drain"), c.stall)) for c in self.cores},
+            stalls={c.pos: dict(zip(STALL_NAMES, c.stall)) for c in self.cores},
             link_utilisation=util,
             events=n_events,
             wall_seconds=wall,
@@ -772,7 +867,7 @@ class MeshSim:
                     core.t_block = t
                     return
                 f = ins[1]
-                self._inject(core, f, ins[2], t)
+                self._inject(core, f, ins[2], t, ins[4])
                 c = self._cost(core, ins[3])
                 if self.spans is not None:
                     self._span(core, "send " + self.flow_names[f], t, t + c)
@@ -843,6 +938,48 @@ class MeshSim:
                     return
                 core.pc += 1
                 continue
+            if k == I_AWAIT:
+                # install credits of this step from every awaited router on the route
+                f = ins[1]
+                need = core.step + 1
+                credit = core.credit
+                want = {r for r in core.await_rs[(f, ins[2])] if credit.get((f, r), 0) < need}
+                if want:
+                    core.await_want = (f, want)
+                    core.state = W_CREDIT
+                    core.t_block = t
+                    return
+                core.pc += 1
+                continue
+            if k == I_NOTIFY:
+                lat = self.target.hop_latency_cycles
+                _, x, y = core.pos
+                for f in ins[1]:
+                    key = (core.rid, f)
+                    self.granted[key] += 1
+                    for s in self.crossers.get(key, ()):
+                        d = abs(s.pos[1] - x) + abs(s.pos[2] - y)
+                        self._at(t + lat * d + 1, E_CREDIT, s, (f, core.rid))
+                core.pc += 1
+                continue
+            if k == I_RDRAIN:
+                # every credited step's last message of each flow has passed this router
+                tail = t
+                for f in ins[1]:
+                    key = (core.rid, f)
+                    w = self.eof_watch[key]
+                    if w[0] < self.granted.get(key, 0) * len(self.crossers.get(key, ())):
+                        core.state = W_RDRAIN
+                        core.t_block = t
+                        core.await_want = (f, set())
+                        return
+                    tail = max(tail, w[1])
+                if tail > t:
+                    core.stall[5] += tail - t
+                    self._at(tail, E_RESUME, core)
+                    return
+                core.pc += 1
+                continue
             # I_END
             if core.step == len(self.step_end):
                 self.step_end.append(t)
@@ -863,7 +1000,7 @@ class MeshSim:
         self._at(t, E_RESUME, core)
 
     # -- network -------------------------------------------------------------
-    def _inject(self, core: _Core, f: int, nbytes: int, t: int) -> None:
+    def _inject(self, core: _Core, f: int, nbytes: int, t: int, eof: bool = False) -> None:
         plan = self.send_plan.get((core.rid, f))
         self.msg_count += 1
         if plan is None or not plan[1]:
@@ -875,6 +1012,7 @@ class MeshSim:
         else:
             ser = -(-nbytes // tg.link_bytes_per_cycle)
         m = _Msg(self.msg_count, f, core.rid, core.eseg, ser, len(dests), tree, dests)
+        m.eof = eof
         self.inflight[m.id] = m
         core.outstanding[m.id] = m
         m.tail_src = t + ser
@@ -925,6 +1063,14 @@ class MeshSim:
         core = self.router_core.get(rid)
         if core is not None and core.passing is not None:
             core.passing.append((t + ser, m))
+            if m.eof and rid != m.sender:
+                w = self.eof_watch.get((rid, m.flow))
+                if w is not None:
+                    w[0] += 1
+                    w[1] = max(w[1], t + ser)
+                    if core.state == W_RDRAIN:
+                        core.await_want = None
+                        self._wake(core, t, 5)
         if rid in m.dests:
             self._at(t + ser, E_DELIVER, m, rid)
         kids = m.tree.get(rid)
@@ -1000,6 +1146,17 @@ class MeshSim:
                         self._span(c, "marker sync", c.t_block, t + c.marker_lat)
                     self._at(t + c.marker_lat, E_MARKER_DONE, c)
 
+    def _credit(self, core: _Core, key: tuple[int, int], t: int) -> None:
+        n = core.credit.get(key, 0) + 1
+        core.credit[key] = n
+        if core.state == W_CREDIT:
+            f, want = core.await_want
+            if key[0] == f and key[1] in want and n >= core.step + 1:
+                want.discard(key[1])
+                if not want:
+                    core.await_want = None
+                    self._wake(core, t, 4)
+
     def _switch(self, core: _Core, seg: int, t: int) -> None:
         core.rseg = seg
         if core.passing is None:
@@ -1041,6 +1198,23 @@ class MeshSim:
                 waits.append(WaitEdge(c.pos, cname, "marker", None, on,
                                       f"marker sync waits for {c.marker_wait} message(s) "
                                       f"({', '.join('@' + self.flow_names[m.flow] for m in ms[:4])})"))
+            elif c.state == W_CREDIT:
+                f, want = c.await_want
+                fl = self.flow_names[f]
+                on = tuple(sorted(pos(r) for r in want))
+                waits.append(WaitEdge(c.pos, cname, "credit", fl, on,
+                                      f"install credit of @{fl} for step {c.step} from "
+                                      f"{', '.join(str(p[1:]) for p in on)}"))
+            elif c.state == W_RDRAIN:
+                f = c.await_want[0]
+                fl = self.flow_names[f]
+                key = (c.rid, f)
+                seen = self.eof_watch[key][0]
+                need = self.granted.get(key, 0) * len(self.crossers.get(key, ()))
+                on = tuple(sorted(s.pos for s in self.crossers.get(key, ())))
+                waits.append(WaitEdge(c.pos, cname, "route-drain", fl, on,
+                                      f"release of @{fl}: {seen} of {need} end-of-flow message(s) "
+                                      f"passed, senders {', '.join(str(p[1:]) for p in on)}"))
             else:
                 waits.append(WaitEdge(c.pos, cname, STATE_NAMES[c.state], None, (), "?"))
         return DeadlockReport(self.now, tuple(waits))

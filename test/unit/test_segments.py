@@ -390,3 +390,74 @@ def test_examples_pass_the_checker_on_every_target(model, target):
     if target in ("test32", "test16"):  # the tight targets need several segments somewhere
         assert max(len(c.segments()) for c in program.core_classes()) >= 2
         assert any(b[2] is not None for c in program.core_classes() for b in c.boundaries())
+
+
+# ---------------------------------------------------------------------------
+# Route handshakes (insert-route-handshakes, checked by check-segments)
+# ---------------------------------------------------------------------------
+
+HANDSHAKES = f"materialize-segments{{{TIGHT}}},color-routes,insert-route-handshakes"
+
+
+@SLOW
+@given(seeds)
+def test_handshakes_of_random_programs_pass_the_checker(seed):
+    try:
+        module = compile_random(seed, spec=HANDSHAKES)
+    except MeshrtError as e:
+        assert "cannot colour flow @" in e.message
+        return
+    assert check_segments(module, handshakes=True) == []
+    program = program_of(module)
+    # every install a sender could race is notified, every release drained
+    for c in program.core_classes():
+        for _, _, _, rec in c.boundaries():
+            assert set(rec.notify_names()) <= {r.root_reference.data for r in rec.install.data}
+            assert set(rec.drain_names()) <= {r.root_reference.data for r in rec.release.data}
+        if len(c.segments()) == 1:
+            assert c.segments()[0].grant is None
+
+
+@SLOW
+@given(seeds, st.data())
+def test_checker_catches_a_dropped_handshake(seed, data):
+    try:
+        module = compile_random(seed, spec=HANDSHAKES)
+    except MeshrtError:
+        return
+    program = program_of(module)
+    sites = [(rec, "notify") for c in program.core_classes() for *_, rec in c.boundaries() if rec.notify]
+    sites += [(rec, "drain") for c in program.core_classes() for *_, rec in c.boundaries() if rec.drain]
+    sites += [(seg, "awaits") for c in program.core_classes() for seg in c.segments() if seg.awaits]
+    sites += [(seg, "grant") for c in program.core_classes() for seg in c.segments() if seg.grant]
+    if not sites:
+        return
+    op, what = data.draw(st.sampled_from(sites))
+    setattr(op, what, None)
+    problems = check_segments(module)
+    expect = {"notify": "does not notify", "drain": "does not drain", "awaits": "without awaiting",
+              "grant": "at program start"}[what]
+    assert any(expect in p for p in problems), problems
+
+
+def test_lockstep_programs_need_handshakes_only_when_asked():
+    module = compile_random(3)
+    assert check_segments(module) == []  # states no handshake: a lockstep program
+    problems = check_segments(module, handshakes=True)
+    assert problems and any("does not notify" in p or "without awaiting" in p for p in problems)
+    run(module, "insert-route-handshakes")
+    assert check_segments(module, handshakes=True) == []
+
+
+@pytest.mark.parametrize("target", ["test32", "test16", "wse2", "wse3"])
+@pytest.mark.parametrize("model", ["tiny_dense.mrt", "tiny_moe.mrt"])
+def test_examples_handshakes_pass_the_checker(model, target):
+    text = _events(model, target)
+    assert text is not None
+    module = parse(text, model)
+    run(module, "materialize-segments,color-routes,insert-route-handshakes")
+    assert check_segments(module, target, handshakes=True) == []
+    program = program_of(module)
+    stated = any(seg.awaits is not None for c in program.core_classes() for seg in c.segments())
+    multi = any(len(c.segments()) > 1 for c in program.core_classes())
+    assert stated == multi  # one-segment programs (the roomy targets) need no handshake
