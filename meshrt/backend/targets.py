@@ -6,5 +6,10 @@ from xdsl.utils.target import Target
 
 
 def get_all_targets() -> dict[str, Callable[[], type[Target]]]:
-    # Filled in by the CSL backend (published as `meshrt-csl`, not `csl`).
-    return {}
+    # xDSL owns `csl`; meshrt-opt maps `-t csl` to `meshrt-csl`.
+    def meshrt_csl():
+        from meshrt.backend.csl import CslTarget
+
+        return CslTarget
+
+    return {"meshrt-csl": meshrt_csl}

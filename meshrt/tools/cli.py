@@ -49,7 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--wafers", type=int, metavar="N", help="wafer budget (default: as few as fit)")
     c.add_argument("--emit", choices=LEVELS, default="graph", metavar="LEVEL",
                    help=f"stop after this level: {', '.join(LEVELS)} (default graph)")
-    c.add_argument("-o", dest="output", metavar="PATH", help="write here instead of stdout")
+    c.add_argument("-o", dest="output", metavar="PATH",
+                   help="write here instead of stdout (--emit csl: a directory of files)")
+    c.add_argument("--arch", choices=("wse2", "wse3"),
+                   help="--emit csl: CSL architecture (default: the target's, wse3 for test targets)")
+    c.add_argument("--report", action="store_true",
+                   help="--emit csl: print the per-class allocation table (only the table "
+                        "when there is no -o)")
     lint = sub.add_parser("csl-lint", help="syntax-check CSL files")
     lint.add_argument("files", nargs="+", metavar="FILE")
     for name, what in NOT_YET.items():
@@ -89,6 +95,9 @@ def _compile(args: argparse.Namespace) -> int:
     from meshrt.diagnostics import MeshrtError
     from meshrt.passes.pipeline import LevelNotReady, lower_to
 
+    if args.emit != "csl" and (args.arch or args.report):
+        flag = "--arch" if args.arch else "--report"
+        return _fail(f"meshrt compile: error: {flag} only applies to --emit csl")
     for flag, v in (("--micro-batch", args.micro_batch), ("--wafers", args.wafers)):
         if v is not None and v < 1:
             return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
@@ -115,6 +124,8 @@ def _compile(args: argparse.Namespace) -> int:
                 raise
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             return _fail(f"{args.model}: error: lowering to {args.emit} failed: {first}")
+    if args.emit == "csl":
+        return _emit_csl(args, module)
     try:
         if args.output:
             with open(args.output, "w", encoding="utf-8") as f:
@@ -122,6 +133,43 @@ def _compile(args: argparse.Namespace) -> int:
         else:
             _print_module(module, sys.stdout)
     except BrokenPipeError:  # e.g. `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:
+        return _fail(f"{args.output or '<stdout>'}: error: cannot write output: {e.strerror or e}")
+    return 0
+
+
+def _emit_csl(args: argparse.Namespace, module) -> int:
+    """--emit csl: the files into directory -o, or behind FILE lines on stdout."""
+    from meshrt.backend.csl import emit_csl
+    from meshrt.diagnostics import MeshrtError
+
+    try:
+        out = emit_csl(module, args.arch)
+    except MeshrtError as e:
+        return _fail(f"{args.model}: error: CSL backend: {e.message}")
+    except Exception as e:  # a backend bug on valid input: still one line
+        if os.environ.get("MESHRT_TRACEBACK"):
+            raise
+        return _fail(f"{args.model}: error: CSL backend: internal error: {type(e).__name__}: {e} "
+                     "(set MESHRT_TRACEBACK=1 for details)")
+    try:
+        if args.output:
+            root = Path(args.output)
+            if root.exists() and not root.is_dir():
+                return _fail(f"{args.output}: error: --emit csl writes a directory, and this is a file")
+            for name, text in out.files.items():
+                path = root / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+                if name.endswith(".sh"):
+                    path.chmod(0o755)
+        elif not args.report:
+            sys.stdout.write(out.as_text())
+        if args.report:
+            sys.stdout.write("\n".join(out.table) + "\n")
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:

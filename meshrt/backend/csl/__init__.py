@@ -1,0 +1,136 @@
+"""The CSL backend: segment IR -> layout.csl + one program per core class.
+
+`emit_csl(module, arch)` returns the files (relative path -> text) and the
+per-class allocation report; `CslTarget` publishes it as the `meshrt-csl`
+output target of meshrt-opt / xdsl-opt (`-t csl` in meshrt-opt), printing
+every file behind a `// ----- FILE: <name>` line.
+
+Modules: model (IR -> plain plan), routes (per-router configurations as
+boxes), alloc (colours, queues, task IDs, DSRs within the target's limits),
+sync (marker counts), program / layout / host (the text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import IO, ClassVar
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.utils.target import Target
+
+from meshrt.diagnostics import MeshrtError
+
+ARCHS = ("wse2", "wse3")
+FILE_MARK = "// ----- FILE: "
+
+
+@dataclass
+class CslOutput:
+    files: dict[str, str] = field(default_factory=dict)  # relative path -> text
+    report: str = ""
+    table: list[str] = field(default_factory=list)
+
+    def as_text(self) -> str:
+        """All files, each behind a `// ----- FILE: <name>` line."""
+        parts = []
+        for name, text in self.files.items():
+            parts.append(f"{FILE_MARK}{name}\n{text}")
+        return "".join(parts)
+
+
+def resolve_arch(arch: str | None, target_name: str, where) -> str:
+    if arch in (None, "", "auto"):
+        return target_name if target_name in ARCHS else "wse3"
+    if arch not in ARCHS:
+        raise MeshrtError(f"unknown CSL arch '{arch}', expected one of {', '.join(ARCHS)} (or auto)", where)
+    return arch
+
+
+def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
+    from meshrt.backend.csl import alloc as al
+    from meshrt.backend.csl.host import compile_sh, report_table, report_txt, run_py
+    from meshrt.backend.csl.layout import (
+        RouteStats,
+        idle_cores,
+        rectangle,
+        write_layout,
+    )
+    from meshrt.backend.csl.model import read_program, segment_programs
+    from meshrt.backend.csl.program import Shared, write_program
+    from meshrt.backend.csl.runtime import idle_program, runtime_module
+    from meshrt.backend.csl.sync import marker_counts
+    from meshrt.frontend.errors import FrontendError
+    from meshrt.targets import load_target
+
+    result = CslOutput()
+    ops = segment_programs(module)
+    for op in ops:
+        prefix = f"{op.program_name}/" if len(ops) > 1 else ""
+        program = read_program(op)
+        try:
+            target = load_target(program.target)
+        except FrontendError as e:
+            raise MeshrtError(e.message, op) from e
+        a = resolve_arch(arch, program.target, op)
+        lim = al.limits(program, target, a)
+        elem = "f32" if program.hp("dtype_bytes", 4) >= 4 else "f16"
+        sh = Shared(program, lim, a, elem)
+        sh.marker_counts = marker_counts(program)
+        marker = al.marker_task_id(program, lim)
+        allocs = [al.allocate(c, program, lim, marker) for c in program.classes]
+        texts: dict[str, str] = {}
+        for alloc in allocs:
+            texts[alloc.cls.ident] = write_program(alloc.cls, alloc, sh)
+        stats = RouteStats()
+        rects = {}
+        files: dict[str, str] = {}
+        for wafer in range(program.wafers):
+            where = prefix + (f"wafer{wafer}/" if program.wafers > 1 else "")
+            rects[wafer] = rectangle(program, wafer)
+            files[where + "layout.csl"] = write_layout(program, wafer, a, sh.exports.get(wafer, {}), stats)
+            for alloc in allocs:
+                if alloc.cls.wafer == wafer:
+                    files[where + alloc.cls.file] = texts[alloc.cls.ident]
+            files[where + "meshrt_rt.csl"] = runtime_module()
+            if idle_cores(program, wafer):
+                files[where + "idle.csl"] = idle_program()
+        files[prefix + "compile.sh"] = compile_sh(program, a, rects, (target.width, target.height))
+        files[prefix + "run.py"] = run_py(program, allocs, elem, rects)
+        report = report_txt(program, a, lim, allocs, stats, list(files))
+        files[prefix + "report.txt"] = report
+        result.files.update(files)
+        result.report += report
+        result.table += report_table(allocs, lim)
+    # The programs must run the tables the interpreter runs; a mismatch is a backend bug.
+    from meshrt.backend.csl.check import agreement
+
+    problems = agreement(module, result)
+    if problems:
+        raise MeshrtError(f"internal error: a CSL program does not run its event table: {problems[0]}",
+                          ops[0])
+    return result
+
+
+@dataclass(frozen=True)
+class CslTarget(Target):
+    """`-t meshrt-csl{arch=wse2}`: CSL files of segment IR, behind FILE lines.
+
+    arch: wse2 | wse3 | auto (the program's target when it is wse2 / wse3,
+    else wse3 syntax).
+    """
+
+    name: ClassVar[str] = "meshrt-csl"
+
+    arch: str = "auto"
+
+    @classmethod
+    def from_spec(cls, spec):
+        # meshrt-opt also offers this target as `-t csl` (no clash there).
+        if spec.name == "csl":
+            spec = dataclasses.replace(spec, name=cls.name)
+        return super().from_spec(spec)
+
+    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
+        output.write(emit_csl(module, self.arch).as_text())

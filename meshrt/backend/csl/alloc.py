@@ -1,0 +1,266 @@
+"""Per-class allocation of colours, queues, task IDs and DSD registers.
+
+Everything a core class's program binds is allocated here, within the
+target's limits, and every shortage is a `MeshrtError` that names the class,
+the resource, the demand and the capacity; nothing is ever dropped or
+shared silently.
+
+- Colours come from `segment.route` (colour-routes already kept them off
+  the target's reserved ones, which are memcpy's); here they are only
+  counted: the route entries one router holds in one segment must fit.
+- Input queues are bound to a colour (`@initialize_queue`, both archs);
+  on wse3 output queues are too, on wse2 the colour rides the output DSD.
+  A class keeps a queue on the same colour across segments when it can;
+  when a segment needs a colour and no queue is free, a queue whose colour
+  that segment does not use is rebound at the boundary (after the drain).
+  A segment that needs more colour-bound queues at once than the target has
+  is an error.
+- Task IDs: data tasks take the colour's ID on wse2 and the input queue's
+  ID on wse3; local tasks come from the activatable IDs (0..30 on wse2, not
+  a colour this class receives or routes; 8..30 on wse3); the marker
+  control task shares one ID program-wide, since a marker's payload names
+  the task on the receiving core. All of them avoid the target's reserved
+  IDs (memcpy's).
+- DSD registers: the fabric transfers use explicitly allocated DSRs (one
+  dest/src1 pair for receives, one for sends) so that the count is ours and
+  checkable; compute DSD operations use compiler-assigned ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshrt.backend.csl.model import CoreClass, Program
+from meshrt.diagnostics import MeshrtError
+from meshrt.targets import Target
+
+ACTIVATABLE = range(0, 31)  # local task IDs, and control-task entry points (5-bit field; 31 = none)
+WSE3_DATA_TASK_IDS = range(0, 8)  # wse3: data task IDs are the input queues'
+# Explicit DSR IDs the backend hands out per DSR file. Public SDK code uses
+# IDs up to 7; ID 0 is left to the compiler and the libraries.
+DSR_IDS = range(1, 8)
+
+
+@dataclass
+class QueuePlan:
+    """Queue <-> colour bindings of one class across its segments."""
+
+    initial: dict[int, int] = field(default_factory=dict)  # queue -> colour bound in comptime
+    per_segment: list[dict[int, int]] = field(default_factory=list)  # colour -> queue, per segment
+    rebinds: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # boundary dest -> (queue, colour)
+    peak: int = 0
+
+    def queue(self, segment: int, color: int) -> int:
+        return self.per_segment[segment][color]
+
+    @property
+    def used(self) -> list[int]:
+        return sorted({q for m in self.per_segment for q in m.values()})
+
+    @property
+    def rebind_count(self) -> int:
+        return sum(len(v) for v in self.rebinds.values())
+
+
+@dataclass
+class ClassAlloc:
+    cls: CoreClass
+    colors_per_segment: list[list[int]]
+    colors: list[int]  # distinct colours over all segments
+    iq: QueuePlan
+    oq: QueuePlan
+    data_tasks: dict[int, int]  # wse2: colour -> task id; wse3: queue -> task id
+    step_task: int
+    marker_task: int | None
+    dsr_rx: int
+    dsr_tx: int
+    sram_bytes: int = 0  # filled in by the program emitter
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Limits:
+    arch: str
+    target: Target
+    user_colors: tuple[int, ...]
+    iq: tuple[int, ...]
+    oq: tuple[int, ...]
+    task_ids: frozenset[int]
+
+    @property
+    def oq_color_bound(self) -> bool:
+        return self.arch == "wse3"
+
+
+def limits(program: Program, target: Target, arch: str) -> Limits:
+    user = tuple(c for c in range(int(program.op.num_colors.value.data)) if c not in program.op.reserved)
+    ids = frozenset(range(target.task_ids)) - frozenset(target.reserved_task_ids)
+    return Limits(arch, target, user, target.user_input_queues, target.user_output_queues, ids)
+
+
+def _fail(cls: CoreClass, resource: str, demand: int, cap: int, lim: Limits, detail: str = ""):
+    what = f"core class @{cls.name} needs {demand} {resource} but {lim.arch} on target " \
+           f"{lim.target.name} has {cap}"
+    raise MeshrtError(what + (f" ({detail})" if detail else ""), cls.op)
+
+
+def _segment_colors(cls: CoreClass, program: Program, kinds: tuple[str, ...]) -> list[list[int]]:
+    out = []
+    for seg in cls.segments:
+        cols = set()
+        for e in seg.events():
+            if e.kind in kinds and e.flow is not None:
+                c = program.flows[e.flow].color
+                if c is not None:
+                    cols.add(c)
+        out.append(sorted(cols))
+    return out
+
+
+def plan_queues(cls: CoreClass, seg_colors: list[list[int]], queues: tuple[int, ...],
+                color_bound: bool, what: str, lim: Limits) -> QueuePlan:
+    plan = QueuePlan()
+    for s, cols in enumerate(seg_colors):
+        if len(cols) > len(queues):
+            _fail(cls, f"{what}s at once", len(cols), len(queues), lim,
+                  f"segment {cls.segments[s].index} uses colours {', '.join(map(str, cols))}; "
+                  f"user {what}s are {', '.join(map(str, queues)) or 'none'}")
+        plan.peak = max(plan.peak, len(cols))
+    if not color_bound:  # any free queue will do, segment by segment
+        plan.per_segment = [dict(zip(cols, queues[:len(cols)], strict=True)) for cols in seg_colors]
+        return plan
+    current: dict[int, int] = {}  # queue -> colour it is bound to now
+    last_use: dict[int, int] = {}
+    for s, cols in enumerate(seg_colors):
+        mapping: dict[int, int] = {}
+        for c in cols:
+            for q, bound in current.items():
+                if bound == c:
+                    mapping[c] = q
+        for c in cols:
+            if c in mapping:
+                continue
+            free = [q for q in queues if q not in current]
+            if free:  # never bound: bind in comptime
+                q = free[0]
+                plan.initial[q] = c
+            else:  # rebind a queue this segment does not use, least recently used first
+                busy = set(mapping.values())
+                spare = sorted((q for q in current if q not in busy), key=lambda q: last_use.get(q, -1))
+                q = spare[0]
+                plan.rebinds.setdefault(s, []).append((q, c))
+            current[q] = c
+            mapping[c] = q
+        for q in mapping.values():
+            last_use[q] = s
+        plan.per_segment.append(mapping)
+    # The table loops: the closing boundary restores the comptime bindings.
+    restore = [(q, plan.initial[q]) for q in sorted(current) if current[q] != plan.initial.get(q)]
+    if restore and len(seg_colors) > 1:
+        plan.rebinds.setdefault(0, []).extend(restore)
+    return plan
+
+
+def marker_task_id(program: Program, lim: Limits) -> int | None:
+    """One control-task ID for marker syncs, free on every core of the program."""
+    if not any(b.sync is not None for c in program.classes for b in c.boundaries):
+        return None
+    taken = {f.color for f in program.flows.values() if f.color is not None}
+    cands = [t for t in ACTIVATABLE if t in lim.task_ids and t not in taken]
+    if lim.arch == "wse3":
+        cands = [t for t in cands if t not in WSE3_DATA_TASK_IDS]
+    if not cands:
+        raise MeshrtError(
+            f"no task ID is left for the marker-sync control task on target {lim.target.name} "
+            f"({lim.arch}): IDs 0..30 are all reserved, data-task or routed-colour IDs", program.op)
+    return max(cands)
+
+
+def allocate(cls: CoreClass, program: Program, lim: Limits, marker: int | None) -> ClassAlloc:
+    routes = []
+    for seg in cls.segments:
+        cols = sorted({program.flows[f].color for f in seg.routes
+                       if f in program.flows and program.flows[f].color is not None})
+        if len(cols) > len(lim.user_colors):
+            _fail(cls, "colours at once", len(cols), len(lim.user_colors), lim,
+                  f"segment {seg.index} routes {len(cols)} coloured flows")
+        bad = [c for c in cols if c not in lim.user_colors]
+        if bad:
+            raise MeshrtError(f"core class @{cls.name}: colour {bad[0]} is reserved on target "
+                              f"{lim.target.name} (memcpy's) or out of range", cls.op)
+        routes.append(cols)
+    colors = sorted({c for cols in routes for c in cols})
+    rx_cols = _segment_colors(cls, program, ("recv", "resolve"))
+    tx_cols = _segment_colors(cls, program, ("send",))
+    iq = plan_queues(cls, rx_cols, lim.iq, True, "input queue", lim)
+    oq = plan_queues(cls, tx_cols, lim.oq, lim.oq_color_bound, "output queue", lim)
+
+    # Data tasks: the metainfo headers that resolvers parse wavelet by wavelet.
+    data: dict[int, int] = {}
+    for s, seg in enumerate(cls.segments):
+        for e in seg.events():
+            if e.kind != "resolve":
+                continue
+            c = program.flows[e.flow].color
+            if c is None:
+                continue  # across the wafer link: the host hands it over
+            key = c if lim.arch == "wse2" else iq.queue(s, c)
+            tid = key
+            if tid not in lim.task_ids or (lim.arch == "wse3" and tid not in WSE3_DATA_TASK_IDS):
+                raise MeshrtError(
+                    f"core class @{cls.name}: the metainfo data task on "
+                    f"{'colour' if lim.arch == 'wse2' else 'input queue'} {key} needs task ID {tid}, "
+                    f"which target {lim.target.name} reserves or does not have", cls.op)
+            data[key] = tid
+    taken = set(data.values()) | ({marker} if marker is not None else set())
+    if lim.arch == "wse2":
+        taken |= set(colors)  # a routed colour's ID activates its data task on wse2
+        local_range = [t for t in ACTIVATABLE]
+    else:
+        local_range = [t for t in ACTIVATABLE if t not in WSE3_DATA_TASK_IDS]
+    local = [t for t in local_range if t in lim.task_ids and t not in taken]
+    if not local:
+        _fail(cls, "local task IDs", 1, 0, lim,
+              f"activatable IDs {local_range[0]}..{local_range[-1]} are reserved, "
+              f"data-task{', colour' if lim.arch == 'wse2' else ''} or marker IDs")
+    needs_dsrs = 2
+    if needs_dsrs > len(DSR_IDS):  # pragma: no cover - DSR_IDS is a constant
+        _fail(cls, "DSD register pairs", needs_dsrs, len(DSR_IDS), lim)
+    alloc = ClassAlloc(cls, routes, colors, iq, oq, data, local[0], marker, DSR_IDS[0], DSR_IDS[1])
+    return alloc
+
+
+def report_rows(a: ClassAlloc, lim: Limits) -> list[tuple[str, str, str, str]]:
+    """(resource, use, capacity, detail) rows of a class's allocation."""
+    def ids(xs) -> str:
+        return ", ".join(map(str, xs)) if xs else "-"
+
+    peak_colors = max((len(c) for c in a.colors_per_segment), default=0)
+    rows = [
+        ("colours", str(peak_colors), str(len(lim.user_colors)),
+         f"ids {ids(a.colors)} over {len(a.colors_per_segment)} segment(s)"),
+        ("input queues", str(a.iq.peak), str(len(lim.iq)),
+         f"ids {ids(a.iq.used)}" + (f", {a.iq.rebind_count} rebind(s)" if a.iq.rebind_count else "")),
+        ("output queues", str(a.oq.peak), str(len(lim.oq)),
+         f"ids {ids(a.oq.used)}" + (f", {a.oq.rebind_count} rebind(s)" if a.oq.rebind_count else "")),
+        ("data task ids", str(len(a.data_tasks)), "-",
+         f"{'colour' if lim.arch == 'wse2' else 'queue'} ids {ids(sorted(a.data_tasks.values()))}"),
+        ("local task ids", "1", str(len([t for t in ACTIVATABLE if t in lim.task_ids])), f"id {a.step_task}"),
+        ("control task ids", "1" if a.marker_task is not None else "0", "-",
+         f"id {a.marker_task} (marker, program-wide)" if a.marker_task is not None else "-"),
+        ("DSRs (dest/src1)", "2/2", f"{len(DSR_IDS)}/{len(DSR_IDS)}", f"ids {a.dsr_rx}, {a.dsr_tx}"),
+        ("SRAM bytes", str(a.sram_bytes), str(lim.target.usable_sram_bytes), "arrays of the program"),
+    ]
+    if a.cls.handshakes:
+        rows.append(("route handshakes", str(a.cls.handshakes), "-",
+                     "stated by the IR, not emitted (see docs/csl-backend.md)"))
+    return rows
+
+
+def format_table(rows: list[tuple[str, ...]], prefix: str = "") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [c.rjust(widths[i]) for i, c in enumerate(r[1:-1], 1)] + [r[-1]]
+        out.append((prefix + "  ".join(cells)).rstrip())
+    return out

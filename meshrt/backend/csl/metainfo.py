@@ -1,0 +1,114 @@
+"""Metainfo resolvers and producers of a class's program (Algorithm 1's injected code).
+
+Continuous batching: the sampler produces (request id, finished?) per slot;
+every stage resolves it into its request descriptor table, and the first
+stage admits a waiting request (pushed by the host into `req`) into a freed
+slot. MoE routing: the gate produces (expert id << 16 | fp16 weight) per
+(token, choice); relays and expert cores resolve it into the routing table
+and mark the tokens of their expert region.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshrt.backend.csl.program import ProgramWriter
+
+CF_WORDS_PER_SLOT = 2  # continuous batching: (request id, status) per slot
+
+
+class MetaCode:
+    """Resolvers and producers of the class's metainfo kinds."""
+
+    def __init__(self, w: ProgramWriter, admits: bool, emits_tokens: bool):
+        self.w = w
+        self.admits = admits
+        self.emits_tokens = emits_tokens
+
+    def lines(self) -> list[str]:
+        w = self.w
+        out: list[str] = []
+        resolves = {e.name for seg in w.cls.segments for e in seg.events() if e.kind == "resolve"}
+        produces = {e.name for seg in w.cls.segments for e in seg.events() if e.kind == "produce"}
+        if not resolves and not produces:
+            return out
+        out.append("// ---- metainfo resolvers (before the kernel's compute) and producers")
+        b, k = w.b, w.top_k
+        if "continuous_batching" in resolves:
+            out += [
+                "// (request id, status) per slot of the micro-batch: update the RDT; a finished",
+                "// request frees its slot" + (", and a waiting request is admitted into it." if self.admits else "."),
+                "fn resolve_continuous_batching() void {",
+                f"  for (@range(u16, {b})) |j| {{",
+                f"    const slot = mb * {b} + j;",
+                f"    const id = meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT}];",
+                f"    const status = meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1];",
+                "    rdt[slot * 4] = id;",
+                "    rdt[slot * 4 + 1] = status;",
+                "    if (status == 1) {",
+                "      rdt[slot * 4 + 2] = 0; // finished: the slot is free",
+            ]
+            if self.admits:
+                out += [
+                    "      if (req[slot * 2] != 0) {",
+                    "        rdt[slot * 4] = req[slot * 2]; // admit the waiting request",
+                    "        rdt[slot * 4 + 1] = 0;",
+                    "        req[slot * 2] = 0;",
+                    "      }",
+                ]
+            out += [
+                "    } else {",
+                "      rdt[slot * 4 + 2] += 1; // one more token of context",
+                "    }",
+                "  }",
+                f"  mb = (mb + 1) % {max(1, w.slots // b)};",
+                "}",
+            ]
+        if "moe_routing" in resolves:
+            out += [
+                "// (expert id << 16 | fp16 gate weight) per (token, choice): fill the routing",
+                "// table and mark the tokens whose expert is this core's region.",
+                "fn resolve_moe_routing() void {",
+                f"  for (@range(u16, {b})) |t| {{",
+                "    mine[t] = 0;",
+                f"    for (@range(u16, {k})) |c| {{",
+                f"      const wv = meta_in_moe_routing[t * {k} + c];",
+                f"      rt_expert[t * {k} + c] = @as(u16, wv >> 16);",
+                f"      rt_weight[t * {k} + c] = @as(f32, @bitcast(f16, @as(u16, wv & 0xffff)));",
+                "      if (@as(i16, wv >> 16) == region) {",
+                "        mine[t] = 1;",
+                "      }",
+                "    }",
+                "  }",
+                "}",
+            ]
+        if "continuous_batching" in produces:
+            n = w.meta_out_words.get("continuous_batching", b * CF_WORDS_PER_SLOT)
+            out += [
+                "// The sampler's control-flow payload: (request id, finished?) per slot; it rides",
+                "// the token send back to the first stage. The host reads the tokens too.",
+                "fn produce_continuous_batching() void {",
+                f"  for (@range(u16, {min(b, n // CF_WORDS_PER_SLOT) or 1})) |j| {{",
+                f"    const slot = mb * {b} + j;",
+                f"    meta_out_continuous_batching[j * {CF_WORDS_PER_SLOT}] = rdt[slot * 4];",
+                f"    meta_out_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1] = @as(u32, done[j]);",
+            ]
+            if self.emits_tokens:
+                out += [
+                    "    tok[slot * 2] = rdt[slot * 4];",
+                    "    tok[slot * 2 + 1] = @as(u32, y[j * 2 + 1]);",
+                ]
+            out += ["  }", "}"]
+        if "moe_routing" in produces:
+            out += [
+                "// The gate's routing metainfo: (expert id << 16 | fp16 weight) per (token, choice),",
+                "// prepended to the token data on the dispatch send.",
+                "fn produce_moe_routing() void {",
+                f"  for (@range(u16, {b * k})) |i| {{",
+                "    const h = @bitcast(u16, @as(f16, rt_weight[i]));",
+                "    meta_out_moe_routing[i] = (@as(u32, rt_expert[i]) << 16) | @as(u32, h);",
+                "  }",
+                "}",
+            ]
+        return out
