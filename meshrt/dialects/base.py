@@ -161,6 +161,20 @@ class MappedProgramOp(IRDLOperation):
         """Level-specific checks of the contained ops."""
 
 
+def require_programs(module: Operation, cls: type[MappedProgramOp], requirement: str) -> list:
+    """The top-level programs of level `cls` in `module`; a located error if none.
+
+    Passes call this so that IR of the wrong level is one clear diagnostic.
+    """
+    from meshrt.diagnostics import MeshrtError
+
+    ops = body_ops(module.regions[0])
+    found = [o for o in ops if isinstance(o, cls)]
+    if not found:
+        raise MeshrtError(requirement, ops[0] if ops else module)
+    return found
+
+
 def enclosing_program(op: Operation) -> MappedProgramOp | None:
     parent = op.parent_op()
     while parent is not None and not isinstance(parent, MappedProgramOp):

@@ -52,6 +52,7 @@ from xdsl.passes import ModulePass
 
 from meshrt.diagnostics import MeshrtError, format_diagnostic
 from meshrt.dialects import segment as sg
+from meshrt.dialects.base import require_programs
 from meshrt.dialects.mesh import RESOURCE_NAMES, Resources
 from meshrt.frontend.errors import FrontendError
 from meshrt.passes.color_routes import (
@@ -400,10 +401,7 @@ class CheckSegments(ModulePass):
     handshakes: bool | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        if not any(isinstance(o, sg.ProgramOp) for o in op.walk()):
-            ops = list(op.body.block.ops)
-            raise MeshrtError("check-segments needs segment IR (a segment.program)",
-                              ops[0] if ops else op)
+        require_programs(op, sg.ProgramOp, "check-segments needs segment IR (a segment.program)")
         problems = _problems(op, self.target, self.handshakes)
         if problems:
             first = problems[0]

@@ -40,9 +40,9 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.passes import ModulePass
 
-from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
+from meshrt.dialects.base import require_programs
 from meshrt.passes.color_routes import Liveness, liveness_of_program
 
 
@@ -152,10 +152,8 @@ class InsertRouteHandshakes(ModulePass):
     name = "insert-route-handshakes"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        programs = [o for o in op.body.block.ops if isinstance(o, sg.ProgramOp)]
-        if not programs:
-            ops = list(op.body.block.ops)
-            raise MeshrtError("insert-route-handshakes needs coloured segment IR (a segment.program); "
-                              "run materialize-segments and color-routes first", ops[0] if ops else op)
+        programs = require_programs(
+            op, sg.ProgramOp, "insert-route-handshakes needs coloured segment IR (a segment.program); "
+            "run materialize-segments and color-routes first")
         for program in programs:
             insert_handshakes(program)

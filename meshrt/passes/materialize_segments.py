@@ -54,6 +54,7 @@ from xdsl.passes import ModulePass
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
+from meshrt.dialects.base import require_programs
 from meshrt.dialects.mesh import (
     RESOURCE_FIELDS,
     RESOURCE_NAMES,
@@ -315,11 +316,9 @@ class MaterializeSegments(ModulePass):
     ctrl: int | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        schedules = [o for o in op.body.block.ops if isinstance(o, ev.ScheduleOp)]
-        if not schedules:
-            ops = list(op.body.block.ops)
-            raise MeshrtError("materialize-segments needs event IR (an event.schedule); "
-                              "run synthesize-schedules first", ops[0] if ops else op)
+        schedules = require_programs(
+            op, ev.ScheduleOp, "materialize-segments needs event IR (an event.schedule); "
+            "run synthesize-schedules first")
         overrides = {f: getattr(self, f) for f in RESOURCE_FIELDS}
         for schedule in schedules:
             target = target_of(self.target or schedule.target.data, schedule)

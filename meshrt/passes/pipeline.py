@@ -6,17 +6,21 @@ from xdsl.dialects.builtin import ModuleOp
 
 LEVELS: tuple[str, ...] = ("graph", "kernels", "events", "segments", "csl")
 
+_SEGMENTS = (
+    "lower-to-mesh-kernels,synthesize-schedules,materialize-segments,color-routes,"
+    "insert-route-handshakes,check-segments{handshakes=true}"
+)
+
 # Pass pipelines (meshrt-opt syntax) that take graph IR to each level.
 # A level whose passes do not exist yet maps to None.
 LEVEL_PIPELINES: dict[str, str | None] = {
     "graph": "",
     "kernels": "lower-to-mesh-kernels",
     "events": "lower-to-mesh-kernels,synthesize-schedules",
-    "segments": "lower-to-mesh-kernels,synthesize-schedules,materialize-segments,color-routes,insert-route-handshakes,check-segments{handshakes=true}",
-    "csl": None,  # set below
+    "segments": _SEGMENTS,
+    # CSL is a printing target on top of segment IR (meshrt.backend.csl), not a pass.
+    "csl": _SEGMENTS,
 }
-# CSL is a printing target on top of segment IR (meshrt.backend.csl), not a pass.
-LEVEL_PIPELINES["csl"] = LEVEL_PIPELINES["segments"]
 
 
 class LevelNotReady(Exception):
