@@ -36,6 +36,7 @@ Conventions of the emitted IR (for the passes downstream):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Sequence
@@ -719,8 +720,11 @@ class _Emitter:
 
 
 def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
-              wafers: int | None = None) -> ModuleOp:
-    """Graph IR for `spec` mapped on `target` (overrides: micro-batch, wafer budget)."""
+              wafers: int | None = None, dynamism: Sequence[str] | None = None) -> ModuleOp:
+    """Graph IR for `spec` mapped on `target` (overrides: micro-batch, wafer
+    budget, dynamism kinds; `dynamism=()` is the static build)."""
+    if dynamism is not None:
+        spec = dataclasses.replace(spec, dynamism=tuple(dynamism))  # re-validated
     mb = micro_batch if micro_batch is not None else spec.micro_batch
     budget = wafers if wafers is not None else spec.wafers
     if mb < 1:

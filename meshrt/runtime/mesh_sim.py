@@ -134,7 +134,7 @@ import math
 import random
 import time as _time
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from meshrt.dialects import event as ev
@@ -445,8 +445,12 @@ class MeshSim:
     def __init__(self, program: sg.ProgramOp, target, *, seed: int = 0, safe: bool = True,
                  jitter: float | None = None, queue_depth: int = 2, out_queue: int | None = None,
                  max_cycles: int = 50_000_000, trace: bool = False,
-                 stop_on_corruption: bool = True):
+                 stop_on_corruption: bool = True,
+                 speed_scale: Callable[[tuple[int, int, int]], float] | None = None):
         self.program = program
+        # extra per-core slowdown on top of the seeded factor, by (wafer, x, y):
+        # how placement studies model slower regions
+        self.speed_scale = speed_scale
         self.target = target
         self.seed = seed
         self.safe = safe
@@ -600,6 +604,8 @@ class MeshSim:
             for x, y in c.cores.cores():
                 rid = self._rid(w, x, y)
                 speed = 1.0 + self.rng.uniform(-spread, spread)
+                if self.speed_scale is not None:
+                    speed *= self.speed_scale((w, x, y))
                 core = _Core(len(self.cores), rid, (w, x, y), ci, self.class_progs[ci], speed)
                 self.cores.append(core)
                 self.router_class[rid] = ci

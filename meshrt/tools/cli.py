@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a bundled target (wse3, wse2, test32, test16) or a target .toml file")
     c.add_argument("--micro-batch", type=int, metavar="N", help="requests per micro-batch")
     c.add_argument("--wafers", type=int, metavar="N", help="wafer budget (default: as few as fit)")
+    c.add_argument("--dynamism", type=parse_dynamism, metavar="LIST",
+                   help="override the spec's dynamism kinds: comma-separated, or 'none' for the "
+                        "static build")
     c.add_argument("--emit", choices=LEVELS, default="graph", metavar="LEVEL",
                    help=f"stop after this level: {', '.join(LEVELS)} (default graph)")
     c.add_argument("-o", dest="output", metavar="PATH",
@@ -102,7 +105,7 @@ def _compile(args: argparse.Namespace) -> int:
         if v is not None and v < 1:
             return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
     try:
-        module = compile_model(args.model, args.target, args.micro_batch, args.wafers)
+        module = compile_model(args.model, args.target, args.micro_batch, args.wafers, args.dynamism)
     except FrontendError as e:
         return _fail(str(e))
     try:
@@ -177,8 +180,14 @@ def _emit_csl(args: argparse.Namespace, module) -> int:
     return 0
 
 
+def parse_dynamism(text: str) -> tuple[str, ...]:
+    """`--dynamism`: 'none' (static) or a comma-separated list of kinds."""
+    text = text.strip()
+    return () if text in ("", "none") else tuple(k.strip() for k in text.split(","))
+
+
 def compile_model(model: str, target: str, micro_batch: int | None = None,
-                  wafers: int | None = None):
+                  wafers: int | None = None, dynamism: Sequence[str] | None = None):
     """MODEL path + target name/path -> graph-level ModuleOp (FrontendError on bad input)."""
     from meshrt.frontend.hf_config import load_hf_config
     from meshrt.frontend.mapper import map_model
@@ -193,7 +202,7 @@ def compile_model(model: str, target: str, micro_batch: int | None = None,
         spec = load_hf_config(path) if path.suffix == ".json" else parse_spec_file(path)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:  # belt and braces
         raise FrontendError(f"cannot read model: {e}", model) from None
-    return map_model(spec, tgt, micro_batch, wafers)
+    return map_model(spec, tgt, micro_batch, wafers, dynamism)
 
 
 def _print_module(module, stream) -> None:
