@@ -108,18 +108,88 @@ def input_share(kernel: mk.KernelOp, width: int) -> int:
     return width
 
 
+# Layouts of a kernel's vector values over its grid (x, y, w, h); the data
+# plane of the interpreter (meshrt.runtime.dataplane) follows the same rules.
+#   rows     split over the grid's rows, the same in every column
+#   cols     split over the columns, the same in every row
+#   full     the whole vector on every core that holds it
+#   flat     split over all cores, row-major
+#   sparse   only the cores that own the data hold it (embedding rows)
+#   partial  partial sums, split over the columns (a gemv before its allreduce)
+
+
+def output_layout(kernel: mk.KernelOp) -> str:
+    match kernel:
+        case mk.EmbedOp():
+            return "sparse"
+        case mk.HandoffOp() | mk.DispatchOp():
+            return "flat"
+        case mk.ElementwiseOp():
+            return "rows" if kernel.kind.data == "rmsnorm" else "cols"
+        case mk.GemvOp():
+            return "partial"
+        case mk.AllReduceOp():
+            return "cols" if kernel.axis.data == "col" else "rows"
+        case mk.AttentionOp():
+            return "cols"
+        case mk.ExpertFFNOp():
+            return "partial"  # per column, in the bottom row of every expert region
+        case mk.CombineOp():
+            return "full"  # at the head of the corridor
+    return "full"
+
+
+def input_layout(kernel: mk.KernelOp) -> str:
+    match kernel:
+        case mk.GemvOp() | mk.TopKGateOp():
+            return "rows"
+        case mk.ElementwiseOp():
+            return "rows" if kernel.kind.data == "rmsnorm" else "cols"
+        case mk.AllReduceOp():
+            return "partial"
+        case mk.SampleOp():
+            return "cols"
+        case mk.HandoffOp():
+            return "flat"
+    return "full"
+
+
+def holds_input(producer: mk.KernelOp, consumer: mk.KernelOp) -> bool:
+    """Whether every core of `consumer` that also runs `producer` already holds
+    the part of the producer's value it needs (so no flow is needed)."""
+    held, need = output_layout(producer), input_layout(consumer)
+    px, py, pw, ph = producer.tiles()[0]
+    cx, cy, cw, ch = consumer.tiles()[0]
+    if held == "cols" and pw == 1 or held == "rows" and ph == 1 or held == "flat" and pw * ph == 1:
+        held = "full"
+    if need == "partial":
+        return held == "partial" and (px, py, pw, ph) == (cx, cy, cw, ch)
+    if held == "full":
+        return True
+    if held != need:
+        return False
+    if held == "cols":
+        return (px, pw) == (cx, cw)
+    if held == "rows":
+        return (py, ph) == (cy, ch)
+    return held == "flat" and (px, py, pw, ph) == (cx, cy, cw, ch)
+
+
 def chain(kernel: mk.KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
-          finish: list[Event], state: int, outputs_from_root: bool = True, axis: str = "col"
+          finish: list[Event], state: int, outputs_from_root: bool = True, axis: str = "col",
+          tiles: list[tuple[int, int, int, int]] | None = None, relay_back: bool = True,
           ) -> tuple[list[Role], list[FlowSpec]]:
     """Roles and flows of a reduction down each column (or along each row) of the tiles.
 
     Every core runs `local`; partials travel down the column (edge -> mid ->
     root) and are combined with `reduce_op`; the root runs `finish`, then the
-    result is relayed back up so every core holds it. A kernel with several
-    same-shaped tiles (the expert regions of a layer) repeats the pattern in
-    each, with one role set for all of them.
+    result is relayed back up so every core holds it (unless `relay_back` is
+    off: then only the root does). A kernel with several same-shaped tiles
+    (the expert regions of a layer) repeats the pattern in each, with one
+    role set for all of them; `tiles` restricts the chain to part of the
+    kernel's region.
     """
-    tiles = kernel.tiles()
+    tiles = tiles if tiles is not None else kernel.tiles()
     k = kernel.kernel_name
     along_row = axis == "row"
     h = tiles[0][2] if along_row else tiles[0][3]  # cores along the reduction
@@ -135,25 +205,67 @@ def chain(kernel: mk.KernelOp, local: list[Event], reduce_op: str, msg_bytes: in
         return [Role("root", rows(0, 1), [INPUTS, *local, *finish, OUTPUTS],
                      state, sends_output=True)], []
     down, up = f"{k}.down", f"{k}.up"
-    flows = [
-        FlowSpec(down, rows(0, h - 1), rows(1, h - 1), "shift", msg_bytes, *step),
-        FlowSpec(up, rows(1, h - 1), rows(0, h - 1), "shift", msg_bytes, -step[0], -step[1]),
-    ]
+    flows = [FlowSpec(down, rows(0, h - 1), rows(1, h - 1), "shift", msg_bytes, *step)]
+    if relay_back:
+        flows.append(FlowSpec(up, rows(1, h - 1), rows(0, h - 1), "shift", msg_bytes, -step[0], -step[1]))
+    back_edge = [("recv", up, msg_bytes)] if relay_back else []
+    back_mid = [("recv", up, msg_bytes), ("send", up, msg_bytes)] if relay_back else []
+    back_root = [("send", up, msg_bytes)] if relay_back else []
     out = [OUTPUTS] if not outputs_from_root else []
     roles = [
         Role("edge", rows(0, 1),
-             [INPUTS, *local, ("send", down, msg_bytes), ("recv", up, msg_bytes), *out], state,
+             [INPUTS, *local, ("send", down, msg_bytes), *back_edge, *out], state,
              sends_output=not outputs_from_root),
     ]
     if h > 2:
         roles.append(Role("mid", rows(1, h - 2), [
             INPUTS, *local, ("recv", down, msg_bytes), ("compute", reduce_op, msg_bytes // 4),
-            ("send", down, msg_bytes), ("recv", up, msg_bytes), ("send", up, msg_bytes), *out,
+            ("send", down, msg_bytes), *back_mid, *out,
         ], state, sends_output=not outputs_from_root))
     roles.append(Role("root", rows(h - 1, 1), [
         INPUTS, *local, ("recv", down, msg_bytes), ("compute", reduce_op, msg_bytes // 4),
-        *finish, ("send", up, msg_bytes), OUTPUTS,
+        *finish, *back_root, OUTPUTS,
     ], state, sends_output=True))
+    return roles, flows
+
+
+def _expert_roles(kernel: mk.ExpertFFNOp, kctx: KernelContext) -> tuple[list[Role], list[FlowSpec]]:
+    """A SwiGLU expert on every w x h expert region.
+
+    Core (i, j) holds rows j of W_gate and W_up for column i's slice f_i of
+    the expert width, and the rows of W_down for sub-slice j of f_i (all of
+    the hidden columns). Phase 1 sums x . W_gate|up down each column; the
+    root applies silu(gate) * up and relays a[f_i] back up. Phase 2: each
+    core multiplies its part of a by its W_down rows and the whole-hidden
+    partials are summed down each column again (the same flow). The bottom
+    row sends one partial output per column; combine, which sums the
+    weighted expert outputs anyway, sums the columns too. Mid cores use
+    three input queues: the tokens, down and up.
+    """
+    _, _, w, h = kernel.tiles()[0]
+    hidden, f = kernel.input.type.width.data, int_value(kernel.expert_ffn)
+    n = kernel.experts_per_region()
+    b = kctx.micro_batch
+    fi, fij = _c(f, w), _c(f, w * h)
+    state = n * (_c(hidden, h) * 2 * fi + fij * hidden) * kctx.expert_weight_bytes
+    # With routing a region sees only the tokens routed to it; without it
+    # (the static build) every expert computes every token.
+    tokens = b * min(n, kctx.top_k) if "moe_routing" in kctx.dynamism else b * n
+    up = [("compute", "fmac", tokens * _c(hidden, h) * 2 * fi)]
+    roles, flows = chain(kernel, up, "add", tokens * 2 * fi * ACT_BYTES,
+                         [("compute", "silu_mul", tokens * fi)], int(state))
+    down = f"{kernel.kernel_name}.down"
+    msg = tokens * hidden * ACT_BYTES
+    phase2 = {
+        "edge": [("send", down, msg)],
+        "mid": [("recv", down, msg), ("compute", "add", msg // 4), ("send", down, msg)],
+        "root": [("recv", down, msg), ("compute", "add", msg // 4)] if h > 1 else [],
+    }
+    for r in roles:
+        r.events = [e for e in r.events if e != OUTPUTS] + [("compute", "fmac", tokens * fij * hidden)] \
+            + phase2[r.name] + ([OUTPUTS] if r.name == "root" else [])
+        r.sends_output = r.name == "root"
+        r.ctrl = b * kctx.top_k * ROUTE_BYTES_PER_CHOICE  # which tokens are ours
     return roles, flows
 
 
@@ -183,19 +295,19 @@ def kernel_roles(kernel: mk.KernelOp, kctx: KernelContext) -> tuple[list[Role], 
             _x, _y, w, h = kernel.grid()
             n = kernel.output.type.width.data
             kind = kernel.kind.data
-            if kind == "rmsnorm":  # sum of squares reduced down the columns
-                local = [("compute", "square_sum", b * _c(n, h * w))]
+            if kind == "rmsnorm":  # rows layout: sum of squares reduced down each column
+                local = [("compute", "square_sum", b * _c(n, h))]
                 finish = [("compute", "rsqrt", b)]
                 roles, flows = chain(kernel, local, "add", b * ACT_BYTES, finish,
-                                     _c(n, h * w) * ACT_BYTES, outputs_from_root=False)
+                                     _c(n, h) * ACT_BYTES, outputs_from_root=False)
                 for r in roles:
-                    r.events.insert(-1, ("compute", "scale", b * _c(n, h * w)))
+                    r.events.insert(-1, ("compute", "scale", b * _c(n, h)))
                     r.sends_output = True
                     if r.events[-1] != OUTPUTS:
                         r.events.append(OUTPUTS)
                 return roles, flows
-            return [Role("tile", kernel.region,
-                         [INPUTS, ("compute", kind, b * _c(n, h * w)), OUTPUTS], 0,
+            return [Role("tile", kernel.region,  # cols layout
+                         [INPUTS, ("compute", kind, b * _c(n, w)), OUTPUTS], 0,
                          sends_output=True)], []
         case mk.AttentionOp():
             _, _, w, h = kernel.grid()
@@ -217,27 +329,23 @@ def kernel_roles(kernel: mk.KernelOp, kctx: KernelContext) -> tuple[list[Role], 
             n_in = kernel.input.type.width.data
             experts = kernel.output.type.experts.data
             state = _c(n_in, h) * _c(experts, w) * kctx.weight_bytes
+            # Every core forwards its rows of the tokens it gated (dispatch
+            # needs whole tokens), once the routing has been relayed back up.
             return chain(kernel, [("compute", "fmac", b * _c(n_in, h) * _c(experts, w))], "add",
-                         b * _c(experts, w) * ACT_BYTES, [("compute", "topk", b * experts)], int(state))
+                         b * _c(experts, w) * ACT_BYTES, [("compute", "topk", b * experts)], int(state),
+                         outputs_from_root=False)
         case mk.DispatchOp() | mk.CombineOp():
             return _relay_roles(kernel, kctx)
         case mk.ExpertFFNOp():
-            _, _, w, h = kernel.tiles()[0]
-            hidden, f = kernel.input.type.width.data, int_value(kernel.expert_ffn)
-            n = kernel.experts_per_region()
-            state = n * (_c(hidden, h) * _c(2 * f, w) + _c(f, h) * _c(hidden, w)) * kctx.expert_weight_bytes
-            tokens = b * min(n, kctx.top_k)
-            local = [("compute", "fmac", tokens * (_c(hidden, h) * _c(2 * f, w) + _c(f, h) * _c(hidden, w))),
-                     ("compute", "silu_mul", tokens * _c(f, h))]
-            roles, flows = chain(kernel, local, "add", tokens * _c(hidden, w) * ACT_BYTES, [], int(state))
-            for r in roles:
-                r.ctrl = b * kctx.top_k * ROUTE_BYTES_PER_CHOICE  # which tokens are ours
-            return roles, flows
+            return _expert_roles(kernel, kctx)
         case mk.SampleOp():
-            _, _, w, h = kernel.grid()
+            # The logits are split over the columns (the same in every row):
+            # the bottom row merges its columns' candidates left to right.
+            x, y, w, h = kernel.grid()
             vocab = kernel.input.type.width.data
             return chain(kernel, [("compute", "argmax", b * _c(vocab, w))], "argmax_merge",
-                         b * 2 * ACT_BYTES, [("compute", "eos_check", b)], 0)
+                         b * 2 * ACT_BYTES, [("compute", "eos_check", b)], 0, axis="row",
+                         tiles=[(x, y + h - 1, w, 1)], relay_back=False)
         case mk.HandoffOp():
             return [Role("egress", kernel.region, [INPUTS, OUTPUTS], 0, sends_output=True)], []
     raise ValueError(f"kernel '{kernel.name}' has no roles")

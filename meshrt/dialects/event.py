@@ -21,7 +21,9 @@ from __future__ import annotations
 from xdsl.dialects.builtin import (
     I64,
     ArrayAttr,
+    DenseArrayBase,
     DictionaryAttr,
+    FloatAttr,
     IntegerAttr,
     StringAttr,
     SymbolNameConstraint,
@@ -56,13 +58,74 @@ class ScheduleOp(MappedProgramOp):
     def core_classes(self) -> list[CoreClassOp]:
         return [op for op in body_ops(self.body) if isinstance(op, CoreClassOp)]
 
+    def kernels(self) -> list[KernelInfoOp]:
+        return [op for op in body_ops(self.body) if isinstance(op, KernelInfoOp)]
+
     def verify_body(self) -> None:
         for op in body_ops(self.body):
-            if not isinstance(op, FlowOp | CoreClassOp):
+            if not isinstance(op, KernelInfoOp | FlowOp | CoreClassOp):
                 raise VerifyException(
-                    f"schedule @{self.program_name} may only hold event.flow and "
+                    f"schedule @{self.program_name} may only hold event.kernel, event.flow and "
                     f"event.core_class, found '{op.name}'"
                 )
+
+
+KERNEL_KINDS = ("embed", "gemv", "allreduce", "elementwise", "attention", "topk_gate", "dispatch",
+                "expert_ffn", "combine", "sample", "handoff")
+
+
+@irdl_op_definition
+class KernelInfoOp(IRDLOperation):
+    """What one mesh kernel computes, kept beside the tables that run it.
+
+    Event tables say when each core computes, sends and receives; this says
+    on what: the kernel's kind, region (and same-shaped tiles, e.g. expert
+    regions), the kernels whose values it reads, and its shape parameters
+    (widths, heads, vocabulary, placement, ...). It is what lets the
+    interpreter move real tensors from the lowest IR alone. One op per
+    kernel, so IR size does not grow with the mesh.
+    """
+
+    name = "event.kernel"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    kind = prop_def(StringAttr)
+    region = prop_def(CoreSetAttr)
+    inputs = prop_def(ArrayAttr[SymbolRefAttr])
+    params = prop_def(DictionaryAttr)
+
+    traits = traits_def(SymbolOpInterface())
+    assembly_format = "$sym_name $kind `on` $region `inputs` $inputs `params` $params attr-dict"
+
+    @property
+    def kernel_name(self) -> str:
+        return self.sym_name.data
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(r.root_reference.data for r in self.inputs.data)
+
+    def param(self, key: str, default=None):
+        """An integer, float, string or integer-array parameter as a Python value."""
+        a = self.params.data.get(key)
+        if a is None:
+            return default
+        if isinstance(a, IntegerAttr | FloatAttr):
+            return a.value.data
+        if isinstance(a, StringAttr):
+            return a.data
+        if isinstance(a, DenseArrayBase):
+            return tuple(a.get_values())
+        if isinstance(a, ArrayAttr):
+            return tuple(x for x in a.data)
+        return a
+
+    def verify_(self) -> None:
+        if self.kind.data not in KERNEL_KINDS:
+            raise VerifyException(
+                f"kernel @{self.kernel_name}: unknown kind \"{self.kind.data}\", expected one of "
+                + ", ".join(KERNEL_KINDS))
+        _check_in_mesh(self, f"kernel @{self.kernel_name} region", self.region)
 
 
 FLOW_PATTERNS = ("shift", "row", "col", "all")
@@ -358,6 +421,7 @@ Event = Dialect(
     "event",
     [
         ScheduleOp,
+        KernelInfoOp,
         FlowOp,
         CoreClassOp,
         SubScheduleOp,

@@ -88,7 +88,7 @@ from meshrt.dialects.base import (
     enclosing_program,
     int_value,
 )
-from meshrt.dialects.event import FlowOp, SubScheduleOp, lookup_flow
+from meshrt.dialects.event import FlowOp, KernelInfoOp, SubScheduleOp, lookup_flow
 from meshrt.dialects.mesh import RESOURCE_NAMES, CoreSetAttr, ResourceAttr, Resources
 
 
@@ -119,6 +119,9 @@ class ProgramOp(MappedProgramOp):
     def flows(self) -> list[FlowOp]:
         return [op for op in body_ops(self.body) if isinstance(op, FlowOp)]
 
+    def kernels(self) -> list[KernelInfoOp]:
+        return [op for op in body_ops(self.body) if isinstance(op, KernelInfoOp)]
+
     def core_classes(self) -> list[CoreClassOp]:
         return [op for op in body_ops(self.body) if isinstance(op, CoreClassOp)]
 
@@ -135,9 +138,9 @@ class ProgramOp(MappedProgramOp):
                 f"program @{self.program_name}: reserved colours {bad} are outside 0..{n - 1}"
             )
         for op in body_ops(self.body):
-            if not isinstance(op, FlowOp | CoreClassOp | RouteOp):
+            if not isinstance(op, KernelInfoOp | FlowOp | CoreClassOp | RouteOp):
                 raise VerifyException(
-                    f"program @{self.program_name} may only hold event.flow, "
+                    f"program @{self.program_name} may only hold event.kernel, event.flow, "
                     f"segment.core_class and segment.route, found '{op.name}'"
                 )
 

@@ -129,8 +129,11 @@ class Sizer:
 
     def expert(self, group: int, w: int, h: int) -> float:
         s, f = self.shape, self.shape.expert_ffn
-        weights = _c(s.hidden, h) * _c(2 * f, w) + _c(f, h) * _c(s.hidden, w)
-        bufs = _c(s.hidden, h) + _c(2 * f, w) + _c(f, h) + _c(s.hidden, w)
+        # per core (meshrt.kernel_roles): rows of W_gate|up for a column's
+        # slice of the expert width, W_down rows of a sub-slice
+        fi, fij = _c(f, w), _c(f, w * h)
+        weights = _c(s.hidden, h) * 2 * fi + fij * s.hidden
+        bufs = _c(s.hidden, h) + 2 * fi + fij + s.hidden
         # A token visits an expert at most once, so a region sees at most
         # micro_batch x min(group, top_k) tokens per step.
         tokens = self.micro_batch * min(group, s.top_k)
@@ -214,7 +217,13 @@ class Planner:
 
     def _band_width(self, kind: str, h: int) -> int | None:
         sz = self.sizer
-        return _min_width(lambda w: sz.band(kind, w, h), sz.max_width(kind), sz.usable)
+        w = _min_width(lambda w: sz.band(kind, w, h), sz.max_width(kind), sz.usable)
+        if kind == "attn" and w is not None:
+            # Whole KV heads per column (the interpreter's attention needs no
+            # dot products across columns); wider bands split head_dim instead.
+            kv = sz.shape.kv_heads
+            w = next((d for d in range(w, kv + 1) if kv % d == 0), w)
+        return w
 
     def _expert_width(self, h: int) -> int | None:
         sz, s = self.sizer, self.sizer.shape

@@ -273,6 +273,9 @@ def materialize(schedule: ev.ScheduleOp, target: Target, budget: Resources,
     if target_name is not None:
         program.target = StringAttr(target_name)
     block = program.body.block
+    for k in schedule.kernels():
+        k.detach()
+        block.add_op(k)
     flows = schedule.flows()
     for f in flows:
         f.detach()

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import (
     ArrayAttr,
+    DenseArrayBase,
     DictionaryAttr,
     FloatAttr,
     IntegerAttr,
@@ -37,7 +38,7 @@ from xdsl.dialects.builtin import (
     UnitAttr,
     i64,
 )
-from xdsl.ir import Block, Region
+from xdsl.ir import Attribute, Block, Region
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
 
@@ -47,7 +48,7 @@ from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import mesh_kernel as mk
 from meshrt.dialects.base import kernel_deps, topological_order
-from meshrt.dialects.graph import RoutingType
+from meshrt.dialects.graph import ActType, RoutingType
 from meshrt.dialects.mesh import (
     RESOURCE_NAMES,
     CoreSetAttr,
@@ -100,6 +101,7 @@ class _KernelPlan:
     outputs: list[_Flow]
     output_cores: CoreSetAttr
     stage_entry: bool = False
+    local_inputs: list[_KernelPlan] = field(default_factory=list)  # producers read in place
 
     @property
     def input_cores(self) -> CoreSetAttr:
@@ -149,12 +151,13 @@ class Synthesizer:
         dst = self.plans[consumer].input_cores
         cross = consumer.wafer_index != producer.op.wafer_index
         held = producer.resident_cores
-        if not cross and held.is_dense() and held.covers(dst):
-            return None  # every consumer core already holds the value
+        in_place = kr.holds_input(producer.op, consumer)
+        if not cross and in_place and held.is_dense() and held.covers(dst):
+            return None  # every consumer core already holds its part of the value
         offset = None if cross else _same_shape(src, dst)
-        if offset == (0, 0):
+        if offset == (0, 0) and in_place:
             return None
-        if offset is not None:
+        if offset is not None and offset != (0, 0) and in_place:
             spec = kr.FlowSpec(name, src, dst, "shift", data, *offset)
         else:
             spec = kr.FlowSpec(name, src, dst, "all", data)
@@ -187,6 +190,7 @@ class Synthesizer:
                 route_meta = moe  # expert results and their metainfo travel back
             flow = self._transfer(name, producer, op, src, data)
             if flow is None:
+                plan.local_inputs.append(producer)
                 continue
             if route_meta:
                 flow.meta, flow.meta_kind = self.kctx.route_bytes, "moe_routing"
@@ -209,6 +213,33 @@ class Synthesizer:
         sample.outputs.append(flow)
         embed.inputs.append(flow)
 
+    def _carry_cf_payload(self) -> None:
+        """Every core that forwards the CF payload must have received it this step.
+
+        The payload leaves the sampler with the tokens and rides every handoff
+        and every flow into attention. A kernel that sends it therefore needs
+        it on one of its own input flows, or (when it reads a value in place)
+        its producer needs it: walk back until a flow that carries it.
+        """
+        cf = self.kctx.cf_bytes
+        producer_of = {id(f): p for p in self.plans.values() for f in p.outputs}
+        need = [p for p in self.plans.values()
+                if any(f.meta_kind == "continuous_batching" for f in p.outputs)
+                and not isinstance(p.op, mk.SampleOp)]
+        seen: set[int] = set()
+        while need:
+            plan = need.pop()
+            if id(plan) in seen:
+                continue
+            seen.add(id(plan))
+            if any(f.meta_kind == "continuous_batching" for f in plan.inputs):
+                continue
+            data_flows = [f for f in plan.inputs if f.meta_kind is None]
+            if data_flows:
+                data_flows[0].meta, data_flows[0].meta_kind = cf, "continuous_batching"
+                need.append(producer_of[id(data_flows[0])])  # which now forwards it too
+            need.extend(plan.local_inputs)
+
     # -- Algorithm 1 ------------------------------------------------------
     def run(self) -> ev.ScheduleOp:
         try:
@@ -226,6 +257,8 @@ class Synthesizer:
         embeds = [p for p in self.plans.values() if isinstance(p.op, mk.EmbedOp)]
         if samples and embeds:
             self._wire_token_loop(samples[-1], embeds[0])
+        if "continuous_batching" in self.kctx.dynamism:
+            self._carry_cf_payload()
 
         budget = self.target.budget()
         subs_by_key: dict[tuple[int, str], ev.SubScheduleOp] = {}
@@ -244,6 +277,8 @@ class Synthesizer:
                     members[op.wafer_index].append((r.tuple[:4], (index, role.name)))
 
         block = Block()
+        for op in order:
+            block.add_op(kernel_info(op))
         for name in sorted(self.flows, key=list(self.flows).index):
             block.add_op(self._flow_op(self.flows[name]))
         used_names: set[str] = set()
@@ -374,6 +409,31 @@ class Synthesizer:
         if flow.cross_wafer:
             props["cross_wafer"] = UnitAttr()
         return ev.FlowOp.create(properties=props)
+
+
+def kernel_info(op: mk.KernelOp) -> ev.KernelInfoOp:
+    """The `event.kernel` record of `op`: kind, region, inputs and shape parameters."""
+    params: dict[str, Attribute] = {}
+    for key, attr in op.properties.items():
+        if key not in ("sym_name", "region"):
+            params[key] = attr
+    widths = [v.type.width.data for v in op.operands if isinstance(v.type, ActType)]
+    params["in_widths"] = DenseArrayBase.from_list(i64, widths)
+    if op.results and isinstance(op.results[0].type, ActType):
+        params["out_width"] = _int(op.results[0].type.width.data)
+    if op.results and isinstance(op.results[0].type, RoutingType):
+        params["experts"] = _int(op.results[0].type.experts.data)
+        params["top_k"] = _int(op.results[0].type.top_k.data)
+    info = ev.KernelInfoOp.create(properties={
+        "sym_name": StringAttr(op.kernel_name),
+        "kind": StringAttr(op.name.split(".", 1)[1]),
+        "region": op.region,
+        "inputs": ArrayAttr([SymbolRefAttr(v.owner.kernel_name) for v in op.operands
+                             if isinstance(v.owner, mk.KernelOp)]),
+        "params": DictionaryAttr(params),
+    })
+    info.location = op.location
+    return info
 
 
 # Attributes are immutable: one instance per value serves every op, which

@@ -246,7 +246,21 @@ class TimeBoundReport:
         )
 
 
-Report = CorruptionReport | DeadlockReport | TimeBoundReport
+@dataclass(frozen=True)
+class DataReport:
+    """A core needed data it did not hold (numerics mode: a table, flow or layout bug)."""
+
+    cycle: int
+    core: tuple[int, int, int]
+    core_class: str
+    message: str
+
+    def __str__(self) -> str:
+        return (f"data error at cycle {self.cycle} on core {self.core[1:]} (wafer {self.core[0]}, "
+                f"@{self.core_class}): {self.message}")
+
+
+Report = CorruptionReport | DeadlockReport | TimeBoundReport | DataReport
 
 
 @dataclass
@@ -345,6 +359,7 @@ class _Msg:
         "flow",
         "id",
         "left",
+        "payload",
         "parked_at",
         "seg",
         "sender",
@@ -367,12 +382,15 @@ class _Msg:
         self.parked_at = None
         self.tail_src = 0
         self.eof = False  # the sender's last message of the flow in its step
+        self.payload = None  # numerics mode: what the message carries
 
 
 class _Core:
     __slots__ = (
         "await_rs",
         "await_want",
+        "cd",
+        "got",
         "cap",
         "cls",
         "credit",
@@ -437,6 +455,8 @@ class _Core:
         self.senders: dict[int, tuple[int, ...]] = {}
         self.sub_name = ""
         self.sub_start = 0
+        self.cd = None  # per-core data (numerics mode)
+        self.got: list = []  # messages gathered by the current recv
 
 
 class MeshSim:
@@ -446,8 +466,13 @@ class MeshSim:
                  jitter: float | None = None, queue_depth: int = 2, out_queue: int | None = None,
                  max_cycles: int = 50_000_000, trace: bool = False,
                  stop_on_corruption: bool = True,
-                 speed_scale: Callable[[tuple[int, int, int]], float] | None = None):
+                 speed_scale: Callable[[tuple[int, int, int]], float] | None = None,
+                 data=None, inflight: int = 1):
         self.program = program
+        # numerics mode: a meshrt.runtime.dataplane.DataPlane moves tensors in the messages
+        self.data = data
+        # micro-batches in flight: the host primes the loop-carried flows this many times
+        self.inflight = max(1, inflight)
         # extra per-core slowdown on top of the seeded factor, by (wafer, x, y):
         # how placement studies model slower regions
         self.speed_scale = speed_scale
@@ -536,7 +561,7 @@ class MeshSim:
                     if s == 0:
                         grant = tuple(fidx[n] for n in seg.grant_names())
                 for sub in seg.subs():
-                    instrs.append((I_SUB, f"{sub.kernel_name} {sub.role_name}", ts))
+                    instrs.append((I_SUB, f"{sub.kernel_name} {sub.role_name}", ts, sub.kernel_name))
                     for e in sub.events():
                         if isinstance(e, ev.ComputeOp):
                             instrs.append((I_COMPUTE, e.op.data,
@@ -548,7 +573,8 @@ class MeshSim:
                                 instrs.append((I_AWAIT, f, len(self.await_specs)))
                                 self.await_specs.append((f, frozenset(awaiting.pop(f))))
                             instrs.append((I_SEND, f, nb,
-                                           math.ceil(nb / WAVELET_BYTES) * costs["send_wavelet"], False))
+                                           math.ceil(nb / WAVELET_BYTES) * costs["send_wavelet"], False,
+                                           e.meta.value.data))
                         elif isinstance(e, ev.RecvOp):
                             f = fidx[e.flow_name]
                             nb = e.num_bytes + e.meta.value.data
@@ -587,7 +613,7 @@ class MeshSim:
                 if ins[0] == I_SEND:
                     last[ins[1]] = i
             for i in last.values():
-                instrs[i] = instrs[i][:4] + (True,)
+                instrs[i] = instrs[i][:4] + (True,) + instrs[i][5:]
             self.class_progs.append(instrs)
             prime.append(primed)
             grants.append(grant)
@@ -607,6 +633,8 @@ class MeshSim:
                 if self.speed_scale is not None:
                     speed *= self.speed_scale((w, x, y))
                 core = _Core(len(self.cores), rid, (w, x, y), ci, self.class_progs[ci], speed)
+                if self.data is not None:
+                    core.cd = self.data.core_data((w, x, y))
                 self.cores.append(core)
                 self.router_class[rid] = ci
                 self.router_core[rid] = core
@@ -713,11 +741,14 @@ class MeshSim:
                         s.credit[(f, core.rid)] = s.credit.get((f, core.rid), 0) + 1
         for core in self.cores:
             for f, n in prime[core.cls].items():
-                for _ in range(n):
+                for g in range(n * self.inflight):
                     for s in core.senders.get(f, ()):
                         m = _Msg(-1, f, s, 0, 0, 1, None, None)
+                        if self.data is not None:
+                            m.payload = self.data.host_prime(core.cd, self.flow_names[f], g)
                         core.inq.setdefault(f, []).append(m)
-                core.cap[f] = max(core.cap.get(f, 0), self.queue_depth * len(core.senders.get(f, ())))
+                core.cap[f] = max(core.cap.get(f, 0),
+                                  max(self.queue_depth, n * self.inflight) * len(core.senders.get(f, ())))
 
     def _extent(self, region: RectSet) -> tuple[int, int, int, int]:
         xs = [b[0] for b in region] + [b[2] - 1 for b in region]
@@ -831,7 +862,13 @@ class MeshSim:
             ins = prog[core.pc]
             k = ins[0]
             if k == I_COMPUTE:
-                c = self._cost(core, ins[2])
+                extra = 0
+                if core.cd is not None:
+                    r = self._data(core, t, self.data.compute, ins[1])
+                    if r is None:
+                        return
+                    extra = r if r is not True else 0  # host work (a static batch refill)
+                c = self._cost(core, ins[2]) + extra
                 if self.spans is not None:
                     self._span(core, ins[1], t, t + c)
                 core.pc += 1
@@ -850,10 +887,14 @@ class MeshSim:
                             want.discard(m.sender)
                             del q[i]
                             got += 1
+                            if core.cd is not None:
+                                core.got.append(m)
                             self._unpark(core, f, t)
                         else:
                             i += 1
                 if not want:
+                    if core.cd is not None and not self._received(core, f, t):
+                        return
                     c = self._cost(core, ins[2] * max(got, 1))
                     if self.spans is not None:
                         self._span(core, "recv " + self.flow_names[f], t, t + c)
@@ -873,7 +914,12 @@ class MeshSim:
                     core.t_block = t
                     return
                 f = ins[1]
-                self._inject(core, f, ins[2], t, ins[4])
+                payload = None
+                if core.cd is not None:
+                    payload = self._data(core, t, self.data.send, self.flow_names[f], ins[5])
+                    if payload is None:
+                        return
+                self._inject(core, f, ins[2], t, ins[4], payload)
                 c = self._cost(core, ins[3])
                 if self.spans is not None:
                     self._span(core, "send " + self.flow_names[f], t, t + c)
@@ -881,6 +927,8 @@ class MeshSim:
                 self._at(t + c, E_RESUME, core)
                 return
             if k == I_SUB:
+                if core.cd is not None:
+                    self.data.sub(core.cd, ins[3])
                 c = self._cost(core, ins[2])
                 if self.spans is not None:
                     if core.sub_name:
@@ -987,6 +1035,8 @@ class MeshSim:
                 core.pc += 1
                 continue
             # I_END
+            if core.cd is not None:
+                self.data.end_step(core.cd)
             if core.step == len(self.step_end):
                 self.step_end.append(t)
             elif t > self.step_end[core.step]:
@@ -1006,7 +1056,8 @@ class MeshSim:
         self._at(t, E_RESUME, core)
 
     # -- network -------------------------------------------------------------
-    def _inject(self, core: _Core, f: int, nbytes: int, t: int, eof: bool = False) -> None:
+    def _inject(self, core: _Core, f: int, nbytes: int, t: int, eof: bool = False,
+                payload=None) -> None:
         plan = self.send_plan.get((core.rid, f))
         self.msg_count += 1
         if plan is None or not plan[1]:
@@ -1019,6 +1070,7 @@ class MeshSim:
             ser = -(-nbytes // tg.link_bytes_per_cycle)
         m = _Msg(self.msg_count, f, core.rid, core.eseg, ser, len(dests), tree, dests)
         m.eof = eof
+        m.payload = payload
         self.inflight[m.id] = m
         core.outstanding[m.id] = m
         m.tail_src = t + ser
@@ -1112,7 +1164,11 @@ class MeshSim:
     def _consume(self, core: _Core, m: _Msg, t: int) -> None:
         core.want.discard(m.sender)
         core.recv_total += core.recv_cost
+        if core.cd is not None:
+            core.got.append(m)
         if not core.want:
+            if core.cd is not None and not self._received(core, core.recv_flow, t):
+                return
             c_last = self._cost(core, core.recv_cost)
             end = max(t + c_last, core.t_block + self._cost(core, core.recv_total))
             core.stall[0] += t - core.t_block
@@ -1123,6 +1179,25 @@ class MeshSim:
             core.state = RUN
             core.pc += 1
             self._at(end, E_RESUME, core)
+
+    # -- numerics ----------------------------------------------------------
+    def _data(self, core: _Core, t: int, hook, *args):
+        """Run a data-plane hook; a layout error becomes a report and stops the run."""
+        from meshrt.runtime.dataplane import DataLayoutError
+
+        try:
+            r = hook(core.cd, *args)
+        except DataLayoutError as e:
+            self.reports.append(DataReport(t, core.pos, self.class_names[core.cls], str(e)))
+            self.stop = True
+            return None
+        return True if r is None else r
+
+    def _received(self, core: _Core, f: int, t: int) -> bool:
+        # senders in a fixed order, so gathers merge the same way on every seed
+        got = sorted(core.got, key=lambda m: m.sender)
+        core.got = []
+        return self._data(core, t, self.data.recv, self.flow_names[f], [m.payload for m in got]) is not None
 
     def _unpark(self, core: _Core, f: int, t: int) -> None:
         pk = core.parked.get(f)

@@ -1,0 +1,315 @@
+"""The serving loop: requests in, tokens out, through the simulated mesh.
+
+The host's only jobs are outside the per-token path: it writes arriving
+requests into the waiting queue (bounded; a request that finds it full, or
+that needs more KV positions than a slot holds, is rejected and counted) and
+reads finished requests back. Everything per token happens on the mesh: the
+sampler root (the core that produces the continuous-batching payload) reads
+the waiting queue when a slot frees, and its table rides with the tokens
+back to the first stage and on to every attention.
+
+Prompts are prefilled on chip, one token per slot per step (chunked prefill
+with a chunk of one token): while a slot's prompt lasts, the sampler feeds
+the next prompt token instead of the sampled one. Time to first token is
+therefore arrival -> admission -> prompt length decode steps.
+
+Static mode (the WaferLLM-style baseline, a program compiled without
+dynamism): a micro-batch's slots are filled together; the batch runs until
+its longest request is done (finished slots keep computing: padding); then
+the host refills it, paying `host_roundtrip` cycles, and installs the new
+batch's table in the attention cores (no metainfo rides the data).
+
+Micro-batch pipelining: with `micro_batch_pipeline`, one micro-batch per
+stage is in flight (the host primes the token loop once per stage), and
+each owns its own KV slots.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from meshrt.runtime import reference as ref
+from meshrt.runtime.dataplane import DataPlane, Slot, SlotTable
+from meshrt.runtime.mesh_sim import MeshSim, SimResult
+from meshrt.runtime.workloads import Request
+
+
+@dataclass
+class _Live:
+    req: Request
+    arrival: int  # cycles
+    admitted: int
+    fed: int = 0
+    out: list[int] = field(default_factory=list)
+    first: int | None = None
+    done: bool = False
+
+
+@dataclass
+class RequestRecord:
+    id: int | str
+    prompt: list[int]
+    tokens: list[int]
+    arrival: int
+    admitted: int
+    first_token: int
+    finished: int
+
+    @property
+    def ttft(self) -> int:
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        n = len(self.tokens)
+        return (self.finished - self.first_token) / (n - 1) if n > 1 else None
+
+
+class Host:
+    """Host side of serving plus the sampler root's slot bookkeeping."""
+
+    def __init__(self, requests: list[Request], *, micro_batch: int, groups: int, max_seq: int,
+                 eos: int | None, clock_hz: float, static: bool, queue_capacity: int,
+                 refill_cycles: int):
+        self.b, self.groups, self.max_seq, self.eos = micro_batch, groups, max_seq, eos
+        self.static = static
+        self.capacity = queue_capacity
+        self.refill_cycles = refill_cycles
+        arrivals = [(int(round(r.arrival * clock_hz)), i, r) for i, r in enumerate(requests)]
+        self.pending = deque(sorted(arrivals))
+        self.waiting: deque[tuple[int, Request]] = deque()
+        self.rejected: list[tuple[int | str, str]] = []
+        self.records: list[RequestRecord] = []
+        self.slots: list[list[_Live | None]] = [[None] * micro_batch for _ in range(groups)]
+        self.tables: dict[int, SlotTable] = {}
+        self.tokens: dict[int, list[int]] = {}
+        self.slot_steps = 0
+        self.busy_slot_steps = 0
+        self.now = lambda: 0
+        self.on_done = lambda: None
+        self.total = len(requests)
+
+    # -- admission --------------------------------------------------------
+    def _arrivals(self, now: int) -> None:
+        while self.pending and self.pending[0][0] <= now:
+            t, _, r = self.pending.popleft()
+            if r.prompt_len + r.output_len > self.max_seq:
+                self.rejected.append((r.id, f"needs {r.prompt_len + r.output_len} KV positions, "
+                                            f"a slot holds {self.max_seq}"))
+            elif len(self.waiting) >= self.capacity:
+                self.rejected.append((r.id, f"waiting queue full ({self.capacity})"))
+            else:
+                self.waiting.append((t, r))
+
+    def _admit(self, g: int, now: int) -> None:
+        self._arrivals(now)
+        row = self.slots[g]
+        if self.static and any(s is not None for s in row):
+            return  # a static batch is refilled only once all its requests are done
+        for s in range(self.b):
+            if row[s] is None and self.waiting:
+                t, r = self.waiting.popleft()
+                row[s] = _Live(r, t, now)
+
+    def _table(self, seq: int) -> None:
+        g = seq % self.groups
+        slots, toks = [], []
+        for s, live in enumerate(self.slots[g]):
+            kv = g * self.b + s
+            if live is None:
+                slots.append(Slot(-1, 0, kv))
+                toks.append(0)
+                continue
+            p = live.req.prompt
+            toks.append(p[live.fed] if live.fed < len(p) else live.out[-1])
+            slots.append(Slot(_rid(live), live.fed, kv))
+            live.fed += 1
+        self.tables[seq] = SlotTable(seq, tuple(slots))
+        self.tokens[seq] = toks
+
+    # -- hooks (the data plane calls these) --------------------------------
+    def first_tokens(self, g: int) -> list[int]:
+        if g not in self.tables:
+            self._admit(g, 0)
+            self._table(g)
+        return self.tokens[g]
+
+    def first_table(self, g: int) -> SlotTable:
+        self.first_tokens(g)
+        return self.tables[g]
+
+    def installed_table(self, seq: int) -> SlotTable | None:
+        return self.tables.get(seq)
+
+    def counts_routing(self, cd) -> bool:
+        return True
+
+    def table_of(self, cd) -> SlotTable:
+        return self.tables[cd.step + self.groups]
+
+    def next_tokens(self, cd) -> list[int]:
+        return self.tokens[cd.step + self.groups]
+
+    def sampled(self, cd, tokens: list[int]) -> int:
+        """The sampler root has the step's tokens: update the slots, admit, and
+        build the table the next step of this micro-batch runs with."""
+        seq = cd.step
+        g = seq % self.groups
+        now = self.now()
+        table = self.tables.pop(seq)
+        self.tokens.pop(seq, None)
+        row = self.slots[g]
+        for s, slot in enumerate(table.slots):
+            self.slot_steps += 1
+            live = row[s]
+            if slot.rid < 0 or live is None or live.done:
+                continue
+            self.busy_slot_steps += 1
+            if slot.pos < live.req.prompt_len - 1:
+                continue  # still prefilling: the sampled token is not an output
+            tok = tokens[s]
+            live.out.append(tok)
+            if live.first is None:
+                live.first = now
+            if tok == self.eos or len(live.out) >= live.req.output_len:
+                live.done = True
+                self.records.append(RequestRecord(live.req.id, live.req.prompt, live.out, live.arrival,
+                                                  live.admitted, live.first, now))
+                if not self.static:
+                    row[s] = None
+        refill = 0
+        if self.static and all(x is None or x.done for x in row):
+            if any(x is not None for x in row):
+                refill = self.refill_cycles  # the host reads the batch out and writes the next
+            self.slots[g] = row = [None] * self.b
+        self._admit(g, now)
+        self._table(seq + self.groups)
+        if len(self.records) + len(self.rejected) == self.total:
+            self.on_done()
+        return refill
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.busy_slot_steps / self.slot_steps if self.slot_steps else 0.0
+
+
+def _rid(live: _Live) -> int:
+    return hash(live.req.id) & 0x7FFFFFFF if not isinstance(live.req.id, int) else live.req.id
+
+
+def reference_shape(program) -> ref.RefShape:
+    """The NumPy reference's shape from the program's hyper-parameters."""
+    hp = {k: getattr(v, "value", v) for k, v in program.hparams.data.items()}
+    vals = {k: getattr(v, "data", v) for k, v in hp.items()}
+    ns = SimpleNamespace(**{k: vals.get(k) for k in (
+        "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts", "top_k",
+        "expert_ffn", "shared_experts", "eos_token")})
+    return ref.RefShape.of(ns)
+
+
+@dataclass
+class ServingResult:
+    sim: SimResult
+    records: list[RequestRecord]
+    rejected: list[tuple[int | str, str]]
+    mismatches: list[tuple[int | str, list[int], list[int]]]
+    padding_fraction: float
+    static: bool
+    routing_counts: np.ndarray
+    clock_hz: float
+
+    @property
+    def outputs_match_reference(self) -> bool:
+        return not self.mismatches and not self.sim.reports
+
+    def summary(self) -> dict:
+        recs = self.records
+        cycles = self.sim.cycles
+        tpots = [r.tpot for r in recs if r.tpot is not None]
+        out_tokens = sum(len(r.tokens) for r in recs)
+        reports = self.sim.reports
+        stalls: dict[str, int] = {}
+        for per in self.sim.stalls.values():
+            for k, v in per.items():
+                stalls[k] = stalls.get(k, 0) + v
+        return {
+            "outputs_match_reference": self.outputs_match_reference,
+            "requests_completed": len(recs),
+            "requests_rejected": len(self.rejected),
+            "rejections": [f"{rid}: {why}" for rid, why in self.rejected],
+            "deadlock": any(type(r).__name__ == "DeadlockReport" for r in reports),
+            "corruption": any(type(r).__name__ == "CorruptionReport" for r in reports),
+            "data_error": any(type(r).__name__ == "DataReport" for r in reports),
+            "time_bound": any(type(r).__name__ == "TimeBoundReport" for r in reports),
+            "reports": [str(r) for r in reports],
+            "static": self.static,
+            "cycles": cycles,
+            "decode_steps": self.sim.steps,
+            "cycles_per_step": (sum(self.sim.step_cycles) / len(self.sim.step_cycles)
+                                if self.sim.step_cycles else None),
+            "tpot_cycles": sum(tpots) / len(tpots) if tpots else None,
+            "ttft_cycles": sum(r.ttft for r in recs) / len(recs) if recs else None,
+            "output_tokens": out_tokens,
+            "system_tokens_per_mcycle": out_tokens / cycles * 1e6 if cycles else 0.0,
+            "padding_fraction": self.padding_fraction,
+            "stall_cycles": stalls,
+            "link_utilisation": self.sim.link_utilisation,
+            "events": self.sim.events,
+            "events_per_second": self.sim.events_per_second,
+            "wall_seconds": self.sim.wall_seconds,
+            "seed": self.sim.seed,
+        }
+
+
+def serve(program, target, requests: list[Request], *, seed: int = 0, weight_seed: int = 0,
+          weights: ref.Weights | None = None, queue_capacity: int = 16,
+          max_cycles: int = 200_000_000, check: bool = True, trace: bool = False,
+          safe: bool = True, speed_scale=None) -> ServingResult:
+    """Serve `requests` on `program` (coloured segment IR) and compare with the reference."""
+    shape = reference_shape(program)
+    weights = weights if weights is not None else ref.Weights.random(shape, weight_seed)
+    dyn = program.dynamism_kinds
+    groups = program.num_stages if "micro_batch_pipeline" in dyn else 1
+    max_seq = int(program.hparams.data["max_seq"].value.data)
+    host = Host(list(requests), micro_batch=program.micro_batch_size, groups=groups, max_seq=max_seq,
+                eos=shape.eos_token, clock_hz=target.clock_hz,
+                static="continuous_batching" not in dyn, queue_capacity=queue_capacity,
+                refill_cycles=int(target.costs.get("host_roundtrip", 0)))
+    plane = DataPlane(program, weights, host)
+    sim = MeshSim(program, target, seed=seed, safe=safe, max_cycles=max_cycles, trace=trace,
+                  data=plane, inflight=groups, speed_scale=speed_scale)
+    host.now = lambda: sim.now
+
+    def done() -> None:
+        sim.stop = True
+
+    host.on_done = done
+    result = sim.run(steps=1 << 40)
+    mismatches = []
+    if check:
+        model = ref.ReferenceModel(shape, weights)
+        for r in host.records:
+            req = next(q for q in requests if q.id == r.id)
+            want = model.generate(req.prompt, req.output_len)
+            if want != r.tokens:
+                mismatches.append((r.id, r.tokens, want))
+    return ServingResult(result, host.records, host.rejected, mismatches, host.padding_fraction,
+                         host.static, plane.routing_counts, target.clock_hz)
+
+
+def tiny_workload(name: str, n: int, seed: int, max_seq: int, vocab: int, clock_hz: float,
+                  rate_per_mcycle: float | None):
+    """A synthetic workload scaled to a tiny model's KV capacity (same length shape)."""
+    from meshrt.runtime.workloads import CHAT_OUTPUT, REASONING_OUTPUT, get_workload
+
+    cap = {"chat": CHAT_OUTPUT.cap, "reasoning": REASONING_OUTPUT.cap}.get(name)
+    rate = rate_per_mcycle * clock_hz / 1e6 if rate_per_mcycle else None
+    if cap is None:  # a JSONL file: its own lengths and arrivals
+        return get_workload(name, n, seed, vocab=vocab)
+    half = max(1, max_seq // 2)
+    return get_workload(name, n, seed, rate, scale=max(half / cap, 1e-9) * 4, vocab=vocab,
+                        max_prompt_len=half, max_output_len=half)
