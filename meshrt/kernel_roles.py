@@ -133,7 +133,7 @@ def output_layout(kernel: mk.KernelOp) -> str:
         case mk.AttentionOp():
             return "cols"
         case mk.ExpertFFNOp():
-            return "partial"  # per column, in the bottom row of every expert region
+            return "partial"  # rows j of the output, one partial per column
         case mk.CombineOp():
             return "full"  # at the head of the corridor
     return "full"
@@ -233,38 +233,28 @@ def _expert_roles(kernel: mk.ExpertFFNOp, kctx: KernelContext) -> tuple[list[Rol
     """A SwiGLU expert on every w x h expert region.
 
     Core (i, j) holds rows j of W_gate and W_up for column i's slice f_i of
-    the expert width, and the rows of W_down for sub-slice j of f_i (all of
-    the hidden columns). Phase 1 sums x . W_gate|up down each column; the
-    root applies silu(gate) * up and relays a[f_i] back up. Phase 2: each
-    core multiplies its part of a by its W_down rows and the whole-hidden
-    partials are summed down each column again (the same flow). The bottom
-    row sends one partial output per column; combine, which sums the
-    weighted expert outputs anyway, sums the columns too. Mid cores use
-    three input queues: the tokens, down and up.
+    the expert width, and W_down[f_i, rows j]. Phase 1 sums x . W_gate|up
+    down each column; the root applies silu(gate) * up and relays a[f_i]
+    back up. Phase 2 is local: a[f_i] . W_down[f_i, rows j] is this core's
+    partial of output rows j. Every core sends its partial on; combine,
+    which sums the weighted expert outputs anyway, sums the columns too, so
+    no core needs a fourth queue for a reduction along the rows.
     """
     _, _, w, h = kernel.tiles()[0]
     hidden, f = kernel.input.type.width.data, int_value(kernel.expert_ffn)
     n = kernel.experts_per_region()
     b = kctx.micro_batch
-    fi, fij = _c(f, w), _c(f, w * h)
-    state = n * (_c(hidden, h) * 2 * fi + fij * hidden) * kctx.expert_weight_bytes
+    fi, hj = _c(f, w), _c(hidden, h)
+    state = n * 3 * hj * fi * kctx.expert_weight_bytes
     # With routing a region sees only the tokens routed to it; without it
     # (the static build) every expert computes every token.
     tokens = b * min(n, kctx.top_k) if "moe_routing" in kctx.dynamism else b * n
-    up = [("compute", "fmac", tokens * _c(hidden, h) * 2 * fi)]
+    up = [("compute", "fmac", tokens * hj * 2 * fi)]
     roles, flows = chain(kernel, up, "add", tokens * 2 * fi * ACT_BYTES,
-                         [("compute", "silu_mul", tokens * fi)], int(state))
-    down = f"{kernel.kernel_name}.down"
-    msg = tokens * hidden * ACT_BYTES
-    phase2 = {
-        "edge": [("send", down, msg)],
-        "mid": [("recv", down, msg), ("compute", "add", msg // 4), ("send", down, msg)],
-        "root": [("recv", down, msg), ("compute", "add", msg // 4)] if h > 1 else [],
-    }
+                         [("compute", "silu_mul", tokens * fi)], int(state), outputs_from_root=False)
     for r in roles:
-        r.events = [e for e in r.events if e != OUTPUTS] + [("compute", "fmac", tokens * fij * hidden)] \
-            + phase2[r.name] + ([OUTPUTS] if r.name == "root" else [])
-        r.sends_output = r.name == "root"
+        r.events = [e for e in r.events if e != OUTPUTS] + [("compute", "fmac", tokens * fi * hj), OUTPUTS]
+        r.sends_output = True
         r.ctrl = b * kctx.top_k * ROUTE_BYTES_PER_CHOICE  # which tokens are ours
     return roles, flows
 

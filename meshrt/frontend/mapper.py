@@ -129,11 +129,11 @@ class Sizer:
 
     def expert(self, group: int, w: int, h: int) -> float:
         s, f = self.shape, self.shape.expert_ffn
-        # per core (meshrt.kernel_roles): rows of W_gate|up for a column's
-        # slice of the expert width, W_down rows of a sub-slice
-        fi, fij = _c(f, w), _c(f, w * h)
-        weights = _c(s.hidden, h) * 2 * fi + fij * s.hidden
-        bufs = _c(s.hidden, h) + 2 * fi + fij + s.hidden
+        # per core (meshrt.kernel_roles): rows of W_gate|up and W_down for a
+        # column's slice of the expert width
+        fi, hj = _c(f, w), _c(s.hidden, h)
+        weights = 3 * hj * fi
+        bufs = 2 * hj + 3 * fi
         # A token visits an expert at most once, so a region sees at most
         # micro_batch x min(group, top_k) tokens per step.
         tokens = self.micro_batch * min(group, s.top_k)

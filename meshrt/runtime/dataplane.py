@@ -149,8 +149,23 @@ class CoreData:
     step: int = 0
 
 
+class _Where:
+    """Names kernel and core in an error; formatted only when one is raised."""
+
+    __slots__ = ("kernel", "pos")
+
+    def __init__(self, kernel: str, pos: tuple[int, int, int]):
+        self.kernel, self.pos = kernel, pos
+
+    def __str__(self) -> str:
+        return f"kernel @{self.kernel} on core ({self.pos[1]}, {self.pos[2]})"
+
+
 class KernelExec:
     """What the events of one kernel do on one core (subclasses per kind)."""
+
+    # compute ops with numeric effect (the simulator skips the hook for others)
+    OPS: frozenset[str] = frozenset()
 
     def __init__(self, info: ev.KernelInfoOp, plane: DataPlane):
         self.info = info
@@ -160,17 +175,22 @@ class KernelExec:
         self.tiles = [r.tuple[:4] for r in info.region.rects.data]
         self.inputs = info.input_names
         self.layer = info.param("layer", -1)
+        self._grid: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {}
 
     def grid_pos(self, cd: CoreData) -> tuple[int, int, int, int, int]:
         """(tile index, i, j, w, h) of the core in the kernel's tiles."""
-        _, x, y = cd.pos
-        for t, (tx, ty, tw, th) in enumerate(self.tiles):
-            if tx <= x < tx + tw and ty <= y < ty + th:
-                return t, x - tx, y - ty, tw, th
-        raise DataLayoutError(f"kernel @{self.name}: core {cd.pos[1:]} is outside its region")
+        gp = self._grid.get(cd.pos)
+        if gp is None:
+            _, x, y = cd.pos
+            for t, (tx, ty, tw, th) in enumerate(self.tiles):
+                if tx <= x < tx + tw and ty <= y < ty + th:
+                    gp = self._grid[cd.pos] = (t, x - tx, y - ty, tw, th)
+                    return gp
+            raise DataLayoutError(f"kernel @{self.name}: core {cd.pos[1:]} is outside its region")
+        return gp
 
-    def where(self, cd: CoreData) -> str:
-        return f"kernel @{self.name} on core ({cd.pos[1]}, {cd.pos[2]})"
+    def where(self, cd: CoreData) -> _Where:
+        return _Where(self.name, cd.pos)
 
     def input(self, cd: CoreData, k: int = 0) -> Vec:
         """Operand k as this core holds it: its own copy of the producer's value
@@ -213,6 +233,8 @@ class KernelExec:
 
 
 class Embed(KernelExec):
+    OPS = frozenset({"embed"})
+
     def compute(self, cd, op):
         if op != "embed":
             return
@@ -244,6 +266,8 @@ class Handoff(KernelExec):
 
 
 class Gemv(KernelExec):
+    OPS = frozenset({"fmac"})
+
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.weight = plane.matrix(self.name, self.layer, grid=self.tiles[0])
@@ -263,6 +287,8 @@ class Gemv(KernelExec):
 
 class AllReduce(KernelExec):
     """Sums the gemv partials down each column; the root rounds, relays back."""
+
+    OPS = frozenset({"add"})
 
     def _own(self, cd):
         tag, c0, c1, partial = cd.values[self.inputs[0]]
@@ -309,6 +335,8 @@ class AllReduce(KernelExec):
 
 
 class Elementwise(KernelExec):
+    OPS = frozenset({"square_sum", "add", "rsqrt", "scale", "silu_mul"})
+
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.kind = info.param("kind")
@@ -368,6 +396,8 @@ class Elementwise(KernelExec):
 
 class Attention(KernelExec):
     """Heads split over the columns, the sequence over the rows (flash-decoding merge)."""
+
+    OPS = frozenset({"qk", "softmax_merge", "normalize"})
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
@@ -460,16 +490,20 @@ class Attention(KernelExec):
 
 
 def _merge_softmax(a, b):
-    """Combine two (out, max, sum) partials of the same heads."""
+    """Combine two (out, max, sum) partials of the same heads (-inf max: no keys)."""
     oa, ma, sa = a
     ob, mb, sb = b
     m = np.maximum(ma, mb)
-    fa = np.where(np.isfinite(ma), np.exp(np.where(np.isfinite(ma), ma - m, 0.0)), 0.0)
-    fb = np.where(np.isfinite(mb), np.exp(np.where(np.isfinite(mb), mb - m, 0.0)), 0.0)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        fa = np.where(np.isfinite(ma), np.exp(ma - safe), 0.0)
+        fb = np.where(np.isfinite(mb), np.exp(mb - safe), 0.0)
     return oa * fa[..., None] + ob * fb[..., None], m, sa * fa + sb * fb
 
 
 class TopKGate(KernelExec):
+    OPS = frozenset({"fmac", "add", "topk"})
+
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.router = plane.moe(self.layer).router
@@ -547,6 +581,8 @@ class Dispatch(KernelExec):
 class ExpertFFN(KernelExec):
     """See meshrt.kernel_roles._expert_roles for the layout."""
 
+    OPS = frozenset({"fmac", "add", "silu_mul"})
+
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.moe = plane.moe(self.layer)
@@ -591,19 +627,16 @@ class ExpertFFN(KernelExec):
             cd.acc[self.name + ".a"] = {
                 e: (rows, (ref._silu(g[:, :n].astype(F32)) * g[:, n:].astype(F32)))
                 for e, (rows, g) in parts.items()}
-        elif op == "fmac":  # phase 2: a . W_down for this core's sub-slice
+        elif op == "fmac":  # phase 2: a[f_i] . W_down[f_i, rows j], this core's partial
             a = cd.acc.pop(self.name + ".a")
-            s0, s1 = part(f1 - f0, h, j)
-            parts = {}
-            for e, (rows, act) in a.items():
-                parts[e] = (rows, act[:, s0:s1].astype(F64)
-                            @ self.moe.w_down[e, f0 + s0:f0 + s1].astype(F64))
-            cd.acc[self.name] = parts
+            r0, r1 = part(hidden, h, j)
+            cd.acc[self.name] = {e: (rows, r0, act.astype(F64) @ self.moe.w_down[e, f0:f1, r0:r1].astype(F64))
+                                 for e, (rows, act) in a.items()}
 
     def send(self, cd, flow):
         if flow.endswith(".up"):
             return cd.acc[self.name + ".a"]
-        return cd.acc.pop(self.name)  # down partials, or the column's output
+        return cd.acc.pop(self.name)  # down partials, or this core's output partial
 
     def recv(self, cd, flow, items):
         if flow.endswith(".up"):
@@ -616,6 +649,8 @@ class Combine(KernelExec):
     """Corridor cores each sum their flat slice of the weighted expert outputs
     and pass the slices on to the head."""
 
+    OPS = frozenset({"combine"})
+
     def compute(self, cd, op):
         if op != "combine":
             return
@@ -623,13 +658,19 @@ class Combine(KernelExec):
         items = cd.inbox.pop(self.name + ".experts", [])
         hidden = self.plane.shape.hidden
         lo, hi = part(hidden, w * h, j * w + i)
-        # per expert: the sum of its columns' partial outputs, rounded once
+        # per expert and slot: the sum of its cores' partial outputs, rounded once
         per_expert: dict[int, dict[int, np.ndarray]] = {}
         for parts in items:
-            for e, (rows, y) in parts.items():
+            for e, (rows, r0, y) in parts.items():
+                a, z = max(lo, r0), min(hi, r0 + y.shape[1])
+                if a >= z:
+                    continue
                 d = per_expert.setdefault(e, {})
                 for r, row in zip(rows, y):
-                    d[r] = d[r] + row[lo:hi] if r in d else row[lo:hi].copy()
+                    acc = d.get(r)
+                    if acc is None:
+                        acc = d[r] = np.zeros(hi - lo, F64)
+                    acc[a - lo:z - lo] += row[a - r0:z - r0]
         route = cd.route
         out = np.zeros((self.b, hi - lo), F64)
         for s in range(self.b):
@@ -659,6 +700,8 @@ class Combine(KernelExec):
 
 class Sample(KernelExec):
     """Greedy argmax along the bottom row; its last core runs the serving logic."""
+
+    OPS = frozenset({"argmax", "argmax_merge", "eos_check"})
 
     def compute(self, cd, op):
         _, i, j, w, h = self.grid_pos(cd)
@@ -769,6 +812,10 @@ class DataPlane:
 
     def sub(self, cd: CoreData, kernel: str) -> None:
         cd.kernel = self.kernels[kernel]
+
+    def computes(self, kernel: str, op: str) -> bool:
+        """Whether compute `op` of `kernel` has a numeric effect (else the hook is skipped)."""
+        return op in self.kernels[kernel].OPS
 
     def compute(self, cd: CoreData, op: str) -> int | None:
         """Returns extra cycles of host work the event waited for, if any."""

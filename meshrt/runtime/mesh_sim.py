@@ -138,6 +138,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from meshrt.dialects import event as ev
+from meshrt.runtime.dataplane import DataLayoutError
 from meshrt.dialects import segment as sg
 from meshrt.routing import RectSet, xy_path
 
@@ -339,12 +340,13 @@ def parse_program(text: str, filename: str = "<segments>") -> sg.ProgramOp:
     return program_of(parse_module(ctx, text, filename))
 
 
-def compile_program(model: str, target: str) -> sg.ProgramOp:
-    """Compile a model spec to coloured segment IR (what the interpreter runs)."""
+def compile_program(model: str, target: str, dynamism=None) -> sg.ProgramOp:
+    """Compile a model spec to coloured segment IR (what the interpreter runs);
+    `dynamism=()` is the static build."""
     from meshrt.passes.pipeline import lower_to
     from meshrt.tools.cli import compile_model
 
-    return program_of(lower_to(compile_model(model, target), "segments"))
+    return program_of(lower_to(compile_model(model, target, dynamism=dynamism), "segments"))
 
 
 # ---------------------------------------------------------------------------
@@ -564,8 +566,9 @@ class MeshSim:
                     instrs.append((I_SUB, f"{sub.kernel_name} {sub.role_name}", ts, sub.kernel_name))
                     for e in sub.events():
                         if isinstance(e, ev.ComputeOp):
+                            numeric = self.data is not None and self.data.computes(sub.kernel_name, e.op.data)
                             instrs.append((I_COMPUTE, e.op.data,
-                                           e.work.value.data * self._op_cost(e.op.data)))
+                                           e.work.value.data * self._op_cost(e.op.data), numeric))
                         elif isinstance(e, ev.SendOp):
                             f = fidx[e.flow_name]
                             nb = e.num_bytes + e.meta.value.data
@@ -584,10 +587,10 @@ class MeshSim:
                                 primed[f] += 1
                         elif isinstance(e, ev.MetaResolveOp):
                             instrs.append((I_COMPUTE, "meta_resolve",
-                                           costs["meta_resolve_slot"] * self.slots))
+                                           costs["meta_resolve_slot"] * self.slots, False))
                         elif isinstance(e, ev.MetaProduceOp):
                             instrs.append((I_COMPUTE, "meta_produce",
-                                           costs["meta_produce_slot"] * self.slots))
+                                           costs["meta_produce_slot"] * self.slots, False))
                 b = bounds.get(s)
                 if b is not None:
                     src, dst, sync, reconf = b
@@ -863,7 +866,7 @@ class MeshSim:
             k = ins[0]
             if k == I_COMPUTE:
                 extra = 0
-                if core.cd is not None:
+                if ins[3]:
                     r = self._data(core, t, self.data.compute, ins[1])
                     if r is None:
                         return
@@ -1183,8 +1186,6 @@ class MeshSim:
     # -- numerics ----------------------------------------------------------
     def _data(self, core: _Core, t: int, hook, *args):
         """Run a data-plane hook; a layout error becomes a report and stops the run."""
-        from meshrt.runtime.dataplane import DataLayoutError
-
         try:
             r = hook(core.cd, *args)
         except DataLayoutError as e:

@@ -62,11 +62,11 @@ segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 // CHECK-NEXT:   segment.segment 0 use <colors = 2> routes [@f, @g] {
 
 // The reduction race of the examples: the edge class's first send of
-// .reduce.down waits for the mid and root classes' install credits, which
+// .reduce.down waits for the root class's install credits, which
 // they send when they enter the segment holding it (and their reconfigures
 // drain the flows they release).
 // DENSE:      segment.core_class @l0_qkv.reduce.edge
 // DENSE:        segment.reconfigure 0 to 1 release [@l0_norm1.down, @l0_norm1.up, @l0_norm1.in0] install [@l0_qkv.reduce.down, @l0_qkv.reduce.up] notify [@l0_qkv.reduce.down, @l0_qkv.reduce.up] drain [@l0_norm1.down, @l0_norm1.up, @l0_norm1.in0]
-// DENSE-NEXT:   segment.segment 1 {{.*}} await [{{.*}}@l0_qkv.reduce.mid::@l0_qkv.reduce.down{{.*}}] {
-// DENSE:      segment.core_class @l0_qkv.reduce.mid
+// DENSE-NEXT:   segment.segment 1 {{.*}} await [{{.*}}@l0_qkv.reduce.root::@l0_qkv.reduce.down{{.*}}] {
+// DENSE:      segment.core_class @l0_qkv.reduce.root
 // DENSE:        segment.reconfigure 0 to 1 {{.*}} notify [@l0_qkv.reduce.down, @l0_qkv.reduce.up]

@@ -88,3 +88,17 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
   }
 }
 // CHECK: error: unknown resource 'colours', expected one of colors, iq, oq, routes, switches, sram, ctrl
+
+// -----
+
+event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  event.kernel @k "conv2d" on <(0, 0, 2, 1)> inputs [] params {}
+}
+// CHECK: error: 'event.kernel' op kernel @k: unknown kind "conv2d", expected one of embed, gemv, allreduce, elementwise, attention, topk_gate, dispatch, expert_ffn, combine, sample, handoff
+
+// -----
+
+event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  event.kernel @k "gemv" on <(15, 0, 2, 1)> inputs [] params {}
+}
+// CHECK: error: 'event.kernel' op kernel @k region (15, 0, 2, 1) lie outside the 16 x 16 mesh

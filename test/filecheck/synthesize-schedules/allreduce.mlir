@@ -6,19 +6,21 @@
 // reduces and starts the broadcast. No metainfo events anywhere.
 mesh_kernel.program @fig5 target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {dtype_bytes = 4 : i64} {
   %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 16 : i64} : !graph.act<16>
-  %r = mesh_kernel.allreduce @ar(%x) on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, axis = "row"} : !graph.act<16> -> !graph.act<16>
+  %g = mesh_kernel.gemv @g(%x) on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
+  %r = mesh_kernel.allreduce @ar(%g) on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, axis = "row"} : !graph.act<16> -> !graph.act<16>
 }
 
 // CHECK-NOT:  event.meta_
+// CHECK:      event.kernel @ar "allreduce" on <(0, 0, 4, 1)> inputs [@g] params {{.*}}axis = "row"
 // CHECK:      event.flow @ar.down kernel @ar wafer 0 from <(0, 0, 3, 1)> to <(1, 0, 3, 1)> pattern "shift" by 1, 0 bytes 64
 // CHECK-NEXT: event.flow @ar.up kernel @ar wafer 0 from <(1, 0, 3, 1)> to <(0, 0, 3, 1)> pattern "shift" by -1, 0 bytes 64
 // CHECK:      event.core_class @ar.edge wafer 0 cores <(0, 0, 1, 1)> {
-// CHECK:        event.sub @ar "edge" after [@embed] demand <colors = 2, iq = 1, oq = 1, routes = 2, switches = 1, sram = 64> collective {
+// CHECK:        event.sub @ar "edge" after [@g] demand <colors = 2, iq = 1, oq = 1, routes = 2, switches = 1, sram = 64> collective {
 // CHECK-NEXT:     event.send @ar.down bytes 64 meta 0
 // CHECK-NEXT:     event.recv @ar.up bytes 64 meta 0
 // CHECK-NEXT:   }
 // CHECK:      event.core_class @ar.mid wafer 0 cores <(1, 0, 2, 1)> {
-// CHECK:        event.sub @ar "mid" after [@embed] demand <{{.*}}> collective {
+// CHECK:        event.sub @ar "mid" after [@g] demand <{{.*}}> collective {
 // CHECK-NEXT:     event.recv @ar.down bytes 64 meta 0
 // CHECK-NEXT:     event.compute "add" work 16
 // CHECK-NEXT:     event.send @ar.down bytes 64 meta 0
@@ -26,7 +28,7 @@ mesh_kernel.program @fig5 target "test32" mesh 32 x 32 wafers 1 stages 1 micro_b
 // CHECK-NEXT:     event.send @ar.up bytes 64 meta 0
 // CHECK-NEXT:   }
 // CHECK:      event.core_class @ar.root wafer 0 cores <(3, 0, 1, 1)> {
-// CHECK:        event.sub @ar "root" after [@embed] demand <{{.*}}> collective {
+// CHECK:        event.sub @ar "root" after [@g] demand <{{.*}}> collective {
 // CHECK-NEXT:     event.recv @ar.down bytes 64 meta 0
 // CHECK-NEXT:     event.compute "add" work 16
 // CHECK-NEXT:     event.send @ar.up bytes 64 meta 0

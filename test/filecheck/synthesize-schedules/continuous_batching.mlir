@@ -4,7 +4,9 @@
 // EOS and produces the CF payload (request id + status, 8 bytes per slot)
 // onto the token send it already makes; the first stage's embed resolves it
 // (frees and refills slots); the second stage's entry kernel and attention
-// resolve the payload that rides the hidden state. No other metainfo.
+// resolve the payload that rides the hidden state; the handoff forwards it
+// with the embedding rows it gathers. No other metainfo. The sampler merges
+// its columns' candidates along the bottom row, whose last core sends.
 graph.model @cb target "test32" mesh 32 x 32 wafers 1 stages 2 micro_batch 2 dynamism [#mesh.dyn<continuous_batching>, #mesh.dyn<micro_batch_pipeline>] hparams {dtype_bytes = 4 : i64} {
   %x = graph.embed @embed on <(0, 0, 2, 2)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
   %h = graph.handoff @h0(%x) on <(1, 0, 1, 2)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, to_stage = 1 : i64, to_wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
@@ -16,11 +18,13 @@ graph.model @cb target "test32" mesh 32 x 32 wafers 1 stages 2 micro_batch 2 dyn
 }
 
 // CHECK:      event.schedule @cb {{.*}}inflight_slots = 4 : i64
-// CHECK:      event.flow @embed.tokens kernel @embed wafer 0 from <(7, 1, 2, 1)> to <(0, 0, 2, 2)> pattern "all" bytes 8
+// CHECK:      event.flow @h0.in0 kernel @h0 wafer 0 from <(0, 0, 2, 2)> to <(1, 0, 1, 2)> pattern "all" bytes 64
+// CHECK:      event.flow @embed.tokens kernel @embed wafer 0 from <(8, 1, 1, 1)> to <(0, 0, 2, 2)> pattern "all" bytes 8
 // CHECK:      event.sub @embed "token" after [] demand <{{.*}}>
 // CHECK-NEXT:   event.meta_resolve "continuous_batching" from @embed.tokens bytes 16
 // CHECK-NEXT:   event.recv @embed.tokens bytes 8 meta 16
 // CHECK:      event.sub @h0 "egress" after [@embed]
+// CHECK-NEXT:   event.recv @h0.in0 bytes 64 meta 16
 // CHECK-NEXT:   event.send @l0.norm.in0 bytes 64 meta 16
 // CHECK:      event.sub @l0.norm "edge" after [@h0] demand <{{.*}}> collective {
 // CHECK-NEXT:   event.meta_resolve "continuous_batching" from @l0.norm.in0 bytes 16
@@ -28,7 +32,6 @@ graph.model @cb target "test32" mesh 32 x 32 wafers 1 stages 2 micro_batch 2 dyn
 // CHECK-NEXT:   event.meta_resolve "continuous_batching" from @l0.attn.in0 bytes 16
 // CHECK:      event.sub @sample "root" after [@lm_head.reduce] demand <{{.*}}> collective {
 // CHECK:        event.compute "eos_check" work 2
-// CHECK-NEXT:   event.send @sample.up
 // CHECK-NEXT:   event.meta_produce "continuous_batching" onto @embed.tokens bytes 16
 // CHECK-NEXT:   event.send @embed.tokens bytes 8 meta 16
 // CHECK-NEXT: }
