@@ -8,6 +8,11 @@ from xdsl.passes import ModulePass
 def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
     """Pass name (as used in `-p`) -> factory; imports stay lazy."""
 
+    def place_experts():
+        from meshrt.passes.place_experts import PlaceExperts
+
+        return PlaceExperts
+
     def lower_to_mesh_kernels():
         from meshrt.passes.lower_to_mesh_kernels import LowerToMeshKernels
 
@@ -39,6 +44,7 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
         return CheckSegments
 
     return {
+        "place-experts": place_experts,
         "lower-to-mesh-kernels": lower_to_mesh_kernels,
         "synthesize-schedules": synthesize_schedules,
         "materialize-segments": materialize_segments,
