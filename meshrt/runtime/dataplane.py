@@ -86,12 +86,14 @@ class Vec:
         m[:, lo:hi] = self.mask[:, lo:hi]
         return Vec(self.data, m)
 
-    def merge(self, other: Vec, where: str) -> None:
-        both = self.mask & other.mask
+    def merge(self, other: Vec, where) -> None:
+        """Take `other`'s entries in place (replicas of an entry must agree)."""
+        m = other.mask
+        both = self.mask & m
         if both.any() and not np.array_equal(self.data[both], other.data[both]):
             raise DataLayoutError(f"{where}: two senders disagree on the same entries")
-        self.data = np.where(other.mask, other.data, self.data)
-        self.mask = self.mask | other.mask
+        self.data[m] = other.data[m]
+        self.mask |= m
 
     def need(self, lo: int, hi: int, where: str) -> np.ndarray:
         if not self.mask[:, lo:hi].all():
@@ -120,6 +122,7 @@ class SlotTable:
 class Routing:
     ids: np.ndarray  # (b, k) expert ids
     weights: np.ndarray  # (b, k) float32
+    by_expert: dict[int, list[int]] | None = field(default=None, compare=False)  # cache: slots per expert
 
 
 @dataclass
@@ -597,9 +600,17 @@ class ExpertFFN(KernelExec):
         """Slots routed to expert e (every slot in the static build)."""
         if not self.dynamic:
             return list(range(self.b))
-        if cd.route is None:
+        route = cd.route
+        if route is None:
             raise DataLayoutError(f"{self.where(cd)}: no routing metainfo received")
-        return [s for s in range(self.b) if e in cd.route.ids[s]]
+        by_expert = route.by_expert
+        if by_expert is None:
+            by_expert = {}
+            for s, ids in enumerate(route.ids.tolist()):
+                for x in ids:
+                    by_expert.setdefault(x, []).append(s)
+            object.__setattr__(route, "by_expert", by_expert)
+        return by_expert.get(e, [])
 
     def compute(self, cd, op):
         t, i, j, w, h = self.grid_pos(cd)

@@ -1,0 +1,165 @@
+"""The interpreter with numerics: compiled tiny models serve requests on the
+simulated asynchronous mesh and produce the NumPy reference's tokens."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+
+import pytest
+
+from meshrt.runtime import reference as ref
+from meshrt.runtime.mesh_sim import compile_program, parse_program
+from meshrt.runtime.serving import reference_shape, serve
+from meshrt.runtime.workloads import Request
+from meshrt.targets import load_target
+from meshrt.tools.cli import main as cli_main
+
+SEEDS = range(20)  # asynchrony seeds per model (bench/bench_interpreter.py sweeps more)
+
+
+@cache
+def program(model: str, target: str = "test32", static: bool = False):
+    return compile_program(f"examples/{model}.mrt", target, dynamism=() if static else None)
+
+
+def requests(spec: list[tuple[int, int, float]], vocab: int = 256, seed: int = 7) -> list[Request]:
+    """(prompt_len, output_len, arrival µs) -> requests with seeded prompt tokens."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [Request(i, arrival * 1e-6, rng.integers(2, vocab, p).tolist(), p, o, o)
+            for i, (p, o, arrival) in enumerate(spec)]
+
+
+# short requests, staggered arrivals: slots free and refill mid-run
+SMALL = [(3, 4, 0.0), (1, 5, 0.0), (2, 2, 20.0), (4, 3, 40.0), (2, 4, 60.0)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+def test_matches_reference_under_asynchrony(model, seed):
+    res = serve(program(model), load_target("test32"), requests(SMALL), seed=seed)
+    s = res.summary()
+    assert s["reports"] == []
+    assert s["requests_completed"] == len(SMALL) and s["requests_rejected"] == 0
+    assert res.mismatches == [] and s["outputs_match_reference"]
+    assert all(len(r.tokens) >= 1 for r in res.records)
+
+
+def test_seeds_change_timing_not_tokens():
+    t = load_target("test32")
+    a = serve(program("tiny_moe"), t, requests(SMALL), seed=1)
+    b = serve(program("tiny_moe"), t, requests(SMALL), seed=2)
+    assert a.sim.cycles != b.sim.cycles
+    assert {r.id: r.tokens for r in a.records} == {r.id: r.tokens for r in b.records}
+
+
+def test_two_wafers_with_the_wafer_link():
+    # tiny_moe needs two test16 wafers: the hidden state and its CF payload
+    # cross the wafer-to-wafer link together
+    prog = program("tiny_moe", "test16")
+    assert prog.num_wafers == 2
+    res = serve(prog, load_target("test16"), requests(SMALL[:3]), seed=3)
+    assert res.outputs_match_reference and len(res.records) == 3
+
+
+def test_static_baseline_matches_and_pads():
+    t = load_target("test32")
+    reqs = requests([(2, 6, 0.0), (1, 1, 0.0), (2, 2, 0.0), (1, 3, 0.0)])
+    static = serve(program("tiny_dense", static=True), t, reqs, seed=0)
+    dyn = serve(program("tiny_dense"), t, reqs, seed=0)
+    assert static.static and not dyn.static
+    assert static.outputs_match_reference and dyn.outputs_match_reference
+    # a batch runs until its longest request is done
+    assert static.padding_fraction > 0.2
+    assert {r.id: r.tokens for r in static.records} == {r.id: r.tokens for r in dyn.records}
+
+
+def test_requests_beyond_capacity_are_rejected_and_counted():
+    t = load_target("test32")
+    prog = program("tiny_dense")
+    max_seq = int(prog.hparams.data["max_seq"].value.data)
+    spec = [(2, 2, 0.0)] * 6 + [(max_seq, 2, 0.0)]  # the last needs more KV than a slot holds
+    res = serve(prog, t, requests(spec), queue_capacity=2, seed=0)
+    s = res.summary()
+    assert s["requests_completed"] + s["requests_rejected"] == len(spec)
+    reasons = " ".join(s["rejections"])
+    assert "waiting queue full (2)" in reasons and "KV positions" in reasons
+    assert s["requests_rejected"] >= 2 and res.outputs_match_reference
+
+
+def test_time_bound_stops_the_run():
+    res = serve(program("tiny_dense"), load_target("test32"), requests(SMALL), max_cycles=20_000)
+    s = res.summary()
+    assert s["time_bound"] and not s["outputs_match_reference"]
+    assert "time bound" in s["reports"][0]
+
+
+def test_unsafe_ablation_is_caught_and_safe_never_is():
+    t = load_target("test32")
+    bad = 0
+    for seed in range(6):
+        s = serve(program("tiny_moe"), t, requests(SMALL[:2]), seed=seed, safe=False,
+                  check=False).summary()
+        bad += s["corruption"] or s["deadlock"]
+    assert bad > 0
+
+
+def test_a_broken_metainfo_path_is_a_data_error():
+    # Strip the CF payload from the flow into the first layer's attention:
+    # attention then holds no table for the step and the run says so.
+    from xdsl.printer import Printer
+    import io
+
+    buf = io.StringIO()
+    Printer(stream=buf).print_op(program("tiny_moe"))
+    text = buf.getvalue()
+    text = re.sub(r"(event\.(?:send|recv) @l0_attn\.in0 bytes \d+ meta )\d+", r"\g<1>0", text)
+    text = re.sub(r'event\.meta_resolve "continuous_batching" from @l0_attn\.in0 bytes \d+\n', "", text)
+    res = serve(parse_program(text), load_target("test32"), requests(SMALL[:1]), seed=0)
+    s = res.summary()
+    assert s["data_error"] and not s["outputs_match_reference"]
+    assert "continuous-batching table" in s["reports"][0] and "@l0_attn" in s["reports"][0]
+
+
+def test_reference_shape_comes_from_the_ir():
+    shape = reference_shape(program("tiny_moe"))
+    assert (shape.experts, shape.top_k, shape.heads, shape.kv_heads) == (8, 2, 4, 2)
+    assert ref.Weights.random(shape, 0).layers[0].moe is not None
+
+
+def test_cli_run_json(capsys, tmp_path):
+    trace = tmp_path / "run.json"
+    rc = cli_main(["run", "examples/tiny_dense.mrt", "--requests", "3", "--json",
+                   "--trace", str(trace)])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    for key in ("outputs_match_reference", "requests_completed", "requests_rejected", "deadlock",
+                "corruption", "cycles", "tpot_cycles", "system_tokens_per_mcycle",
+                "padding_fraction", "events", "events_per_second"):
+        assert key in out
+    assert out["outputs_match_reference"] is True
+    assert out["requests_completed"] + out["requests_rejected"] == 3
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events)
+
+
+def test_cli_run_compare_side_by_side(capsys):
+    rc = cli_main(["run", "examples/tiny_dense.mrt", "--requests", "3", "--compare", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["static"]["static"] and not out["meshrt"]["static"]
+    assert out["speedup_system_throughput"] > 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "missing.mrt"], "no such model file"),
+    (["run", "examples/tiny_dense.mrt", "--requests", "0"], "--requests must be at least 1"),
+    (["run", "examples/tiny_dense.mrt", "--workload", "nope"], "unknown workload"),
+    (["run", "examples/tiny_dense.mrt", "--target", "nowhere"], "nowhere"),
+])
+def test_cli_run_errors_are_one_line(argv, needle, capsys):
+    rc = cli_main(argv)
+    err = capsys.readouterr().err
+    assert rc == 1 and needle in err and err.count("\n") == 1 and "Traceback" not in err
