@@ -593,8 +593,9 @@ class ExpertFFN(KernelExec):
         self.f = info.param("expert_ffn")
         self.dynamic = plane.moe_routing
 
-    def _experts(self, tile):
-        return [e for e, r in enumerate(self.placement) if r == tile]
+    def _experts(self, cd, tile):
+        placement = self.plane.placement(self.layer, cd.step, self.placement)
+        return [e for e, r in enumerate(placement) if r == tile]
 
     def _tokens(self, cd, e):
         """Slots routed to expert e (every slot in the static build)."""
@@ -621,13 +622,15 @@ class ExpertFFN(KernelExec):
             r0, r1 = part(hidden, h, j)
             x = self.input(cd).need(r0, r1, where).astype(F64)
             parts = {}
-            for e in self._experts(t):
+            for e in self._experts(cd, t):
                 rows = self._tokens(cd, e)
                 gate = x[rows] @ self.moe.w_gate[e, r0:r1, f0:f1].astype(F64)
                 up = x[rows] @ self.moe.w_up[e, r0:r1, f0:f1].astype(F64)
                 parts[e] = (rows, np.concatenate([gate, up], axis=1))
             cd.acc[self.name] = parts
             cd.acc[self.name + ".a"] = None
+            # the first step after a re-placement waits for the weights that move in
+            return self.plane.move_cycles(self.layer, cd.step, t)
         elif op == "add":
             (got,) = self.take(cd, "down")
             own = cd.acc[self.name]
@@ -766,6 +769,28 @@ class DataPlane:
                 raise DataLayoutError(f"kernel @{info.kernel_name}: kind {info.kind.data} has no numerics")
             self.kernels[info.kernel_name] = cls(info, self)
         self.routing_counts = np.zeros((self.shape.layers, max(self.shape.experts, 1)), np.int64)
+        # live re-placements: layer -> [(first step, placement, cycles per destination region)]
+        self.replacements: dict[int, list[tuple[int, tuple[int, ...], dict[int, int]]]] = {}
+
+    def placement(self, layer: int, step: int, compiled: tuple[int, ...]) -> tuple[int, ...]:
+        """The expert -> region map micro-batch `step` runs with."""
+        current = compiled
+        for first, placement, _ in self.replacements.get(layer, ()):
+            if step >= first:
+                current = placement
+        return current
+
+    def move_cycles(self, layer: int, step: int, region: int) -> int:
+        for first, _, cycles in self.replacements.get(layer, ()):
+            if step == first:
+                return cycles.get(region, 0)
+        return 0
+
+    def replace_experts(self, layer: int, first_step: int, placement: tuple[int, ...],
+                        cycles_by_region: dict[int, int]) -> None:
+        """From micro-batch `first_step` on, layer's experts run where `placement` says;
+        the regions receiving weights first wait for them (cycles per region)."""
+        self.replacements.setdefault(layer, []).append((first_step, tuple(placement), cycles_by_region))
 
     # weights by kernel name (the lowering's naming: l{i}_qkv, l{i}_o, ...)
     def matrix(self, name: str, layer: int, grid) -> np.ndarray:

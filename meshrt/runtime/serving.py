@@ -92,6 +92,10 @@ class Host:
         self.now = lambda: 0
         self.on_done = lambda: None
         self.total = len(requests)
+        self.plane: DataPlane | None = None
+        self.recalibrator = None
+        self.replans: list[dict] = []
+        self._counted = None
 
     # -- admission --------------------------------------------------------
     def _arrivals(self, now: int) -> None:
@@ -188,9 +192,35 @@ class Host:
             self.slots[g] = row = [None] * self.b
         self._admit(g, now)
         self._table(seq + self.groups)
+        if self.recalibrator is not None:
+            self._recalibrate(seq, now)
         if len(self.records) + len(self.rejected) == self.total:
             self.on_done()
         return refill
+
+    def _recalibrate(self, seq: int, now: int) -> None:
+        """Feed the step's routing (counted by the gate roots) to the recalibrator;
+        a re-placement applies from the next micro-batch the sampler starts, so
+        every expert core switches at the same step (a consistent cut)."""
+        counts = self.plane.routing_counts
+        delta = counts - self._counted if self._counted is not None else counts.copy()
+        self._counted = counts.copy()
+        rc = self.recalibrator
+        for layer in rc.placements:
+            rc.observe(layer, delta[layer].tolist())
+        plan = rc.maybe_replan(seq)
+        if plan is None:
+            return
+        first = seq + self.groups
+        for layer, placement in plan.placements.items():
+            cycles: dict[int, int] = {}
+            for m in plan.moves:
+                if m.layer == layer:
+                    cycles[m.dst] = cycles.get(m.dst, 0) + m.cycles
+            self.plane.replace_experts(layer, first, placement.region_of, cycles)
+        self.replans.append({"decided_at_step": seq, "cycle": now, "applies_from_step": first,
+                             "moves": len(plan.moves), "bytes": plan.bytes, "cycles": plan.cycles,
+                             "summary": plan.summary()})
 
     @property
     def padding_fraction(self) -> float:
@@ -221,6 +251,7 @@ class ServingResult:
     static: bool
     routing_counts: np.ndarray
     clock_hz: float
+    replans: list[dict] = field(default_factory=list)
 
     @property
     def outputs_match_reference(self) -> bool:
@@ -262,14 +293,19 @@ class ServingResult:
             "events_per_second": self.sim.events_per_second,
             "wall_seconds": self.sim.wall_seconds,
             "seed": self.sim.seed,
+            "recalibrations": self.replans,
         }
 
 
 def serve(program, target, requests: list[Request], *, seed: int = 0, weight_seed: int = 0,
           weights: ref.Weights | None = None, queue_capacity: int = 16,
           max_cycles: int = 200_000_000, check: bool = True, trace: bool = False,
-          safe: bool = True, speed_scale=None) -> ServingResult:
-    """Serve `requests` on `program` (coloured segment IR) and compare with the reference."""
+          safe: bool = True, speed_scale=None, recalibrator=None) -> ServingResult:
+    """Serve `requests` on `program` (coloured segment IR) and compare with the reference.
+
+    `recalibrator` (a `meshrt.runtime.recalibration.Recalibrator` over the
+    program's MoE layers) sees every step's routing and may re-place experts
+    between decode steps; `ServingResult.replans` says when and what moved."""
     shape = reference_shape(program)
     weights = weights if weights is not None else ref.Weights.random(shape, weight_seed)
     dyn = program.dynamism_kinds
@@ -280,6 +316,8 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
                 static="continuous_batching" not in dyn, queue_capacity=queue_capacity,
                 refill_cycles=int(target.costs.get("host_roundtrip", 0)))
     plane = DataPlane(program, weights, host)
+    host.plane = plane
+    host.recalibrator = recalibrator
     sim = MeshSim(program, target, seed=seed, safe=safe, max_cycles=max_cycles, trace=trace,
                   data=plane, inflight=groups, speed_scale=speed_scale)
     host.now = lambda: sim.now
@@ -298,7 +336,27 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
             if want != r.tokens:
                 mismatches.append((r.id, r.tokens, want))
     return ServingResult(result, host.records, host.rejected, mismatches, host.padding_fraction,
-                         host.static, plane.routing_counts, target.clock_hz)
+                         host.static, plane.routing_counts, target.clock_hz, host.replans)
+
+
+def recalibrator_for(program, target, profile, models, **kw):
+    """A `Recalibrator` over the MoE layers of a segment program, starting from
+    the placements it was compiled with; weight moves priced on the target's links."""
+    from meshrt.runtime.recalibration import MoveCost, Recalibrator
+
+    hp = program.hparams.data
+    hidden, f = int(hp["hidden"].value.data), int(hp["expert_ffn"].value.data)
+    dbytes = float(hp["expert_dtype_bytes"].value.data) if "expert_dtype_bytes" in hp else 2.0
+    placements, regions = {}, {}
+    for k in program.kernels():
+        if k.kind.data == "expert_ffn":
+            layer = k.param("layer")
+            placements[layer] = k.param("placement")
+            regions[layer] = [r.rects.data[0].tuple[:4] for r in k.param("expert_regions")]
+    move = MoveCost(int(3 * hidden * f * dbytes), float(target.link_bytes_per_cycle),
+                    float(target.hop_latency_cycles), regions)
+    kw.setdefault("move_cost", move)
+    return Recalibrator(placements, profile, models, **kw)
 
 
 def tiny_workload(name: str, n: int, seed: int, max_seq: int, vocab: int, clock_hz: float,

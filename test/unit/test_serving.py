@@ -163,3 +163,26 @@ def test_cli_run_errors_are_one_line(argv, needle, capsys):
     rc = cli_main(argv)
     err = capsys.readouterr().err
     assert rc == 1 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_live_recalibration_moves_experts_and_keeps_the_tokens():
+    # Region 0 is four times slower than the others; live routing drifts from
+    # the uniform profile the placement was made for, so the recalibrator
+    # re-places experts between decode steps (at one micro-batch boundary on
+    # every core, after the weight moves) and the tokens stay the reference's.
+    from meshrt.runtime.expert_profile import ExpertProfile, RegionModel, RegionModels
+    from meshrt.runtime.serving import recalibrator_for
+
+    t = load_target("test32")
+    prog = program("tiny_moe")
+    models = RegionModels({}, (RegionModel(0, 4.0),) + (RegionModel(0, 1.0),) * 7, unit="relative")
+    rc = recalibrator_for(prog, t, ExpertProfile.uniform(8, [0, 1]), models, threshold=0.05,
+                          min_tokens=4, halflife=4, tokens_per_step=4, max_swaps=2)
+    res = serve(prog, t, requests(SMALL), seed=0, recalibrator=rc)
+    s = res.summary()
+    assert s["outputs_match_reference"] and s["reports"] == []
+    assert s["recalibrations"], "no re-placement happened"
+    first = s["recalibrations"][0]
+    assert first["applies_from_step"] > first["decided_at_step"]
+    assert first["moves"] >= 2 and first["bytes"] > 0 and first["cycles"] > 0
+    assert "expert move(s)" in first["summary"]
