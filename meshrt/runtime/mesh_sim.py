@@ -4,13 +4,13 @@ What this is
 ------------
 It executes the lowest IR (a coloured `segment.program`), i.e. what the chip
 would be configured with, core by core, and reports cycles, stalls and
-failures. It models *timing and structure only*: messages carry sizes and
-metainfo sizes, never data. Numerics in messages, the NumPy comparison, the
-serving loop and `meshrt run` are not part of this module: the event tables
-do not yet describe per-core data layouts (which slice of a tile a core
-holds, how a reduction combines partial tiles) precisely enough to move real
-tensors. This is the one place where per-core work is allowed, so it is only
-meant for tiny models on the test targets (test32, test16).
+failures. On its own it models timing and structure (messages carry sizes
+and metainfo sizes). Given a `data` plane (`meshrt.runtime.dataplane`,
+set up by `meshrt.runtime.serving.serve`) every compute, send and receive
+also moves NumPy tensors: each message carries its payload and each core
+computes on what it holds. This is the one place where per-core work is
+allowed, so it is only meant for tiny models on the test targets (test32,
+test16).
 
 Model
 -----
@@ -1316,7 +1316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m meshrt.runtime.mesh_sim",
-        description="GALS discrete-event simulation of a model's segment IR (timing only, no numerics)")
+        description="GALS discrete-event simulation of a model's segment IR (timing only; "
+                    "`meshrt run` adds the numerics and the serving loop)")
     ap.add_argument("model", help="model spec (.mrt / config.json) or segment IR (.mlir)")
     ap.add_argument("--target", default="test32")
     ap.add_argument("--steps", type=int, default=2)
