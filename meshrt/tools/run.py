@@ -45,20 +45,63 @@ def _fail(msg: str) -> int:
 def _program(model: str, target: str | None, static: bool):
     """(segment program, target name) for MODEL or IR."""
     from meshrt.diagnostics import MeshrtError
-    from meshrt.runtime.mesh_sim import compile_program, parse_program
+    from meshrt.runtime.mesh_sim import compile_program, program_of
 
     if model.endswith(".mlir"):
         try:
             text = Path(model).read_text()
         except OSError as e:
-            raise MeshrtError(f"{model}: error: cannot read: {e.strerror or e}") from None
-        program = parse_program(text, model)
+            raise MeshrtError.located(f"{model}: error: cannot read: {e.strerror or e}") from None
         if static:
-            raise MeshrtError(f"{model}: error: --static/--compare need a model, not IR "
-                              "(compile it with --dynamism none)")
+            raise MeshrtError.located(f"{model}: error: --static and --compare need a model, not IR "
+                                      "(compile one with --dynamism none)")
+        program = program_of(_lower_to_segments(parse_ir(text, model), model))
         return program, target or program.target.data
     tname = target or "test32"
     return compile_program(model, tname, dynamism=() if static else None), tname
+
+
+# The passes still to run on IR of each level to reach checked, coloured segments.
+_REST = {
+    "graph.model": "segments",
+    "mesh_kernel.program": "lower-to-mesh-kernels",
+    "event.schedule": "synthesize-schedules",
+    "segment.program": "color-routes",
+}
+
+
+def parse_ir(text: str, filename: str):
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import Builtin
+
+    from meshrt.diagnostics import parse_module
+    from meshrt.dialects import get_all_dialects
+
+    ctx = Context()
+    ctx.load_dialect(Builtin)
+    for load in get_all_dialects().values():
+        ctx.load_dialect(load())
+    return parse_module(ctx, text, filename)
+
+
+def _lower_to_segments(module, filename: str):
+    """Take IR of any level down to verified, coloured segment IR (restart anywhere)."""
+    from meshrt.diagnostics import MeshrtError
+    from meshrt.passes.pipeline import LEVEL_PIPELINES, run_pipeline
+
+    top = [op.name for op in module.body.block.ops]
+    level = next((n for n in top if n in _REST), None)
+    if level is None:
+        raise MeshrtError.located(f"{filename}: error: no graph.model, mesh_kernel.program, "
+                                  "event.schedule or segment.program to run")
+    passes = LEVEL_PIPELINES["segments"].split(",")
+    if level == "segment.program":
+        # run as compiled; only check it (colouring must already have happened)
+        run_pipeline(module, "check-segments{handshakes=true}")
+        return module
+    first = 0 if level == "graph.model" else next(i for i, p in enumerate(passes) if p == _REST[level])
+    run_pipeline(module, ",".join(passes[first:]))
+    return module
 
 
 def _serve(args, static: bool):
@@ -94,8 +137,10 @@ def main(args: argparse.Namespace) -> int:
             results[name] = _serve(args, static)
     except (FrontendError, WorkloadError) as e:
         return _fail(str(e))
-    except (MeshrtError, DataLayoutError) as e:
-        return _fail(str(e) if str(e).startswith(args.model) else f"{args.model}: error: {e}")
+    except MeshrtError as e:
+        return _fail(str(e))
+    except DataLayoutError as e:
+        return _fail(f"{args.model}: error: {e}")
     summaries = {name: r.summary() for name, r in results.items()}
     if args.trace:
         from meshrt.runtime.trace import write_trace

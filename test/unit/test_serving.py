@@ -153,8 +153,21 @@ def test_cli_run_compare_side_by_side(capsys):
     assert out["speedup_system_throughput"] > 0
 
 
+@pytest.mark.parametrize("level", ["kernels", "segments"])
+def test_cli_run_restarts_from_printed_ir(level, tmp_path, capsys):
+    ir = tmp_path / f"tiny.{level}.mlir"
+    assert cli_main(["compile", "examples/tiny_dense.mrt", "--target", "test32", "--emit", level,
+                     "-o", str(ir)]) == 0
+    rc = cli_main(["run", str(ir), "--requests", "2", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["outputs_match_reference"] and out["requests_completed"] == 2
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["run", "missing.mrt"], "no such model file"),
+    (["run", "missing.mlir"], "cannot read"),
+    (["run", "examples/tiny_dense.mrt", "--static", "--target", "test32", "--max-cycles", "0"],
+     "--max-cycles must be at least 1"),
     (["run", "examples/tiny_dense.mrt", "--requests", "0"], "--requests must be at least 1"),
     (["run", "examples/tiny_dense.mrt", "--workload", "nope"], "unknown workload"),
     (["run", "examples/tiny_dense.mrt", "--target", "nowhere"], "nowhere"),
