@@ -264,9 +264,13 @@ class ServingResult:
         out_tokens = sum(len(r.tokens) for r in recs)
         reports = self.sim.reports
         stalls: dict[str, int] = {}
-        for per in self.sim.stalls.values():
+        by_class: dict[str, dict[str, int]] = {}
+        cls_of = dict(self.sim.cores)
+        for pos, per in self.sim.stalls.items():
+            mine = by_class.setdefault(cls_of.get(pos, "?"), {})
             for k, v in per.items():
                 stalls[k] = stalls.get(k, 0) + v
+                mine[k] = mine.get(k, 0) + v
         return {
             "outputs_match_reference": self.outputs_match_reference,
             "requests_completed": len(recs),
@@ -287,7 +291,8 @@ class ServingResult:
             "output_tokens": out_tokens,
             "system_tokens_per_mcycle": out_tokens / cycles * 1e6 if cycles else 0.0,
             "padding_fraction": self.padding_fraction,
-            "stall_cycles": stalls,
+            "stall_cycles": stalls,  # summed over cores: waiting to receive, to send, ...
+            "stall_cycles_by_class": by_class,
             "link_utilisation": self.sim.link_utilisation,
             "events": self.sim.events,
             "events_per_second": self.sim.events_per_second,
