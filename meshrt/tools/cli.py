@@ -19,7 +19,6 @@ from meshrt.frontend.errors import FrontendError
 
 # Subcommands that exist in name only so far, with what will provide them.
 NOT_YET = {
-    "run": "the reference interpreter and serving loop",
     "bench": "the side-by-side benchmarks",
     "viz": "the mesh pictures",
 }
@@ -61,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
                         "when there is no -o)")
     lint = sub.add_parser("csl-lint", help="syntax-check CSL files")
     lint.add_argument("files", nargs="+", metavar="FILE")
+    from meshrt.tools import run
+
+    run.add_arguments(sub.add_parser(
+        "run", help="serve a workload on the simulated mesh, checked against NumPy",
+        description=run.__doc__.splitlines()[0]))
     for name, what in NOT_YET.items():
         s = sub.add_parser(name, help=f"not implemented yet ({what})")
         s.add_argument("args", nargs=argparse.REMAINDER)
@@ -80,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             return _fail("meshrt csl-lint: error: the CSL linter is not available in this build")
         return lint_main(args.files)
+    if args.cmd == "run":
+        from meshrt.tools.run import main as run_main
+
+        return run_main(args)
     print(f"meshrt {args.cmd}: not implemented yet ({NOT_YET[args.cmd]} is a later issue)",
           file=sys.stderr)
     return 2
