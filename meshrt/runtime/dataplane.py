@@ -769,6 +769,7 @@ class DataPlane:
                 raise DataLayoutError(f"kernel @{info.kernel_name}: kind {info.kind.data} has no numerics")
             self.kernels[info.kernel_name] = cls(info, self)
         self.routing_counts = np.zeros((self.shape.layers, max(self.shape.experts, 1)), np.int64)
+        self._kinds: dict[tuple[str, str], str] = {}
         # live re-placements: layer -> [(first step, placement, cycles per destination region)]
         self.replacements: dict[int, list[tuple[int, tuple[int, ...], dict[int, int]]]] = {}
 
@@ -870,16 +871,31 @@ class DataPlane:
             p.cb = self.host.table_of(cd)
         return p
 
+    def _flow_kind(self, kernel: KernelExec, flow: str) -> str:
+        """"tokens", "internal" (the kernel's own chain/relay flows) or "input"."""
+        key = (kernel.name, flow)
+        kind = self._kinds.get(key)
+        if kind is None:
+            k = kernel.name
+            if flow == f"{k}.tokens":
+                kind = "tokens"
+            elif flow.startswith(k + ".") and not flow.startswith(k + ".in"):
+                kind = "internal"
+            else:
+                kind = "input"
+            self._kinds[key] = kind
+        return kind
+
     def recv(self, cd: CoreData, flow: str, payloads: list[Payload]) -> None:
         k = cd.kernel
-        internal = flow.startswith(k.name + ".") and not flow.startswith(k.name + ".in") \
-            and flow != f"{k.name}.tokens"
+        kind = self._flow_kind(k, flow)
         for p in payloads:
             if p.cb is not None:
                 cd.cb = p.cb
             if p.route is not None:
                 cd.route = p.route
-        if flow == f"{k.name}.tokens":
+        internal = kind == "internal"
+        if kind == "tokens":
             cd.values["tokens"] = payloads[0].value
             for p in payloads[1:]:
                 if list(p.value) != list(payloads[0].value):

@@ -461,6 +461,10 @@ class _Core:
         self.got: list = []  # messages gathered by the current recv
 
 
+def _by_sender(m: _Msg) -> int:
+    return m.sender
+
+
 class MeshSim:
     """One simulation of a coloured segment program on a target (see the module docstring)."""
 
@@ -1196,7 +1200,9 @@ class MeshSim:
 
     def _received(self, core: _Core, f: int, t: int) -> bool:
         # senders in a fixed order, so gathers merge the same way on every seed
-        got = sorted(core.got, key=lambda m: m.sender)
+        got = core.got
+        if len(got) > 1:
+            got.sort(key=_by_sender)
         core.got = []
         return self._data(core, t, self.data.recv, self.flow_names[f], [m.payload for m in got]) is not None
 
