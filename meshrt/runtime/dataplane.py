@@ -65,16 +65,12 @@ class Vec:
         return cls(np.zeros((b, n), F32), np.zeros((b, n), bool))
 
     @classmethod
-    def of(cls, data: np.ndarray, lo: int = 0, n: int | None = None, rows=None) -> Vec:
-        """`data` (b, k) placed at columns lo..lo+k of a width-n vector (rows: which slots)."""
-        b = data.shape[0] if rows is None else None
+    def of(cls, data: np.ndarray, lo: int = 0, n: int | None = None) -> Vec:
+        """`data` (b, k) held at columns lo..lo+k of a width-n vector."""
         n = n if n is not None else data.shape[1]
-        if rows is None:
-            v = cls.empty(b, n)
-            v.data[:, lo:lo + data.shape[1]] = data
-            v.mask[:, lo:lo + data.shape[1]] = True
-        else:
-            raise ValueError("use Vec.put for sparse rows")
+        v = cls.empty(data.shape[0], n)
+        v.data[:, lo:lo + data.shape[1]] = data
+        v.mask[:, lo:lo + data.shape[1]] = True
         return v
 
     def put(self, slot: int, lo: int, values: np.ndarray) -> None:
@@ -829,15 +825,13 @@ class DataPlane:
         return m
 
     def count_routing(self, layer, ids, cd) -> None:
-        # the gate root counts each slot's choices once (live activation profile)
-        if cd.cb is not None:
-            live = [s for s, sl in enumerate(cd.cb.slots) if sl.rid >= 0]
-        else:
-            live = list(range(self.b))
-        if self.host.counts_routing(cd):
-            for s in live:
-                for e in ids[s]:
-                    self.routing_counts[layer, int(e)] += 1
+        """The gate root counts each live slot's choices once: the live activation
+        profile recalibration and placement studies read."""
+        live = [s for s, sl in enumerate(cd.cb.slots) if sl.rid >= 0] if cd.cb is not None \
+            else range(self.b)
+        for s in live:
+            for e in ids[s]:
+                self.routing_counts[layer, int(e)] += 1
 
     # hooks called by MeshSim ----------------------------------------------
     def core_data(self, pos: tuple[int, int, int]) -> CoreData:

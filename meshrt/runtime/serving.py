@@ -149,9 +149,6 @@ class Host:
     def installed_table(self, seq: int) -> SlotTable | None:
         return self.tables.get(seq)
 
-    def counts_routing(self, cd) -> bool:
-        return True
-
     def table_of(self, cd) -> SlotTable:
         return self.tables[cd.step + self.groups]
 
