@@ -217,7 +217,14 @@ class KernelExec:
         return cd.values.get(self.name)
 
     def recv(self, cd: CoreData, flow: str, items: list) -> None:
-        cd.inbox[flow] = items
+        if flow.endswith(".up"):
+            self.relayed(cd, items[0])
+        else:
+            cd.inbox[flow] = items
+
+    def relayed(self, cd: CoreData, value) -> None:
+        """The result a reduction's root relays back up the chain."""
+        cd.values[self.name] = value
 
     def take(self, cd: CoreData, suffix: str) -> list:
         items = cd.inbox.pop(f"{self.name}.{suffix}", None)
@@ -326,11 +333,6 @@ class AllReduce(KernelExec):
             cd.values[self.name] = Vec.of(partial[:, c0:c1].astype(F32), c0, partial.shape[1])
         return cd.values[self.name]
 
-    def recv(self, cd, flow, items):
-        if flow.endswith(".up"):
-            cd.values[self.name] = items[0]
-        else:
-            cd.inbox[flow] = items
 
 
 class Elementwise(KernelExec):
@@ -386,11 +388,8 @@ class Elementwise(KernelExec):
             return cd.acc[self.name + ".inv"]
         return cd.values[self.name]
 
-    def recv(self, cd, flow, items):
-        if flow.endswith(".up"):
-            cd.acc[self.name + ".inv"] = items[0]
-        else:
-            cd.inbox[flow] = items
+    def relayed(self, cd, value):
+        cd.acc[self.name + ".inv"] = value
 
 
 class Attention(KernelExec):
@@ -481,11 +480,6 @@ class Attention(KernelExec):
             return cd.acc.pop(self.name)
         return cd.values[self.name]
 
-    def recv(self, cd, flow, items):
-        if flow.endswith(".up"):
-            cd.values[self.name] = items[0]
-        else:
-            cd.inbox[flow] = items
 
 
 def _merge_softmax(a, b):
@@ -540,11 +534,8 @@ class TopKGate(KernelExec):
     def payload_src(self, flow: str) -> str:
         return self.inputs[0] if not flow.startswith(self.name + ".") else self.name
 
-    def recv(self, cd, flow, items):
-        if flow.endswith(".up"):
-            cd.route = items[0]
-        else:
-            cd.inbox[flow] = items
+    def relayed(self, cd, value):
+        cd.route = value
 
 
 class Dispatch(KernelExec):
@@ -648,11 +639,8 @@ class ExpertFFN(KernelExec):
             return cd.acc[self.name + ".a"]
         return cd.acc.pop(self.name)  # down partials, or this core's output partial
 
-    def recv(self, cd, flow, items):
-        if flow.endswith(".up"):
-            cd.acc[self.name + ".a"] = items[0]
-        else:
-            cd.inbox[flow] = items
+    def relayed(self, cd, value):
+        cd.acc[self.name + ".a"] = value
 
 
 class Combine(KernelExec):
