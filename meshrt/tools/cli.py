@@ -19,7 +19,6 @@ from meshrt.frontend.errors import FrontendError
 
 # Subcommands that exist in name only so far, with what will provide them.
 NOT_YET = {
-    "bench": "the side-by-side benchmarks",
     "viz": "the mesh pictures",
 }
 
@@ -60,11 +59,15 @@ def _parser() -> argparse.ArgumentParser:
                         "when there is no -o)")
     lint = sub.add_parser("csl-lint", help="syntax-check CSL files")
     lint.add_argument("files", nargs="+", metavar="FILE")
-    from meshrt.tools import run
+    from meshrt.tools import bench, run
 
     run.add_arguments(sub.add_parser(
         "run", help="serve a workload on the simulated mesh, checked against NumPy",
         description=run.__doc__.splitlines()[0]))
+
+    bench.add_arguments(sub.add_parser(
+        "bench", help="governance overhead, policy ablation, throughput and padding (cost model)",
+        description=bench.__doc__.splitlines()[0]))
     for name, what in NOT_YET.items():
         s = sub.add_parser(name, help=f"not implemented yet ({what})")
         s.add_argument("args", nargs=argparse.REMAINDER)
@@ -88,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from meshrt.tools.run import main as run_main
 
         return run_main(args)
+    if args.cmd == "bench":
+        from meshrt.tools.bench import main as bench_main
+
+        return bench_main(args)
     print(f"meshrt {args.cmd}: not implemented yet ({NOT_YET[args.cmd]} is a later issue)",
           file=sys.stderr)
     return 2

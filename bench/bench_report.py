@@ -1,0 +1,346 @@
+"""Regenerate the benchmark report: docs/bench-report.md and bench/results/.
+
+    python bench/bench_report.py                         # every bundled config on wse3
+    python bench/bench_report.py --models gpt-oss-20b    # some of them (report lists only those)
+
+For each config in examples/configs/ it runs what
+
+    meshrt bench examples/configs/NAME.json --target wse3 --micro-batch 1,2,4,8 \\
+        --workload chat --out bench/results/NAME
+
+runs (in this process, timed), then measures the cost model's calibration
+against the interpreter on the tiny examples, and writes the markdown
+report from the JSON files. Every number in the report is generated; the
+prose around them says which come from the cost model, which from the
+interpreter and which from the workload generators.
+
+The pipelined check primes the interpreter with one micro-batch per stage
+by copying the host-primed messages of the loop-carried token flow (the
+interpreter itself primes one); that touches the interpreter's internals,
+so it is a report-only experiment, and a run that cannot be primed or
+deadlocks is reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from meshrt.runtime.cost_model import (
+    CostModel,
+    default_in_flight,
+    measured_cycles_per_step,
+)
+from meshrt.runtime.mesh_sim import MeshSim, compile_program
+from meshrt.targets import load_target
+from meshrt.tools.bench import PADDING_WORKLOADS, run_bench, write_outputs
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+REPORT = REPO / "docs" / "bench-report.md"
+MODELS = ("gpt-oss-20b", "gpt-oss-120b", "qwen3-8b", "qwen3-30b-a3b")
+TARGET = "wse3"
+MICRO_BATCHES = (1, 2, 4, 8)
+WORKLOAD = "chat"
+CALIBRATION = [(m, t) for m in ("tiny_dense", "tiny_moe") for t in ("test32", "test16")]
+SEEDS = (0, 1, 2)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="*", default=list(MODELS), help="config names (default: all)")
+    ap.add_argument("--render-only", action="store_true",
+                    help="rewrite the plots and the markdown from bench/results/ without running")
+    args = ap.parse_args(argv)
+    os.chdir(REPO)  # paths in the results (and in their error messages) relative to the repository
+    runs = {}
+    for name in args.models:
+        out = RESULTS / name
+        if args.render_only:
+            res = json.loads((out / "bench.json").read_text(encoding="utf-8"))
+        else:
+            print(f"== {name}", file=sys.stderr, flush=True)
+            res = run_bench(f"examples/configs/{name}.json", TARGET, MICRO_BATCHES, WORKLOAD,
+                            progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+            res["meta"]["command"] = (f"meshrt bench examples/configs/{name}.json --target {TARGET} "
+                                      f"--micro-batch {','.join(map(str, MICRO_BATCHES))} "
+                                      f"--workload {WORKLOAD} --out bench/results/{name}")
+        write_outputs(res, out)
+        runs[name] = res
+    calib_file = RESULTS / "calibration.json"
+    if args.render_only and calib_file.is_file():
+        calib = json.loads(calib_file.read_text(encoding="utf-8"))
+    else:
+        print("== calibration", file=sys.stderr, flush=True)
+        calib = calibration()
+        calib_file.write_text(json.dumps(calib, indent=1) + "\n", encoding="utf-8")
+    REPORT.write_text(report(runs, calib), encoding="utf-8")
+    print(f"wrote {REPORT.relative_to(REPO)} and bench/results/", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Calibration
+# ---------------------------------------------------------------------------
+
+
+def primed_interval(program, target, in_flight: int, seed: int) -> float | str:
+    """Interpreter cycles per step with `in_flight` micro-batches primed, or why not."""
+    sim = MeshSim(program, target, seed=seed)
+    primed = 0
+    for core in sim.cores:
+        for q in core.inq.values():
+            if q:
+                q.extend(copy.copy(m) for m in list(q) * (in_flight - 1))
+                primed += 1
+    if not primed:
+        return "no host-primed flow"
+    res = sim.run(3 * in_flight + 4)
+    if not res.completed:
+        kind = type(res.reports[0]).__name__.replace("Report", "").lower() if res.reports else "?"
+        return f"{kind} (see notes)"
+    steady = res.step_cycles[in_flight + 2:]
+    return sum(steady) / len(steady)
+
+
+def calibration() -> list[dict]:
+    rows = []
+    for model, target in CALIBRATION:
+        tg = load_target(target)
+        program = compile_program(str(REPO / "examples" / f"{model}.mrt"), target)
+        cm = CostModel(program, tg)
+        n = default_in_flight(program)
+        row = {"model": model, "target": target, "wafers": program.num_wafers,
+               "stages": program.num_stages,
+               "model_cycles": cm.estimate(1).cycles_per_step,
+               "interpreter_cycles": measured_cycles_per_step(program, tg, seeds=SEEDS),
+               "in_flight": n, "model_interval": cm.estimate(n).cycles_per_step}
+        sims = [primed_interval(program, tg, n, s) for s in SEEDS[:2]]
+        nums = [x for x in sims if isinstance(x, float)]
+        row["interpreter_interval"] = sum(nums) / len(nums) if len(nums) == len(sims) else sims[0]
+        rows.append(row)
+        print(f"  {model} {target}: {row}", file=sys.stderr, flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# The markdown
+# ---------------------------------------------------------------------------
+
+
+def _n(v: float, d: int = 0) -> str:
+    return f"{v:,.{d}f}"
+
+
+def _git() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "meshrt"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + (" with uncommitted changes under meshrt/" if dirty else "")
+
+
+def report(runs: dict, calib: list[dict]) -> str:
+    lines = [
+        "# Benchmark report: the paper's evaluation on the bundled configs",
+        "",
+        "Generated by `python bench/bench_report.py` (do not edit by hand); each model's "
+        "section was produced by the `meshrt bench` command it names, whose JSON and plots "
+        f"are in `bench/results/<model>/`. Generated {datetime.date.today()} on a "
+        f"{platform.machine()} machine with 2 cores, from git {_git()}.",
+        "",
+        "## Where the numbers come from",
+        "",
+        "| numbers | source |",
+        "| --- | --- |",
+        "| every cycle count, TPOT, throughput, stage time and ablation factor on wse3 | "
+        "**cost model** (`meshrt/runtime/cost_model.py`): class-level timing of the compiled "
+        "segment IR with the target file's costs, never run core by core |",
+        "| cycles per decode step on test32 / test16 (calibration table) | **interpreter** "
+        "(`meshrt/runtime/mesh_sim.py`), core by core, mean over seeds after warm-up, beside "
+        "the cost model's figure for the same IR |",
+        "| padding fractions, continuous batching's useful-slot factor | **workload "
+        "generators** (`meshrt/runtime/workloads.py`): synthetic chat-like / reasoning-like "
+        "length distributions, not the ShareGPT / OpenThoughts data |",
+        "| the static baseline without expert parallelism | **modelled** with the cost model: "
+        "the static build re-timed with its expert kernels' local costs x top_k (a token's "
+        "experts in series on one block) |",
+        "",
+        "Nothing here ran on Cerebras hardware. The interpreter cannot simulate a whole WSE-3 "
+        "in Python, which is why the wse3 numbers are the cost model's; the calibration "
+        "table is what ties the two together (the unit test "
+        "`test/unit/test_cost_model.py` fails if they drift apart by more than 10 %).",
+        "",
+        "## Calibration: cost model vs interpreter",
+        "",
+        "One micro-batch in flight (what the interpreter measures): cycles per decode step. "
+        "With one micro-batch per stage in flight: the pipeline's initiation interval (the "
+        "interpreter primed with that many micro-batches by this script).",
+        "",
+        "| model | target | wafers | stages | model cycles/step | interpreter | error | "
+        "in flight | model interval | interpreter interval | error |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in calib:
+        err = 100 * (r["model_cycles"] / r["interpreter_cycles"] - 1)
+        ii = r["interpreter_interval"]
+        ii_s, ii_err = ((_n(ii), f"{100 * (r['model_interval'] / ii - 1):+.1f} %")
+                        if isinstance(ii, float) else (ii, "-"))
+        lines.append(f"| {r['model']} | {r['target']} | {r['wafers']} | {r['stages']} | "
+                     f"{_n(r['model_cycles'])} | {_n(r['interpreter_cycles'])} | {err:+.1f} % | "
+                     f"{r['in_flight']} | {_n(r['model_interval'])} | {ii_s} | {ii_err} |")
+    lines += [
+        "",
+        "Where the primed interpreter deadlocks (one-wafer targets): the host-primed token "
+        "messages fill the embed's input queue, the sampler's next token parks at the embed's "
+        "router, and a marker sync over that route waits for it; on test16 the token flow "
+        "crosses the wafer link, has no mesh route, and the primed run completes.",
+        "",
+        "## Summary (wse3, cost model)",
+        "",
+        "| model | wafers | stages (mb 1) | governance overhead | ablation total | peak system "
+        "throughput meshrt / static | micro-batches built | `meshrt bench` wall time |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for name, res in runs.items():
+        g, a, p = res["governance"], res["ablation"], res["pareto"]
+        wall = res["timing"]["total_s"]
+        built = sorted({pt["micro_batch"] for pt in p["points"] if pt["system"] == "meshrt"})
+        first = next((b for b in res["builds"] if b["label"] == "meshrt" and b["micro_batch"] == 1), None)
+        ratio = p["peak_system_ratio"]
+        lines.append(
+            f"| {name} | {first['wafers'] if first else '-'} | {first['stages'] if first else '-'} | "
+            f"{g['overhead_percent']:.2f} % | {a['total']:.1f}x"
+            f"{'' if a['complete'] else ' (partial)'} | "
+            f"{f'{ratio:.1f}x' if ratio else '-'} | {', '.join(map(str, built))} | {wall:.0f} s |")
+    for name, res in runs.items():
+        lines += model_section(name, res)
+    lines += padding_section(next(iter(runs.values())) if runs else None)
+    lines += notes()
+    return "\n".join(lines) + "\n"
+
+
+def model_section(name: str, res: dict) -> list[str]:
+    g, a, p, t = res["governance"], res["ablation"], res["pareto"], res["timing"]
+    wall = t["total_s"]
+    clock = res["meta"]["clock_hz"]
+    out = [
+        "",
+        f"## {name}",
+        "",
+        f"`{res['meta']['command']}`: {wall:.0f} s on this machine ({t['builds']} builds: "
+        f"compile {t['compile_s']:.0f} s, cost model {t['cost_model_s']:.0f} s).",
+        "",
+        "Governance overhead at micro-batch 1, same one-stage mapping (cost model):",
+        "",
+        "| build | dynamism | TPOT cycles | TPOT us |",
+        "| --- | --- | ---: | ---: |",
+        f"| static | none | {_n(g['static']['tpot_cycles'])} | {_n(g['static']['tpot_us'], 1)} |",
+        f"| meshrt | {', '.join(g['dynamic']['dynamism'])} | {_n(g['dynamic']['tpot_cycles'])} | "
+        f"{_n(g['dynamic']['tpot_us'], 1)} |",
+        "",
+        f"Overhead: {_n(g['overhead_cycles'])} cycles ({_n(g['overhead_us'], 1)} us), "
+        f"**{g['overhead_percent']:.2f} %** (paper: {g['paper']}). On the critical path: "
+        + ", ".join(f"{k} {v:+,.0f}" for k, v in g["critical_path_delta"].items() if abs(v) >= 1)
+        + " cycles.",
+        "",
+        f"Policy ablation, decode, micro-batch {a['micro_batch']} (cost model; padding "
+        f"{100 * a['padding']:.1f} % from the chat-like workload):",
+        "",
+        "| step | micro-batch | in flight | cycles/step | useful slots | tokens/s | factor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in a["steps"]:
+        out.append(f"| {r['step'].replace('_', ' ')} | {r['micro_batch']} | {r['in_flight']} | "
+                   f"{_n(r['cycles_per_step'])} | {r['useful_fraction']:.3f} | "
+                   f"{_n(r['tokens_per_s'], 1)} | {r['factor']:.2f}x |")
+    out += ["", f"Total **{a['total']:.2f}x** (paper: {a['paper']})."]
+    if "pipelining_parts" in a:
+        pp = a["pipelining_parts"]
+        out.append(f"The pipelining factor is the stage mapping's own step latency "
+                   f"({pp['step_latency']:.2f}x) x overlapping micro-batches "
+                   f"({pp['overlap']:.2f}x) x micro-batch {pp['micro_batch']} x useful slots "
+                   f"{pp['useful_fraction']:.3f}.")
+    if not a["complete"]:
+        out.append("The pipelined builds did not compile (see the skipped builds below), so "
+                   "the ablation stops after expert parallelism.")
+    out += ["", "Single-user vs system throughput, decode (cost model; no padding correction):",
+            "", "| system | micro-batch | stages | in flight | TPOT us | user tok/s | system tok/s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for pt in p["points"]:
+        out.append(f"| {pt['system']} | {pt['micro_batch']} | {pt['stages']} | {pt['in_flight']} | "
+                   f"{_n(1e6 * pt['tpot_cycles'] / clock, 1)} | {_n(pt['user_tokens_per_s'], 1)} | "
+                   f"{_n(pt['system_tokens_per_s'], 1)} |")
+    skipped = [b for b in res["builds"] if b["error"] and not b["latency_cycles"]]
+    if skipped:
+        out += ["", "Builds that did not compile (skipped):", ""]
+        out += [f"- {b['label']} at micro-batch {b['micro_batch']}: {b['error']}" for b in skipped]
+    rel = f"../bench/results/{name}"
+    out += ["", f"![Pareto]({rel}/pareto.png) ![ablation]({rel}/ablation.png) "
+                f"![governance]({rel}/governance.png)"]
+    return out
+
+
+def padding_section(res: dict | None) -> list[str]:
+    if res is None:
+        return []
+    pad = res["padding"]
+    out = ["", "## Padding of static batching (workload generators)", "",
+           f"Mean over seeds {pad['seeds']} of {pad['requests']} synthetic requests each; the "
+           "paper reports 45-52 % at batch 8 on ShareGPT.", "",
+           "| batch | " + " | ".join(f"{n}-like %" for n in PADDING_WORKLOADS) + " |",
+           "| ---: | " + " | ".join("---:" for _ in PADDING_WORKLOADS) + " |"]
+    for b in pad["batches"]:
+        out.append(f"| {b} | " + " | ".join(f"{100 * pad[n][str(b)]:.1f}" for n in PADDING_WORKLOADS)
+                   + " |")
+    name = Path(res["meta"]["model"]).stem
+    out += ["", f"![padding](../bench/results/{name}/padding.png)"]
+    return out
+
+
+def notes() -> list[str]:
+    return [
+        "",
+        "## Reading these numbers",
+        "",
+        "- The cost model reproduces the interpreter (table above); it does not make the "
+        "compiled schedules faster than they are. The default mapper gives each kernel a "
+        "full-height band a few columns wide, and every reduction is a store-and-forward "
+        "chain down the band (edge -> mid -> root and back), so a wse3 layer costs hundreds "
+        "of hops of whole-message serialisation: absolute TPOTs are far above the paper's "
+        "CS-3 measurements. Ratios between builds of the same compiler are the point.",
+        "- Governance overhead has two parts: resolving and producing metainfo (the target "
+        "file's `meta_resolve_slot` / `meta_produce_slot`, a few cycles per slot: the "
+        "'metainfo' line of the critical-path change, negligible) and the metainfo bytes "
+        "every carrying message gains (the 'send_recv' line). The second dominates: the "
+        "default mapper hands activations between bands with `all` flows, so a core gathers "
+        "one message per sender core, hundreds per step, and each pays for its metainfo "
+        "wavelets. Where the builds' critical paths differ in shape (gpt-oss-20b) the "
+        "change shows up as a shift between categories. The paper measures 25-40 us "
+        "(7.6-9.5 %) per token on CS-3.",
+        "- System throughput need not grow with the micro-batch: a larger micro-batch needs "
+        "more KV per stage, so the mapper fits fewer stages (see the stages column), the "
+        "paper's 'spatial batching tradeoff'.",
+        "- Static builds get the mapper's single-stage layout (one stage per wafer), meshrt "
+        "builds one stage per unit where KV fits; the pipelining factor therefore includes "
+        "the change of layout (its 'step latency' part) as well as the overlap of "
+        "micro-batches.",
+        "- The static baseline's missing expert parallelism is modelled (top-k experts in "
+        "series), not compiled: the compiler always gives experts their own regions.",
+        "- Micro-batch sizes whose build does not fit the target are skipped and listed; "
+        "the Pareto sweep and the ablation use what compiled.",
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
