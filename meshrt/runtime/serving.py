@@ -246,6 +246,7 @@ class ServingResult:
     mismatches: list[tuple[int | str, list[int], list[int]]]
     padding_fraction: float
     static: bool
+    total: int
     routing_counts: np.ndarray
     clock_hz: float
     replans: list[dict] = field(default_factory=list)
@@ -272,6 +273,8 @@ class ServingResult:
             "outputs_match_reference": self.outputs_match_reference,
             "requests_completed": len(recs),
             "requests_rejected": len(self.rejected),
+            # still queued or in a slot when the run stopped (time bound, a report)
+            "requests_unfinished": self.total - len(recs) - len(self.rejected),
             "rejections": [f"{rid}: {why}" for rid, why in self.rejected],
             "deadlock": any(type(r).__name__ == "DeadlockReport" for r in reports),
             "corruption": any(type(r).__name__ == "CorruptionReport" for r in reports),
@@ -338,7 +341,7 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
             if want != r.tokens:
                 mismatches.append((r.id, r.tokens, want))
     return ServingResult(result, host.records, host.rejected, mismatches, host.padding_fraction,
-                         host.static, plane.routing_counts, target.clock_hz, host.replans)
+                         host.static, host.total, plane.routing_counts, target.clock_hz, host.replans)
 
 
 def recalibrator_for(program, target, profile, models, **kw):

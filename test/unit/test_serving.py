@@ -94,6 +94,9 @@ def test_time_bound_stops_the_run():
     res = serve(program("tiny_dense"), load_target("test32"), requests(SMALL), max_cycles=20_000)
     s = res.summary()
     assert s["time_bound"] and not s["outputs_match_reference"]
+    # nothing vanishes: what did not finish is counted as such
+    assert s["requests_completed"] + s["requests_rejected"] + s["requests_unfinished"] == len(SMALL)
+    assert s["requests_unfinished"] > 0
     assert "time bound" in s["reports"][0]
 
 
