@@ -178,6 +178,7 @@ def _print(summaries: dict[str, dict]) -> None:
         ("outputs match NumPy", "outputs_match_reference", "{}"),
         ("requests completed", "requests_completed", "{}"),
         ("requests rejected", "requests_rejected", "{}"),
+        ("requests unfinished", "requests_unfinished", "{}"),
         ("cycles", "cycles", "{:,}"),
         ("TPOT (cycles)", "tpot_cycles", "{:,.0f}"),
         ("TTFT (cycles)", "ttft_cycles", "{:,.0f}"),
