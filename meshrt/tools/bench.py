@@ -1,6 +1,8 @@
 """`meshrt bench`: the paper's evaluation (§6) for one model on one target, side by side.
 
     meshrt bench MODEL --target T [--micro-batch 1,2,4,8] [--workload NAME] [--out DIR]
+                 [--placement [--placement-seeds 0,1] [--spreads 0,0.03,0.07]
+                  [--placement-steps 3]]
 
 Compiles the model in the configurations each question needs, times every
 build with the class-level cost model (`meshrt.runtime.cost_model`), prints
@@ -18,6 +20,14 @@ from and how each configuration is modelled) and PNG plots into DIR:
   (the paper's Figure 9; no padding correction, as there).
 - padding of static batching vs batch size on the synthetic chat-like and
   reasoning-like workloads (the paper's Figure 2).
+- with `--placement` (MoE models on targets small enough to simulate, e.g.
+  test32 / test16): the expert-placement benchmark of
+  `meshrt.tools.placement_bench` -- per-layer MoE time gap and TPOT of the
+  contiguous, eplb and vibe policies at per-region speed spreads
+  (`--spreads`) on simulated chips (`--placement-seeds`), measured on the
+  interpreter and predicted by fitted region models, and a routing-drift
+  scenario with and without recalibration ("placement" in bench.json,
+  placement.png).
 
 Numbers come from three places, and the JSON says which is which: the cost
 model (every cycle count and throughput on any target), the interpreter
@@ -108,6 +118,45 @@ def micro_batch_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(vals)))
 
 
+def seed_list(text: str) -> tuple[int, ...]:
+    """`--placement-seeds 0,1`: distinct non-negative integers, in the order given."""
+    bad = argparse.ArgumentTypeError(f"expected comma-separated non-negative integers, got '{text}'")
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise bad from None
+    if not vals or any(v < 0 for v in vals):
+        raise bad
+    return tuple(dict.fromkeys(vals))
+
+
+def spread_list(text: str) -> tuple[float, ...]:
+    """`--spreads 0,0.03,0.07`: distinct fractions in [0, 1], in increasing order."""
+    bad = argparse.ArgumentTypeError(
+        f"expected comma-separated fractions between 0 and 1 (0.03 = 3 %), got '{text}'")
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise bad from None
+    if not vals or any(not 0.0 <= v <= 1.0 for v in vals):  # also rejects nan
+        raise bad
+    return tuple(sorted(set(vals)))
+
+
+def step_count(text: str) -> int:
+    """`--placement-steps N`: simulated decode steps per run, at least 2 (one is warm-up)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 2, got '{text}'")
+    return v
+
+
+PLACEMENT_FLAGS = ("placement_seeds", "spreads", "placement_steps")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a .mrt spec or a Hugging Face config.json")
     p.add_argument("--target", required=True, metavar="T",
@@ -119,6 +168,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(synthetic) or a .jsonl file (default chat)")
     p.add_argument("--out", metavar="DIR",
                    help="where bench.json and the plots go (default bench-MODEL-TARGET)")
+    p.add_argument("--placement", action="store_true",
+                   help="also run the expert-placement benchmark (MoE models on targets the "
+                        "interpreter simulates, e.g. test32): contiguous / eplb / vibe on "
+                        "simulated chips, and a routing-drift scenario with recalibration")
+    p.add_argument("--placement-seeds", type=seed_list, metavar="LIST",
+                   help="--placement: simulated chips (interpreter seeds; the first also runs "
+                        "the drift scenario); default 0,1")
+    p.add_argument("--spreads", type=spread_list, metavar="LIST",
+                   help="--placement: per-region speed spreads as fractions (the drift scenario "
+                        "uses the largest); default 0,0.03,0.07")
+    p.add_argument("--placement-steps", type=step_count, metavar="N",
+                   help="--placement: simulated decode steps per interpreter run, the first a "
+                        "warm-up; default 3")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -130,22 +192,53 @@ def main(args: argparse.Namespace) -> int:
         if out.exists() and not out.is_dir():
             raise BenchError(f"{out}: error: --out must be a directory, and this is a file")
         check_workload(args.workload)
+        placement = placement_options(args)
         results = run_bench(args.model, args.target, args.micro_batch, args.workload,
-                            progress=_progress)
+                            progress=_progress, placement=placement)
         results["meta"]["command"] = _command_line(args)
         print_tables(results)
         write_outputs(results, out)
     except BenchError as e:
         return _fail(str(e))
-    print(f"wrote {out / 'bench.json'} and {len(PLOTS)} plots in {results['timing']['total_s']:.1f} s")
+    print(f"wrote {out / 'bench.json'} and {len(plots_of(results))} plots in "
+          f"{results['timing']['total_s']:.1f} s")
     return 0
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """What `--placement` runs (see meshrt.tools.placement_bench)."""
+
+    seeds: tuple[int, ...]
+    spreads: tuple[float, ...]
+    steps: int
+
+
+def placement_options(args: argparse.Namespace) -> PlacementOptions | None:
+    """The --placement options, or None; the other placement flags need --placement."""
+    from meshrt.tools.placement_bench import DEFAULT_SEEDS, DEFAULT_SPREADS, DEFAULT_STEPS
+
+    if not getattr(args, "placement", False):
+        for name in PLACEMENT_FLAGS:
+            if getattr(args, name, None) is not None:
+                flag = "--" + name.replace("_", "-")
+                raise BenchError(f"meshrt bench: error: {flag} only applies with --placement")
+        return None
+    return PlacementOptions(args.placement_seeds or DEFAULT_SEEDS,
+                            args.spreads or DEFAULT_SPREADS,
+                            args.placement_steps or DEFAULT_STEPS)
 
 
 def _command_line(args: argparse.Namespace) -> str:
     mb = ",".join(str(b) for b in args.micro_batch)
     out = f" --out {args.out}" if args.out else ""
+    place = ""
+    opts = placement_options(args)
+    if opts:
+        place = (f" --placement --placement-seeds {','.join(map(str, opts.seeds))} --spreads "
+                 f"{','.join(f'{s:g}' for s in opts.spreads)} --placement-steps {opts.steps}")
     return f"meshrt bench {args.model} --target {args.target} --micro-batch {mb} " \
-           f"--workload {args.workload}{out}"
+           f"--workload {args.workload}{out}{place}"
 
 
 def _progress(msg: str) -> None:
@@ -306,11 +399,20 @@ class Builder:
 
 
 def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: str,
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None,
+              placement: PlacementOptions | None = None) -> dict:
     """Every number of the benchmark as one JSON-ready dict."""
     t0 = time.perf_counter()
     builder = Builder(model, target, progress)
+    placed = None
+    if placement:
+        from meshrt.tools.placement_bench import check_model, check_target
+
+        check_target(builder.target, target)  # before any compilation
+        check_model(model)
     builder.build("meshrt", micro_batches[0], None, required=True)  # bad input fails here
+    if placement:
+        placed = _compile_placement(model, target, progress)
     kinds = builder.spec_dynamism
     padding = padding_curves(sorted(set(PADDING_BATCHES) | set(micro_batches)))
     cb_padding = workload_padding(workload, micro_batches, builder.hparams.get("vocab", 32000))
@@ -334,14 +436,43 @@ def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: s
                     "source": "workload", **padding},
         "builds": [_build_json(b) for b in builder.cache.values()],
     }
+    results["meta"]["placement"] = placement is not None
+    t_place = 0.0
+    if placement:
+        from meshrt.tools.placement_bench import run_placement
+
+        t1 = time.perf_counter()
+        c, compile_s = placed
+        results["placement"] = run_placement(
+            c, model=model, seeds=placement.seeds, spreads=placement.spreads,
+            steps=placement.steps, drift_spread=max(placement.spreads),
+            drift_seed=placement.seeds[0], compile_s=compile_s, progress=progress)
+        results["sources"] = {**SOURCES, "placement": "measured (interpreter) and predicted "
+                              "(fitted region models): see placement.sources"}
+        t_place = time.perf_counter() - t1 + compile_s
     results["timing"] = {
         "total_s": time.perf_counter() - t0,
         "compile_s": sum(b.compile_s for b in builder.cache.values()),
         "cost_model_s": sum(b.model_s for b in builder.cache.values()),
         "interpreter_s": sum(b.interpreter_s for b in builder.cache.values()),
         "builds": len(builder.cache),
+        "placement_s": t_place,
     }
     return results
+
+
+def _compile_placement(model: str, target: str,
+                       progress: Callable[[str], None] | None):
+    """The MoE model compiled for region timing (its MoE layers' expert regions)."""
+    from meshrt.tools.placement_bench import compile_placement
+
+    t0 = time.perf_counter()
+    c = compile_placement(model, target)
+    dt = time.perf_counter() - t0
+    if progress:
+        progress(f"placement: compiled {len(c.layers)} MoE layer(s) for region timing "
+                 f"({dt:.1f} s)")
+    return c, dt
 
 
 def _build_json(b: Build) -> dict:
@@ -586,8 +717,20 @@ def print_tables(results: dict, file=None) -> None:
                   f"{b['compile_s']:.1f}", f"{b['model_s']:.1f}")
     con.print(t)
 
+    if "placement" in results:
+        from meshrt.tools.placement_bench import print_rich
+
+        print_rich(con, results["placement"])
+
 
 PLOTS = ("pareto.png", "padding.png", "ablation.png", "governance.png")
+
+
+def plots_of(results: dict) -> tuple[str, ...]:
+    """The PNG files `write_plots` writes for these results."""
+    from meshrt.tools.placement_bench import PLOT
+
+    return PLOTS + ((PLOT,) if "placement" in results else ())
 
 
 def write_outputs(results: dict, out: Path) -> None:
@@ -612,6 +755,10 @@ def write_plots(results: dict, out: Path) -> None:
     _padding_plot(plt, results["padding"], out / "padding.png")
     _ablation_plot(plt, results["ablation"], title, out / "ablation.png")
     _governance_plot(plt, results["governance"], title, out / "governance.png")
+    if "placement" in results:
+        from meshrt.tools.placement_bench import PLOT, write_plot
+
+        write_plot(plt, results["placement"], out / PLOT)
 
 
 def _pareto_plot(plt, p: dict, title: str, path: Path) -> None:

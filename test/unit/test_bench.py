@@ -105,3 +105,124 @@ def test_bench_model_that_does_not_fit(tmp_path):
     cfg = str(REPO / "examples" / "configs" / "qwen3-8b.json")
     rc, out, err = _run("bench", cfg, "--target", "test32", "--out", str(tmp_path / "o"))
     assert rc == 1 and err.count("\n") == 1 and "does not fit" in err
+
+
+# ---------------------------------------------------------------------------
+# --placement: the expert-placement benchmark (issue 9)
+# ---------------------------------------------------------------------------
+
+TINY_MOE = str(REPO / "examples" / "tiny_moe.mrt")
+
+
+@pytest.fixture(scope="module")
+def placement_run(tmp_path_factory):
+    from meshrt.tools.placement_bench import tiny_moe16
+
+    tmp = tmp_path_factory.mktemp("placement")
+    model = str(tiny_moe16(tmp))
+    out = tmp / "out"
+    rc, stdout, stderr = _run("bench", model, "--target", "test32", "--micro-batch", "1",
+                              "--placement", "--placement-seeds", "0", "--spreads", "0.07",
+                              "--placement-steps", "2", "--out", str(out))
+    assert rc == 0, stderr
+    return out, stdout, json.loads((out / "bench.json").read_text())
+
+
+def test_placement_tables_json_and_plot(placement_run):
+    out, stdout, res = placement_run
+    for title in ("Expert placement", "Drift:", "Drift end placements", "measured", "predicted"):
+        assert title in stdout
+    assert (out / "placement.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "and 5 plots" in stdout.splitlines()[-1]
+    assert res["meta"]["placement"] is True and "placement" in res["sources"]
+    assert "--placement --placement-seeds 0 --spreads 0.07 --placement-steps 2" in \
+        res["meta"]["command"]
+    p = res["placement"]
+    assert p["seeds"] == [0] and p["spreads"] == [0.07] and p["steps"] == 2
+    assert (p["experts"], p["regions"], p["experts_per_region"], p["moe_layers"]) == (16, 8, 2, 2)
+    assert set(p["sources"]) == {"measured", "predicted"}
+
+
+def test_placement_numbers(placement_run):
+    p = placement_run[2]["placement"]
+    rows = {r["policy"]: r for r in p["rows"]}
+    assert list(rows) == ["contiguous", "eplb/greedy", "eplb", "vibe"]
+    for r in rows.values():
+        assert r["spread"] == 0.07
+        assert r["model_error"] < 0.05  # the fitted models predict each region within 5 %
+        for key in ("gap_cycles", "tpot_us", "tpot_cycles"):
+            assert set(r[key]) == {"predicted", "measured"} and r[key]["measured"] > 0
+        assert r["tpot_us"]["measured"] == pytest.approx(
+            r["tpot_cycles"]["measured"] / p["clock_hz"] * 1e6)
+    cont = rows["contiguous"]["gap_cycles"]["measured"]
+    assert rows["contiguous"]["gap_reduction_vs_contiguous"] == 0.0
+    assert rows["eplb"]["gap_reduction_vs_eplb"] == 0.0
+    assert rows["vibe"]["gap_reduction_vs_contiguous"] == pytest.approx(
+        1 - rows["vibe"]["gap_cycles"]["measured"] / cont)
+    # skewed routing: balancing beats contiguous; vibe is never worse than eplb (predicted)
+    assert rows["eplb"]["gap_cycles"]["measured"] < cont
+    assert rows["vibe"]["gap_cycles"]["measured"] < cont
+    assert rows["vibe"]["tpot_cycles"]["predicted"] <= rows["eplb"]["tpot_cycles"]["predicted"] + 1e-6
+
+    d = p["drift"]
+    assert (d["seed"], d["spread"], d["switch"]) == (0, 0.07, 150)
+    fixed, recal = d["modes"]["fixed"], d["modes"]["recalibrated"]
+    assert fixed["replans"] == 0 and fixed["moves"] == 0
+    assert recal["replans"] >= 1 and all(pl["after_step"] >= d["switch"] for pl in recal["plans"])
+    assert recal["tpot_reasoning_us"] < fixed["tpot_reasoning_us"]
+    assert fixed["tpot_chat_us"] == pytest.approx(recal["tpot_chat_us"])
+    assert len(fixed["tpot_per_step_us"]) == d["steps"]
+    assert set(d["measured"]) == {"fixed (chat vibe)", "recalibrated", "vibe for reasoning"}
+    assert d["measured"]["recalibrated"]["gap_cycles"] < d["measured"]["fixed (chat vibe)"]["gap_cycles"]
+
+
+def test_placement_text_table_of_the_script(placement_run):
+    from meshrt.tools.placement_bench import print_text
+
+    buf = io.StringIO()
+    print_text(placement_run[2]["placement"], buf)
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("tiny_moe16 on test32: 2 MoE layers, 16 experts top-2 on 8 regions")
+    head = lines.index(next(ln for ln in lines if ln.startswith("spread  policy")))
+    assert [ln.split()[1] for ln in lines[head + 1:head + 5]] == [
+        "contiguous", "eplb/greedy", "eplb", "vibe"]
+    assert any(ln.startswith("recalibrated ") for ln in lines)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["bench", TINY, "--target", "test32", "--placement"], "dense"),
+    (["bench", TINY_MOE, "--target", "wse3", "--placement"], "core by core"),
+    (["bench", TINY_MOE, "--target", "test32", "--spreads", "0.03"], "only applies with --placement"),
+    (["bench", TINY_MOE, "--target", "test32", "--placement", "--spreads", "0,x"], "--spreads"),
+    (["bench", TINY_MOE, "--target", "test32", "--placement", "--spreads", "-0.1"], "--spreads"),
+    (["bench", TINY_MOE, "--target", "test32", "--placement", "--spreads", "2"], "--spreads"),
+    (["bench", TINY_MOE, "--target", "test32", "--placement", "--placement-seeds", "a"],
+     "--placement-seeds"),
+    (["bench", TINY_MOE, "--target", "test32", "--placement", "--placement-steps", "1"],
+     "--placement-steps"),
+    (["bench", "no/such/model.mrt", "--target", "test32", "--placement"], "no such model file"),
+])
+def test_placement_errors_are_one_line(argv, needle, tmp_path):
+    out_dir = tmp_path / "o"
+    rc, out, err = _run(*argv, "--out", str(out_dir))
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and needle in err and "error" in err
+    assert "Traceback" not in err
+    assert not out_dir.exists()  # failed before running anything
+
+
+def test_placement_dense_error_is_located(tmp_path):
+    rc, _, err = _run("bench", TINY, "--target", "test32", "--placement", "--out", str(tmp_path))
+    assert rc == 1 and err.startswith(f"{TINY}: error: --placement needs a mixture-of-experts")
+
+
+def test_placement_script_errors_are_one_line(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_place_experts",
+                                                  REPO / "bench" / "bench_place_experts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--model", TINY]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dense" in err and "Traceback" not in err
