@@ -24,7 +24,6 @@ deadlocks is reported as such.
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import json
 import os
@@ -58,6 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="*", default=list(MODELS), help="config names (default: all)")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the plots and the markdown from bench/results/ without running")
+    ap.add_argument("--recalibrate", action="store_true",
+                    help="with --render-only: rerun only the calibration against the interpreter")
     args = ap.parse_args(argv)
     os.chdir(REPO)  # paths in the results (and in their error messages) relative to the repository
     runs = {}
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
         write_outputs(res, out)
         runs[name] = res
     calib_file = RESULTS / "calibration.json"
-    if args.render_only and calib_file.is_file():
+    if args.render_only and calib_file.is_file() and not args.recalibrate:
         calib = json.loads(calib_file.read_text(encoding="utf-8"))
     else:
         print("== calibration", file=sys.stderr, flush=True)
@@ -93,19 +94,10 @@ def main(argv=None) -> int:
 
 def primed_interval(program, target, in_flight: int, seed: int) -> float | str:
     """Interpreter cycles per step with `in_flight` micro-batches primed, or why not."""
-    sim = MeshSim(program, target, seed=seed)
-    primed = 0
-    for core in sim.cores:
-        for q in core.inq.values():
-            if q:
-                q.extend(copy.copy(m) for m in list(q) * (in_flight - 1))
-                primed += 1
-    if not primed:
-        return "no host-primed flow"
-    res = sim.run(3 * in_flight + 4)
+    res = MeshSim(program, target, seed=seed, inflight=in_flight).run(3 * in_flight + 4)
     if not res.completed:
         kind = type(res.reports[0]).__name__.replace("Report", "").lower() if res.reports else "?"
-        return f"{kind} (see notes)"
+        return f"{kind}: {res.reports[0]}" if res.reports else kind
     steady = res.step_cycles[in_flight + 2:]
     return sum(steady) / len(steady)
 
@@ -199,12 +191,11 @@ def report(runs: dict, calib: list[dict]) -> str:
         lines.append(f"| {r['model']} | {r['target']} | {r['wafers']} | {r['stages']} | "
                      f"{_n(r['model_cycles'])} | {_n(r['interpreter_cycles'])} | {err:+.1f} % | "
                      f"{r['in_flight']} | {_n(r['model_interval'])} | {ii_s} | {ii_err} |")
+    failed = [r for r in calib if not isinstance(r["interpreter_interval"], float)]
+    if failed:
+        lines += ["", "Primed runs that did not complete: " + "; ".join(
+            f"{r['model']} on {r['target']}: {r['interpreter_interval']}" for r in failed) + "."]
     lines += [
-        "",
-        "Where the primed interpreter deadlocks (one-wafer targets): the host-primed token "
-        "messages fill the embed's input queue, the sampler's next token parks at the embed's "
-        "router, and a marker sync over that route waits for it; on test16 the token flow "
-        "crosses the wafer link, has no mesh route, and the primed run completes.",
         "",
         "## Summary (wse3, cost model)",
         "",
