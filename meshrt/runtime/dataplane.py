@@ -146,6 +146,14 @@ class CoreData:
     route: Routing | None = None
     kernel: KernelExec | None = None
     step: int = 0
+    tiles: dict = field(default_factory=dict)  # resident weight tiles (float64 for accumulation)
+
+    def tile(self, key, make) -> np.ndarray:
+        """This core's resident tile `key`, loaded once (as the host does before the run)."""
+        t = self.tiles.get(key)
+        if t is None:
+            t = self.tiles[key] = np.asarray(make(), F64)
+        return t
 
 
 class _Where:
@@ -287,7 +295,7 @@ class Gemv(KernelExec):
         c0, c1 = part(n_out, w, i)
         x = self.input(cd).need(r0, r1, self.where(cd))
         partial = np.zeros((self.b, n_out), F64)
-        partial[:, c0:c1] = x.astype(F64) @ self.weight[r0:r1, c0:c1].astype(F64)
+        partial[:, c0:c1] = x.astype(F64) @ cd.tile(self.name, lambda: self.weight[r0:r1, c0:c1])
         cd.values[self.name] = ("partial", c0, c1, partial)
 
 
@@ -511,7 +519,7 @@ class TopKGate(KernelExec):
             n_in = self.router.shape[0]
             r0, r1 = part(n_in, h, j)
             x = self.input(cd).need(r0, r1, self.where(cd))
-            cd.acc[self.name] = x.astype(F64) @ self.router[r0:r1].astype(F64)
+            cd.acc[self.name] = x.astype(F64) @ cd.tile(self.name, lambda: self.router[r0:r1])
         elif op == "add":
             (got,) = self.take(cd, "down")
             cd.acc[self.name] = got + cd.acc[self.name]
@@ -579,10 +587,15 @@ class ExpertFFN(KernelExec):
         self.placement = info.param("placement")
         self.f = info.param("expert_ffn")
         self.dynamic = plane.moe_routing
+        self._members: dict[tuple[tuple[int, ...], int], list[int]] = {}
 
     def _experts(self, cd, tile):
         placement = self.plane.placement(self.layer, cd.step, self.placement)
-        return [e for e, r in enumerate(placement) if r == tile]
+        key = (placement, tile)
+        members = self._members.get(key)
+        if members is None:
+            members = self._members[key] = [e for e, r in enumerate(placement) if r == tile]
+        return members
 
     def _tokens(self, cd, e):
         """Slots routed to expert e (every slot in the static build)."""
@@ -611,9 +624,12 @@ class ExpertFFN(KernelExec):
             parts = {}
             for e in self._experts(cd, t):
                 rows = self._tokens(cd, e)
-                gate = x[rows] @ self.moe.w_gate[e, r0:r1, f0:f1].astype(F64)
-                up = x[rows] @ self.moe.w_up[e, r0:r1, f0:f1].astype(F64)
-                parts[e] = (rows, np.concatenate([gate, up], axis=1))
+                if not rows:  # no token routed here this step: nothing to compute or send
+                    parts[e] = (rows, np.zeros((0, 2 * (f1 - f0))))
+                    continue
+                w13 = cd.tile((self.name, e, "gate_up"), lambda: np.concatenate(
+                    [self.moe.w_gate[e, r0:r1, f0:f1], self.moe.w_up[e, r0:r1, f0:f1]], axis=1))
+                parts[e] = (rows, x[rows] @ w13)
             cd.acc[self.name] = parts
             cd.acc[self.name + ".a"] = None
             # the first step after a re-placement waits for the weights that move in
@@ -631,8 +647,10 @@ class ExpertFFN(KernelExec):
         elif op == "fmac":  # phase 2: a[f_i] . W_down[f_i, rows j], this core's partial
             a = cd.acc.pop(self.name + ".a")
             r0, r1 = part(hidden, h, j)
-            cd.acc[self.name] = {e: (rows, r0, act.astype(F64) @ self.moe.w_down[e, f0:f1, r0:r1].astype(F64))
-                                 for e, (rows, act) in a.items()}
+            cd.acc[self.name] = {
+                e: (rows, r0, act.astype(F64) @ cd.tile((self.name, e, "down"),
+                                                        lambda e=e: self.moe.w_down[e, f0:f1, r0:r1]))
+                for e, (rows, act) in a.items()}
 
     def send(self, cd, flow):
         if flow.endswith(".up"):
