@@ -6,8 +6,10 @@ output target of meshrt-opt / xdsl-opt (`-t csl` in meshrt-opt), printing
 every file behind a `// ----- FILE: <name>` line.
 
 Modules: model (IR -> plain plan), routes (per-router configurations as
-boxes), alloc (colours, queues, task IDs, DSRs within the target's limits),
-sync (marker counts), program / layout / host (the text).
+boxes), streams (how each flow's wavelets travel: trees, shifts, switch
+chains, relays), handshakes (drains / installs as teardown), alloc
+(colours, queues, task IDs, DSRs within the target's limits), sync (marker
+counts), program / layout / host (the text).
 """
 
 from __future__ import annotations
@@ -54,12 +56,14 @@ def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
     from meshrt.backend.csl.layout import (
         RouteStats,
         idle_cores,
+        idle_teardown_colors,
         rectangle,
         write_layout,
     )
     from meshrt.backend.csl.model import read_program, segment_programs
     from meshrt.backend.csl.program import Shared, write_program
     from meshrt.backend.csl.runtime import idle_program, runtime_module
+    from meshrt.backend.csl.handshakes import drained_flows
     from meshrt.backend.csl.sync import marker_counts
     from meshrt.frontend.errors import FrontendError
     from meshrt.targets import load_target
@@ -77,6 +81,7 @@ def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
         lim = al.limits(program, target, a)
         elem = "f32" if program.hp("dtype_bytes", 4) >= 4 else "f16"
         sh = Shared(program, lim, a, elem)
+        sh.drained = drained_flows(program)
         sh.marker_counts = marker_counts(program)
         marker = al.marker_task_id(program, lim)
         allocs = [al.allocate(c, program, lim, marker) for c in program.classes]
@@ -94,8 +99,9 @@ def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
                 if alloc.cls.wafer == wafer:
                     files[where + alloc.cls.file] = texts[alloc.cls.ident]
             files[where + "meshrt_rt.csl"] = runtime_module()
-            if idle_cores(program, wafer):
-                files[where + "idle.csl"] = idle_program()
+            idle = idle_cores(program, wafer)
+            if idle:
+                files[where + "idle.csl"] = idle_program(idle_teardown_colors(program, wafer, idle, sh.drained))
         files[prefix + "compile.sh"] = compile_sh(program, a, rects, (target.width, target.height))
         files[prefix + "run.py"] = run_py(program, allocs, elem, rects)
         report = report_txt(program, a, lim, allocs, stats, list(files))

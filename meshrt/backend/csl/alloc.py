@@ -8,19 +8,27 @@ shared silently.
 - Colours come from `segment.route` (colour-routes already kept them off
   the target's reserved ones, which are memcpy's); here they are only
   counted: the route entries one router holds in one segment must fit.
-- Input queues are bound to a colour (`@initialize_queue`, both archs);
-  on wse3 output queues are too, on wse2 the colour rides the output DSD.
-  A class keeps a queue on the same colour across segments when it can;
-  when a segment needs a colour and no queue is free, a queue whose colour
-  that segment does not use is rebound at the boundary (after the drain).
-  A segment that needs more colour-bound queues at once than the target has
-  is an error.
+- Queues: on wse3 input and output queues are bound to a colour
+  (`@initialize_queue`); on wse2 the fabric DSD names the colour and a
+  queue is bound to nothing (the SDK's task-ID docs initialise queues on
+  WSE-3 only), so a wse2 class never rebinds. On wse3 a class keeps a queue
+  on the same colour across segments when it can; when a segment needs a
+  colour and no queue is free, a queue whose colour that segment does not
+  use is rebound at the boundary (after the drain), through a register the
+  SDK does not document (UNVERIFIED, see docs/csl-backend.md). A segment
+  that needs more queues at once than the target has is an error. A relay
+  line (streams.py) sends and receives its flow during the receive, so
+  that segment takes an output queue for it too.
 - Task IDs: data tasks take the colour's ID on wse2 and the input queue's
   ID on wse3; local tasks come from the activatable IDs (0..30 on wse2, not
   a colour this class receives or routes; 8..30 on wse3); the marker
   control task shares one ID program-wide, since a marker's payload names
   the task on the receiving core. All of them avoid the target's reserved
-  IDs (memcpy's).
+  IDs (memcpy's) and the system tasks 29 (teardown, which runs the route
+  handshakes' teardown handlers) and 30 (timer), as the SDK docs ask.
+- Switches: a switch-chained flow (streams.py) needs switch positions on
+  its colour; on wse3 only colours 0-9, 12, 13, 16, 17, 20, 21 have them,
+  and another colour is an error.
 - DSD registers: the fabric transfers use explicitly allocated DSRs (one
   dest/src1 pair for receives, one for sends) so that the count is ours and
   checkable; compute DSD operations use compiler-assigned ones.
@@ -35,6 +43,7 @@ from meshrt.diagnostics import MeshrtError
 from meshrt.targets import Target
 
 ACTIVATABLE = range(0, 31)  # local task IDs, and control-task entry points (5-bit field; 31 = none)
+SYSTEM_TASK_IDS = frozenset({29, 30})  # teardown task, timer task (SDK docs: avoid them)
 WSE3_DATA_TASK_IDS = range(0, 8)  # wse3: data task IDs are the input queues'
 # Explicit DSR IDs the backend hands out per DSR file. Public SDK code uses
 # IDs up to 7; ID 0 is left to the compiler and the libraries.
@@ -76,6 +85,8 @@ class ClassAlloc:
     dsr_tx: int
     sram_bytes: int = 0  # filled in by the program emitter
     rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+    switched: list[int] = field(default_factory=list)  # colours with switch-chain positions here
+    teardown: list[int] = field(default_factory=list)  # colours with a teardown handler here
 
 
 @dataclass
@@ -104,12 +115,21 @@ def _fail(cls: CoreClass, resource: str, demand: int, cap: int, lim: Limits, det
     raise MeshrtError(what + (f" ({detail})" if detail else ""), cls.op)
 
 
-def _segment_colors(cls: CoreClass, program: Program, kinds: tuple[str, ...]) -> list[list[int]]:
+def _segment_colors(cls: CoreClass, program: Program, kinds: tuple[str, ...],
+                    relayed: set[str] = frozenset()) -> list[list[int]]:
+    """Colours the class's events of `kinds` use, per segment. `relayed`: flows
+    this class relays (sends during its receive; its own send only stages)."""
     out = []
+    sending = "send" in kinds
     for seg in cls.segments:
         cols = set()
         for e in seg.events():
-            if e.kind in kinds and e.flow is not None:
+            if e.flow is None:
+                continue
+            hit = e.kind in kinds
+            if sending and e.flow in relayed:
+                hit = e.kind == "recv"
+            if hit:
                 c = program.flows[e.flow].color
                 if c is not None:
                     cols.add(c)
@@ -166,13 +186,14 @@ def marker_task_id(program: Program, lim: Limits) -> int | None:
     if not any(b.sync is not None for c in program.classes for b in c.boundaries):
         return None
     taken = {f.color for f in program.flows.values() if f.color is not None}
-    cands = [t for t in ACTIVATABLE if t in lim.task_ids and t not in taken]
+    cands = [t for t in ACTIVATABLE if t in lim.task_ids and t not in taken and t not in SYSTEM_TASK_IDS]
     if lim.arch == "wse3":
         cands = [t for t in cands if t not in WSE3_DATA_TASK_IDS]
     if not cands:
         raise MeshrtError(
             f"no task ID is left for the marker-sync control task on target {lim.target.name} "
-            f"({lim.arch}): IDs 0..30 are all reserved, data-task or routed-colour IDs", program.op)
+            f"({lim.arch}): IDs 0..30 are all reserved, system (29, 30), data-task or routed-colour IDs",
+            program.op)
     return max(cands)
 
 
@@ -190,9 +211,26 @@ def allocate(cls: CoreClass, program: Program, lim: Limits, marker: int | None) 
                               f"{lim.target.name} (memcpy's) or out of range", cls.op)
         routes.append(cols)
     colors = sorted({c for cols in routes for c in cols})
+    from meshrt.backend.csl import streams
+
+    plans = streams.plans(program)
+    receives = {e.flow for seg in cls.segments for e in seg.events() if e.kind == "recv"}
+    relayed = {f for f in receives if f in plans and plans[f].scheme == streams.RELAY}
+    switched = sorted({plans[f].color for seg in cls.segments for f in seg.routes
+                       if f in plans and plans[f].switched
+                       and any(c.switch for _, c in streams.cells_in(plans[f], cls.boxes))})
+    if lim.arch == "wse3":
+        bad = [c for c in switched if c not in streams.WSE3_SWITCH_COLORS]
+        if bad:
+            flows = sorted(f for seg in cls.segments for f in seg.routes
+                           if f in plans and plans[f].color == bad[0] and plans[f].switched)
+            raise MeshrtError(
+                f"core class @{cls.name}: flow @{flows[0]} is switch-chained (several senders) on "
+                f"colour {bad[0]}, which has no switch positions on wse3 (switch-capable: "
+                f"{', '.join(map(str, sorted(streams.WSE3_SWITCH_COLORS)))})", cls.op)
     rx_cols = _segment_colors(cls, program, ("recv", "resolve"))
-    tx_cols = _segment_colors(cls, program, ("send",))
-    iq = plan_queues(cls, rx_cols, lim.iq, True, "input queue", lim)
+    tx_cols = _segment_colors(cls, program, ("send",), relayed)
+    iq = plan_queues(cls, rx_cols, lim.iq, lim.oq_color_bound, "input queue", lim)
     oq = plan_queues(cls, tx_cols, lim.oq, lim.oq_color_bound, "output queue", lim)
 
     # Data tasks: the metainfo headers that resolvers parse wavelet by wavelet.
@@ -212,7 +250,7 @@ def allocate(cls: CoreClass, program: Program, lim: Limits, marker: int | None) 
                     f"{'colour' if lim.arch == 'wse2' else 'input queue'} {key} needs task ID {tid}, "
                     f"which target {lim.target.name} reserves or does not have", cls.op)
             data[key] = tid
-    taken = set(data.values()) | ({marker} if marker is not None else set())
+    taken = set(data.values()) | ({marker} if marker is not None else set()) | SYSTEM_TASK_IDS
     if lim.arch == "wse2":
         taken |= set(colors)  # a routed colour's ID activates its data task on wse2
         local_range = [t for t in ACTIVATABLE]
@@ -221,12 +259,21 @@ def allocate(cls: CoreClass, program: Program, lim: Limits, marker: int | None) 
     local = [t for t in local_range if t in lim.task_ids and t not in taken]
     if not local:
         _fail(cls, "local task IDs", 1, 0, lim,
-              f"activatable IDs {local_range[0]}..{local_range[-1]} are reserved, "
+              f"activatable IDs {local_range[0]}..{local_range[-1]} are reserved, system (29, 30), "
               f"data-task{', colour' if lim.arch == 'wse2' else ''} or marker IDs")
     needs_dsrs = 2
     if needs_dsrs > len(DSR_IDS):  # pragma: no cover - DSR_IDS is a constant
         _fail(cls, "DSD register pairs", needs_dsrs, len(DSR_IDS), lim)
     alloc = ClassAlloc(cls, routes, colors, iq, oq, data, local[0], marker, DSR_IDS[0], DSR_IDS[1])
+    alloc.switched = switched
+    from meshrt.backend.csl.handshakes import teardown_colors
+
+    alloc.teardown = sorted(teardown_colors(program)[cls.name])
+    if alloc.teardown and 29 in lim.target.reserved_task_ids:
+        raise MeshrtError(
+            f"core class @{cls.name} needs the teardown task (ID 29) for the route handshakes on "
+            f"colours {', '.join(map(str, alloc.teardown))}, but target {lim.target.name} reserves it",
+            cls.op)
     return alloc
 
 
@@ -245,16 +292,36 @@ def report_rows(a: ClassAlloc, lim: Limits) -> list[tuple[str, str, str, str]]:
          f"ids {ids(a.oq.used)}" + (f", {a.oq.rebind_count} rebind(s)" if a.oq.rebind_count else "")),
         ("data task ids", str(len(a.data_tasks)), "-",
          f"{'colour' if lim.arch == 'wse2' else 'queue'} ids {ids(sorted(a.data_tasks.values()))}"),
-        ("local task ids", "1", str(len([t for t in ACTIVATABLE if t in lim.task_ids])), f"id {a.step_task}"),
+        ("local task ids", "1", str(len([t for t in ACTIVATABLE if t in lim.task_ids and t not in SYSTEM_TASK_IDS])),
+         f"id {a.step_task}"),
         ("control task ids", "1" if a.marker_task is not None else "0", "-",
          f"id {a.marker_task} (marker, program-wide)" if a.marker_task is not None else "-"),
         ("DSRs (dest/src1)", "2/2", f"{len(DSR_IDS)}/{len(DSR_IDS)}", f"ids {a.dsr_rx}, {a.dsr_tx}"),
         ("SRAM bytes", str(a.sram_bytes), str(lim.target.usable_sram_bytes), "arrays of the program"),
     ]
+    if a.switched or lim.arch == "wse3":
+        cap = len([c for c in lim.user_colors if c in _switch_colors(lim)])
+        rows.append(("switch colours", str(len(a.switched)), str(cap),
+                     f"ids {ids(a.switched)} (switch-chained senders)"))
+    if a.teardown:
+        rows.append(("teardown handlers", str(len(a.teardown)), "-",
+                     f"colours {ids(a.teardown)} (system task 29)"))
     if a.cls.handshakes:
-        rows.append(("route handshakes", str(a.cls.handshakes), "-",
-                     "stated by the IR, not emitted (see docs/csl-backend.md)"))
+        c = a.cls
+        drains = sum(len(b.drain) for b in c.boundaries)
+        notifies = sum(len(b.notify) for b in c.boundaries)
+        awaits = sum(len(s.awaits) for s in c.segments)
+        grants = sum(len(s.grants) for s in c.segments)
+        rows.append(("route handshakes", str(c.handshakes), "-",
+                     f"emitted: {drains} drain, {notifies} notify, {grants} grant, {awaits} await "
+                     "(teardown; docs/csl-backend.md)"))
     return rows
+
+
+def _switch_colors(lim: Limits) -> frozenset[int]:
+    from meshrt.backend.csl.streams import WSE3_SWITCH_COLORS
+
+    return WSE3_SWITCH_COLORS if lim.arch == "wse3" else frozenset(lim.user_colors)
 
 
 def format_table(rows: list[tuple[str, ...]], prefix: str = "") -> list[str]:

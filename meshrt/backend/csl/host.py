@@ -111,7 +111,7 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
 
 
 REPORT_COLUMNS = ("class", "wafer", "cores", "segs", "colours", "iq", "oq", "data tids",
-                  "local tid", "ctrl tid", "DSRs", "SRAM", "rebinds", "handshakes")
+                  "local tid", "ctrl tid", "DSRs", "SRAM", "rebinds", "switch", "teardown", "handshakes")
 
 
 def report_table(allocs: list[ClassAlloc], lim: Limits) -> list[str]:
@@ -126,7 +126,8 @@ def report_table(allocs: list[ClassAlloc], lim: Limits) -> list[str]:
             "-" if a.marker_task is None else str(a.marker_task), "2/2",
             f"{a.sram_bytes}/{lim.target.usable_sram_bytes}"
             + (" !" if a.sram_bytes > lim.target.usable_sram_bytes else ""),
-            str(a.iq.rebind_count + a.oq.rebind_count), str(c.handshakes),
+            str(a.iq.rebind_count + a.oq.rebind_count), ",".join(map(str, a.switched)) or "-",
+            ",".join(map(str, a.teardown)) or "-", str(c.handshakes),
         ))
     return format_table([r + ("",) for r in rows])
 
@@ -140,8 +141,11 @@ def report_txt(program: Program, arch: str, lim: Limits, allocs: list[ClassAlloc
         "over-allocation is a compile error) and that each program runs its class's event",
         "table, the one the reference interpreter executes. Checked by meshrt's tests for",
         "every bundled example and config: CSL syntax (meshrt csl-lint; run it on these",
-        "files too). Not checked: compilation by cslc, timing, or execution on a simulator",
-        "or a system (docs/csl-backend.md lists the assumptions).",
+        "files too); on a wavelet-level model of routers with switch positions and teardown,",
+        "that the switch chains and relays deliver every message whole.",
+        "Not checked: compilation by cslc, timing, or execution on a simulator or a system;",
+        "the run-time queue rebinds (wse3) use a register the SDK does not document",
+        "(UNVERIFIED). The assumptions are in docs/csl-backend.md.",
         "",
         f"limits per core: {len(lim.user_colors)} user colours (reserved {', '.join(map(str, program.op.reserved))}),"
         f" input queues {', '.join(map(str, lim.iq))}, output queues {', '.join(map(str, lim.oq))},",
@@ -149,10 +153,16 @@ def report_txt(program: Program, arch: str, lim: Limits, allocs: list[ClassAlloc
         f"{t.usable_sram_bytes} SRAM bytes for buffers and state",
         "",
         f"{len(allocs)} core class(es), {len(files)} file(s)",
-        f"routes: {stats.boxes} router boxes; {stats.phased} router(s) switch between receive and send at run time;",
-        f"        {stats.merging} router(s) merge several inputs on one colour, {stats.looping} send a side's"
-        " input back to it (see docs/csl-backend.md)",
-        f"route handshakes stated by the IR and not emitted: {sum(a.cls.handshakes for a in allocs)}",
+        "transports: " + ", ".join(f"{n} {k}" for k, n in sorted(stats.schemes.items()))
+        + " flow(s) (tree: one sender; shift: disjoint paths; chain: senders serialised by",
+        "        switch positions; relay: receivers that are senders relay along a line)",
+        f"routes: {stats.boxes} router boxes; one input direction per colour and position everywhere;",
+        f"        {stats.switched} switch-chain router(s), {stats.relayed} relay router(s), {stats.phased} router(s)"
+        " switch phases at run time",
+        f"route handshakes emitted: {sum(a.cls.handshakes for a in allocs)} (drains as end-of-flow teardowns,"
+        " notify as the colour's",
+        f"        teardown exit at the install, await held by the fabric; {stats.frozen} router(s) start in"
+        " teardown)",
     ]
     over = [a for a in allocs if a.sram_bytes > t.usable_sram_bytes]
     if over:

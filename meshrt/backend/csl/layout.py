@@ -4,10 +4,13 @@ Every core class gets its program with `@set_tile_code` in loops over the
 class's rectangles (coordinates and the rectangle's index as comptime
 params); cores no class uses run `idle.csl` (memcpy needs code on every core
 of the rectangle). Every coloured flow's routers get `@set_color_config` in
-loops over boxes of routers configured alike (`routes.py`): routers of no
-class hold their flows for the whole step; a class's routers start in the
-configuration of the class's segment 0 (later segments are installed at run
-time by the class's own program).
+loops over boxes of routers configured alike, from the flow's transport
+plan (`streams.py`; a switch chain's rows alternate, so its loops step by
+two): routers of no class hold their flows for the whole step; a class's
+routers start in the configuration of the class's segment 0 (later
+segments are installed at run time by the class's own program). Switch-
+chain routers get their switch positions; a flow a class holds in segment 0
+without a grant starts in teardown (route handshakes, `handshakes.py`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from meshrt.backend.csl import streams
+from meshrt.backend.csl.handshakes import frozen_at_start
 from meshrt.backend.csl.model import CoreClass, Flow, Program
-from meshrt.backend.csl.routes import RouterConfig
 from meshrt.diagnostics import MeshrtError
 from meshrt.routing import Box, RectSet, box_intersection, intersecting_pairs
 
@@ -24,9 +28,11 @@ from meshrt.routing import Box, RectSet, box_intersection, intersecting_pairs
 @dataclass
 class RouteStats:
     boxes: int = 0
-    merging: int = 0  # routers where several input sides feed one colour
-    looping: int = 0  # routers where a side is both input and output
     phased: int = 0  # routers switched between receive and send at run time
+    switched: int = 0  # switch-chain routers (serialised senders)
+    relayed: int = 0  # relay-line routers
+    frozen: int = 0  # routers whose colour starts in teardown
+    schemes: dict[str, int] = field(default_factory=dict)  # transport -> flows
     notes: list[str] = field(default_factory=list)
 
 
@@ -45,23 +51,26 @@ def _fill(call: str, x, y) -> str:
     return call.replace("{x}", str(x)).replace("{y}", str(y))
 
 
-def _loops(box: Box, call: str, indent: str = "  ") -> list[str]:
-    """`call` (with {x} / {y} placeholders) over the routers of `box`."""
-    x0, y0, x1, y1 = box
-    if x1 - x0 == 1 and y1 - y0 == 1:
+def _loops(box, call: str, indent: str = "  ") -> list[str]:
+    """`call` (with {x} / {y} placeholders) over the routers of `box` (a dense box,
+    or a strided one: (x0, y0, x1, y1, sx, sy))."""
+    x0, y0, x1, y1 = box[:4]
+    sx, sy = (box[4], box[5]) if len(box) == 6 else (1, 1)
+    nx, ny = len(range(x0, x1, sx)), len(range(y0, y1, sy))
+    if nx == 1 and ny == 1:
         return [indent + _fill(call, x0, y0)]
     out = []
     inner = indent
-    if x1 - x0 > 1:
-        out.append(f"{indent}for (@range(i16, {x0}, {x1}, 1)) |x| {{")
+    if nx > 1:
+        out.append(f"{indent}for (@range(i16, {x0}, {x1}, {sx})) |x| {{")
         inner += "  "
-    if y1 - y0 > 1:
-        out.append(f"{inner}for (@range(i16, {y0}, {y1}, 1)) |y| {{")
-    body_indent = inner + ("  " if y1 - y0 > 1 else "")
-    out.append(body_indent + _fill(call, "x" if x1 - x0 > 1 else x0, "y" if y1 - y0 > 1 else y0))
-    if y1 - y0 > 1:
+    if ny > 1:
+        out.append(f"{inner}for (@range(i16, {y0}, {y1}, {sy})) |y| {{")
+    body_indent = inner + ("  " if ny > 1 else "")
+    out.append(body_indent + _fill(call, "x" if nx > 1 else x0, "y" if ny > 1 else y0))
+    if ny > 1:
         out.append(f"{inner}}}")
-    if x1 - x0 > 1:
+    if nx > 1:
         out.append(f"{indent}}}")
     return out
 
@@ -81,6 +90,85 @@ def idle_cores(program: Program, wafer: int) -> RectSet:
     """Cores of the wafer's rectangle that no class uses (they run idle.csl)."""
     W, H = rectangle(program, wafer)
     return RectSet([(0, 0, W, H)]) - RectSet([b for c in program.classes_on(wafer) for b in c.boxes])
+
+
+def _merge_pieces(pieces: list) -> tuple[list, list]:
+    """(dense boxes, strided boxes) covering the same routers with fewer loops: a
+    snake's every-other rows (or columns) that class rectangles cut apart join
+    again, along their dense axis and along their stride."""
+    dense, strided = [], []
+    rows = defaultdict(set)  # (x0, x1) -> rows of boxes one row high or stepping by 2 in y
+    cols = defaultdict(set)  # (y0, y1) -> columns
+    for p in pieces:
+        x0, y0, x1, y1, sx, sy = p
+        if sx == 1 and (sy == 2 or y1 - y0 == 1):
+            rows[(x0, x1)].update(range(y0, y1, sy))
+        elif sy == 1 and (sx == 2 or x1 - x0 == 1):
+            cols[(y0, y1)].update(range(x0, x1, sx))
+        elif sx == 1 and sy == 1:
+            dense.append(p[:4])
+        else:  # pragma: no cover - pieces step along one axis only
+            strided.append(p)
+
+    def runs(values):
+        out, cur = [], []
+        for v in sorted(values):
+            if cur and v - cur[-1] != 2:
+                out.append(cur)
+                cur = []
+            cur.append(v)
+        if cur:
+            out.append(cur)
+        return out
+
+    # Rows: first join equal row sets along x, then split them into step-2 runs.
+    by_rows = defaultdict(list)
+    for (x0, x1), ys in rows.items():
+        by_rows[frozenset(ys)].append((x0, x1))
+    for ys, ivs in by_rows.items():
+        for a, b in _join(ivs):
+            for run in runs(ys):
+                if len(run) == 1:
+                    dense.append((a, run[0], b, run[0] + 1))
+                else:
+                    strided.append((a, run[0], b, run[-1] + 1, 1, 2))
+    by_cols = defaultdict(list)
+    for (y0, y1), xs in cols.items():
+        by_cols[frozenset(xs)].append((y0, y1))
+    for xs, ivs in by_cols.items():
+        for a, b in _join(ivs):
+            for run in runs(xs):
+                if len(run) == 1:
+                    dense.append((run[0], a, run[0] + 1, b))
+                else:
+                    strided.append((run[0], a, run[-1] + 1, b, 2, 1))
+    return dense, strided
+
+
+def _join(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(intervals):
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def idle_teardown_colors(program: Program, wafer: int, idle: RectSet, drained: set[str]) -> list[int]:
+    """Colours whose end-of-flow teardowns pass idle routers (idle.csl handles them)."""
+    out = set()
+    for name in drained:
+        plan = streams.plans(program).get(name)
+        f = program.flows.get(name)
+        if plan is None or f is None or f.wafer != wafer:
+            continue
+        for s, _ in plan.cells:
+            bb = streams.sbox_bbox(s)
+            if any(streams.sbox_clip(s, b) is not None for b in (idle & RectSet([bb])).boxes):
+                out.add(plan.color)
+                break
+    return sorted(out)
 
 
 def write_layout(program: Program, wafer: int, arch: str, exports: dict[str, str],
@@ -104,6 +192,9 @@ def write_layout(program: Program, wafer: int, arch: str, exports: dict[str, str
     add("// Generated; checked for CSL syntax (meshrt csl-lint), not compiled by cslc.")
     add("")
     add(f'const memcpy = @import_module("<memcpy/get_params>", .{{ .width = {W}, .height = {H} }});')
+    add("// Switch positions of a switch-chain router (several senders serialised, streams.py):")
+    add("// position 0 forwards the chain predecessor, position 1 takes this core's ramp.")
+    add(f"const chain_switches = {CHAIN_SWITCHES};")
     add("")
     add("layout {")
     add(f"  @set_rectangle({W}, {H});")
@@ -128,7 +219,9 @@ def write_layout(program: Program, wafer: int, arch: str, exports: dict[str, str
     for f in program.flows_on(wafer):
         lines = _flow_routes(program, f, holders.get(f.name, []), idle, stats, seen)
         if lines:
-            add(f"  // @{f.name}: colour {f.color}, pattern {f.op.pattern.data}")
+            plan = streams.plans(program).get(f.name)
+            add(f"  // @{f.name}: colour {f.color}, pattern {f.op.pattern.data}, "
+                f"{plan.scheme if plan else 'unrouted'}")
             out.extend(lines)
     _check_overlaps(seen)
     add("")
@@ -157,47 +250,70 @@ def _check_overlaps(seen: dict[int, list[tuple[Box, Flow]]]) -> None:
                 f"({x0}, {y0}) of wafer {fb.wafer} in the initial configuration", fb.op)
 
 
+# Switch-chain routers (streams.py): position 1 takes the ramp; ring mode and
+# pop-on-advance as in the SDK's allreduce library. Declared once per layout.
+CHAIN_SWITCHES = ".{ .pos1 = .{ .rx = RAMP }, .ring_mode = true, .pop_mode = .{ .pop_on_advance = true } }"
+SWITCHES = ".switches = chain_switches"
+
+
 def _flow_routes(program: Program, f: Flow, holders: list[CoreClass], idle: RectSet,
                  stats: RouteStats, seen: dict[int, list[tuple[Box, Flow]]]) -> list[str]:
     out: list[str] = []
-    groups: dict[tuple, list[Box]] = {}
-    loops = 0
-    for box, cfg in f.configs(program.width, program.height):
-        parts: list[tuple[Box, RouterConfig, str]] = []
-        for b in (idle & RectSet([box])).boxes:
-            parts.append((b, cfg, "static"))
+    plan = streams.plans(program).get(f.name)
+    if plan is None:
+        return out
+    stats.schemes[plan.scheme] = stats.schemes.get(plan.scheme, 0) + 1
+    groups: dict[tuple, list] = {}
+    frozen = {c.name: frozen_at_start(program, c) for c in holders}
+    for s, cfg in plan.cells:
+        bb = streams.sbox_bbox(s)
+        parts: list[tuple] = []
+        for b in (idle & RectSet([bb])).boxes:
+            c = streams.sbox_clip(s, b)
+            if c is not None:
+                parts.append((c, None))
         for cls in holders:
             for cbox in cls.boxes:
-                b = box_intersection(box, cbox)
-                if b is not None:
-                    phase = first_use(cls, f.name) if cfg.phased else "static"
-                    parts.append((b, cfg, phase))
-        for b, c, phase in parts:
-            if phase == "recv":
-                rx, tx = c.recv_phase()
-            elif phase == "send":
-                rx, tx = c.send_phase()
-            else:
-                rx, tx = c.static()
-            n = (b[2] - b[0]) * (b[3] - b[1])
-            stats.phased += n if c.phased else 0
-            stats.merging += n if c.merges else 0
-            stats.looping += n if c.loops else 0
-            if c.loops:
-                loops += n
-            groups.setdefault((rx, tx, phase), []).append(b)
+                if box_intersection(bb, cbox) is None:
+                    continue
+                c = streams.sbox_clip(s, cbox)
+                if c is not None:
+                    parts.append((c, cls))
+        for c, cls in parts:
+            name = cfg.phases[0][0]
+            if cls is not None and cfg.phased and name in ("recv", "send"):
+                name = first_use(cls, f.name)
+            rx, tx = cfg.phase(name) or cfg.initial
+            cold = cls is not None and f.name in frozen[cls.name]
+            n = streams.sbox_count(c)
+            stats.phased += n if cfg.phased else 0
+            stats.switched += n if cfg.switch else 0
+            stats.relayed += n if name in streams.RELAY_PHASES else 0
+            stats.frozen += n if cold else 0
+            groups.setdefault((rx, tx, name if cfg.phased else "static", cfg.switch, cold), []).append(c)
     # Routers configured alike merge back into few boxes, whatever class they are on.
-    for (rx, tx, phase), boxes in groups.items():
-        for b in RectSet(boxes).boxes:
+    for (rx, tx, phase, switch, cold), pieces in groups.items():
+        dense, strided = _merge_pieces(pieces)
+        for b in list(RectSet(dense).boxes) + strided:
             stats.boxes += 1
-            seen[f.color].append((b, f))
+            seen[f.color].append((b[:4], f))
+            extra = (", " + SWITCHES if switch else "") + (", .teardown = true" if cold else "")
             call = (f"@set_color_config({{x}}, {{y}}, @get_color({f.color}), .{{ .routes = .{{ "
-                    f".rx = {_dirs(rx)}, .tx = {_dirs(tx)} }} }});")
+                    f".rx = {_dirs(rx)}, .tx = {_dirs(tx)} }}{extra} }});")
             lines = _loops(b, call)
+            notes = []
             if phase != "static":
-                lines[0] += "  // run-time phases: starts in its " + phase + " phase"
+                notes.append(f"run-time phases: starts in its {phase.replace('_', ' ')} phase")
+            if cold:
+                notes.append("held in teardown until its class's first install")
+            if notes:
+                lines[0] += "  // " + "; ".join(notes)
             out.extend(lines)
-    if loops:
-        out.insert(0, f"  // WARNING: {loops} router(s) of this flow send wavelets back towards a side "
-                      "they accept them from (several senders on one colour; see docs/csl-backend.md)")
+    if plan.scheme in (streams.CHAIN, streams.RELAY) and plan.chain is not None:
+        out.insert(0, f"  // {plan.chain.count} senders switch-chained: first ({plan.first[0]}, {plan.first[1]}), "
+                      f"head ({plan.head[0]}, {plan.head[1]})")
+    if plan.scheme == streams.RELAY:
+        r = plan.relay
+        out.insert(0, f"  // relay line: {r.m} receiver(s) from ({r.r0[0]}, {r.r0[1]}) stepping "
+                      f"{r.step}, {r.others} other sender(s) chained into its start")
     return out

@@ -119,7 +119,7 @@ class CoreClass:
 
     @property
     def handshakes(self) -> int:
-        """Route handshake entries the IR states for this class (not emitted, see docs)."""
+        """Route handshake entries the IR states for this class (emitted as teardown code, handshakes.py)."""
         return (sum(len(s.awaits) + len(s.grants) for s in self.segments)
                 + sum(len(b.notify) + len(b.drain) for b in self.boundaries))
 

@@ -23,22 +23,31 @@ Per event:
   send on the flow puts it on the wire ahead of the data.
 - `event.send` sends the metainfo, then the data, through a fabric-out DSD.
 
+How the wavelets of each flow travel (a single sender's tree, shifts, the
+switch chain that serialises several senders, the relay line of the
+hand-off gathers) is `streams.py`'s plan; a switch-chained sender follows
+its message with the control wavelet that advances its own router and the
+next one, a receiver of a chained flow takes one message per sender.
+
 At a segment boundary: markers behind the last message of the closing
-segment (when it has a marker sync), the wait for the expected markers, then
-the run-time route change of this core's own router (release / install),
-and the queue rebinds the allocation asked for.
+segment (when it has a marker sync), the wait for the expected markers, the
+drains (the end-of-flow teardowns of the released flows, `handshakes.py`),
+then the run-time route change of this core's own router (release /
+install, opening the colour: the install credit), and the queue rebinds the
+allocation asked for.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from meshrt.backend.csl import percore
+from meshrt.backend.csl import handshakes as hsk
+from meshrt.backend.csl import percore, streams
 from meshrt.backend.csl.alloc import ClassAlloc, Limits, format_table, report_rows
 from meshrt.backend.csl.kernels import ComputeBody
 from meshrt.backend.csl.metainfo import MetaCode
 from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment
-from meshrt.backend.csl.routes import word
+from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
 from meshrt.diagnostics import MeshrtError
 from meshrt.routing import Box
 
@@ -57,6 +66,7 @@ class Shared:
     marker_counts: dict[tuple[str, int], list[tuple[Box, int]]] = field(default_factory=dict)
     marker_senders: dict[tuple[str, str, int], bool] = field(default_factory=dict)
     exports: dict[int, dict[str, str]] = field(default_factory=dict)  # wafer -> symbol -> layout type
+    drained: set[str] = field(default_factory=set)  # flows whose senders close each step with a teardown
 
     @property
     def sfx(self) -> str:
@@ -71,8 +81,20 @@ def hx(v: int) -> str:
     return f"0x{v:03x}"
 
 
+def _dirs(ds) -> str:
+    ds = tuple(ds)
+    if len(ds) == 1:
+        return ds[0]
+    return f"[{len(ds)}]direction{{ {', '.join(ds)} }}"
+
+
+def routes_struct(rx, tx) -> str:
+    """The comptime route struct `color_config.reset_routes` takes."""
+    return f".{{ .rx = {_dirs(rx)}, .tx = {_dirs(tx)} }}"
+
+
 class ProgramWriter:
-    def __init__(self, cls: CoreClass, alloc: ClassAlloc, sh: Shared):
+    def __init__(self, cls: CoreClass, alloc: ClassAlloc, sh: Shared, slots: bool = True):
         self.cls = cls
         self.a = alloc
         self.sh = sh
@@ -89,8 +111,14 @@ class ProgramWriter:
         self.exports: list[tuple[str, str, str]] = []  # (symbol, csl var, layout type)
         self.uses_math = False
         self.uses_ctrl = alloc.marker_task is not None
-        self.phased_flows: dict[str, tuple[str, str]] = {}  # flow -> (recv word expr, send word expr)
+        self.plans = streams.plans(self.p)
+        self.lp_used = False  # the loop counter of multi-message transfers
+        self.consts: list[str] = []  # per-core comptime constants (chain roles, relay indices)
+        self._consts: set[str] = set()
+        self._plan_handshakes()
         self._plan_buffers()
+        self.base_cap = dict(self.cap)
+        self._plan_gathers(slots)
 
     # ------------------------------------------------------------------ sizes
     def _flows_used(self) -> list[Flow]:
@@ -186,6 +214,32 @@ class ProgramWriter:
                         cap = reg[2] // (2 * d) if reg else 1
                         self.attn_rows = max(self.attn_rows, min(e.work // max(1, self.nx), cap))
 
+    def _plan_gathers(self, allowed: bool = True) -> None:
+        """Slots for multi-message receives (switch-chained gathers, relays): one
+        slot of the message size per sender, if the arrays still fit the SRAM
+        the chip leaves beside the program image; else every message lands in
+        slot 0 (flow control is exact either way; see docs/csl-backend.md)."""
+        grown = dict(self.cap)
+        for seg in self.cls.segments:
+            for sub in seg.subs:
+                for e in sub.events:
+                    if e.kind not in ("recv", "send") or not e.flow:
+                        continue
+                    plan = self.plans.get(e.flow)
+                    if plan is None or plan.senders <= 1 or plan.scheme not in (CHAIN, RELAY):
+                        continue
+                    if e.kind == "send" and plan.scheme == CHAIN:
+                        continue
+                    buf = "p" if e.kind == "recv" and self._internal(e, sub.kernel) else "x"
+                    grown[buf] = max(grown[buf], e.elems * plan.senders)
+        saved, self.cap = self.cap, grown
+        limit = self.sh.lim.target.sram_bytes - self.sh.lim.target.reserved_sram_bytes
+        self.slots_fit = allowed and self.sram_bytes() <= limit
+        self.cap = grown if self.slots_fit else saved
+
+    def slot(self, expr: str) -> str | None:
+        return expr if self.slots_fit else None
+
     def sram_bytes(self) -> int:
         eb = self.sh.elem_bytes
         n = (self.cap["x"] + self.cap["y"] + (self.cap["p"] if self.has_p else 0) + self.nw) * eb
@@ -241,26 +295,85 @@ class ProgramWriter:
         return name
 
     # ----------------------------------------------------------------- routes
-    def own_router(self, flow: Flow) -> list[tuple[Box, object]]:
-        """The flow's configurations at this class's routers (cached per flow)."""
+    def own_cells(self, flow: Flow) -> list[tuple[Box, streams.Cfg]]:
+        """The flow's router configurations at this class's cores (cached per flow)."""
         if flow.name not in self._own:
-            cfgs = flow.configs(self.p.width, self.p.height)
-            self._own[flow.name] = percore.clip_to(cfgs, self.cls.boxes)
+            plan = self.plans.get(flow.name)
+            self._own[flow.name] = streams.cells_in(plan, self.cls.boxes) if plan else []
         return self._own[flow.name]
 
-    def route_word_expr(self, flow: Flow, phase: str) -> str:
-        """This core's router word for `flow` (phase: recv / send / static)."""
-        pieces = []
-        for box, cfg in self.own_router(flow):
-            if cfg.phased and phase != "static":
-                rx, tx = cfg.recv_phase() if phase == "recv" else cfg.send_phase()
-            else:
-                rx, tx = cfg.static()
-            pieces.append((box, word(rx, tx)))
-        return percore.expr(pieces, self.cls.boxes, 0, hx)
+    def plan(self, flow: Flow) -> streams.FlowPlan | None:
+        return self.plans.get(flow.name)
 
     def is_phased_here(self, flow: Flow) -> bool:
-        return any(cfg.phased for _, cfg in self.own_router(flow))
+        return any(cfg.phased for _, cfg in self.own_cells(flow))
+
+    def is_switched_here(self, flow: Flow) -> bool:
+        return any(cfg.switch for _, cfg in self.own_cells(flow))
+
+    def relay_here(self, flow: Flow) -> bool:
+        plan = self.plan(flow)
+        return plan is not None and plan.scheme == RELAY and any(
+            cfg.names()[0] in streams.RELAY_PHASES for _, cfg in self.own_cells(flow))
+
+    def route_stmts(self, flow: Flow, phase: str) -> list[str]:
+        """Statements that give this core's router `flow`'s configuration in `phase`
+        (`color_config.reset_routes`; a core the flow does not cross clears the colour)."""
+        col = self.color(flow.color)
+        relay = phase in streams.RELAY_PHASES
+        pieces = []
+        for box, cfg in self.own_cells(flow):
+            rxtx = cfg.phase(phase) or (None if relay else cfg.initial)
+            if rxtx is not None:
+                pieces.append((box, routes_struct(*rxtx)))
+        return percore.branch(pieces, self.cls.boxes,
+                              lambda v: f"tc.color_config.reset_routes({col}, {v});",
+                              None if relay else f"rt.clear_routes({col});")
+
+    def switch_stmts(self, flow: Flow) -> list[str]:
+        """Switch positions of a chain router (installed at run time): position 1 takes the ramp."""
+        col = self.color(flow.color)
+        out = [f"tc.switch_config.clear_current_position({col});",
+               f"tc.switch_config.set_invalid_for_all_switch_positions({col});"]
+        pieces = [(box, 1) for box, cfg in self.own_cells(flow) if cfg.switch]
+        if pieces:
+            out += percore.branch(pieces, self.cls.boxes, lambda v: [
+                f"tc.switch_config.set_rx_switch_pos1({col}, RAMP);",
+                f"tc.switch_config.set_pop_mode({col}, tc.switch_config.pop_mode.POP_ON_ADVANCE);",
+                f"tc.switch_config.set_ring_mode({col}, tc.switch_config.ring_mode.RING_MODE);"], None)
+        return out
+
+    def const(self, name: str, typ: str, value: str, comment: str = "") -> str:
+        """A per-core comptime constant (declared once)."""
+        if name not in self._consts:
+            self._consts.add(name)
+            self.consts.append(f"const {name}: {typ} = {value};" + (f" // {comment}" if comment else ""))
+        return name
+
+    # ------------------------------------------------------ route handshakes
+    def _plan_handshakes(self) -> None:
+        """Colours whose teardowns (end of flow of a drained flow) cross this class's routers."""
+        self.td_colors: dict[int, list[str]] = dict(hsk.teardown_colors(self.p)[self.cls.name])
+        self.drains = hsk.class_drains(self.cls)
+        self.frozen = hsk.frozen_at_start(self.p, self.cls)
+
+    def td_count(self, flow: Flow) -> str:
+        """Teardowns of one step of `flow` that cross this core's router (per-core expression)."""
+        plan = self.plan(flow)
+        if plan is None:
+            return "0"
+        return percore.expr(percore.clip_to(plan.td_counts(), self.cls.boxes), self.cls.boxes, 0)
+
+    def drained(self, flow: Flow) -> bool:
+        return flow.name in self.sh.drained and flow.color in self.td_colors
+
+    def td_wait_state(self, flow: Flow, comment: str, cond: str | None = None) -> None:
+        """Wait until the teardowns expected so far on the flow's colour passed this router."""
+        k = flow.color
+        test = f"td_seen_{k} < td_mark_{k}"
+        if cond:
+            test = f"({cond}) and {test}"
+        self.state([f"if ({test}) {{", "  td_wait = true;", "  return false;", "}"], False, comment)
 
     def first_use(self, seg: Segment, flow: str) -> str:
         for e in seg.events():
@@ -269,11 +382,12 @@ class ProgramWriter:
         return "recv"
 
     # ---------------------------------------------------------------- states
-    def state(self, body: list[str], waits: bool, comment: str = "") -> None:
+    def state(self, body: list[str], waits: bool, comment: str = "", raw: bool = False) -> None:
+        """Append a state. raw: the body sets pc and returns itself (loops)."""
         if self.notes:  # remarks that belong before the next state's code
             body = self.notes + body
             self.notes = []
-        self.states.append((body, waits, comment))
+        self.states.append((body, waits, comment, raw))
 
     def emit(self) -> str:
         for s, seg in enumerate(self.cls.segments):
@@ -286,11 +400,14 @@ class ProgramWriter:
 
     def emit_segment(self, s: int, seg: Segment) -> None:
         label = f"segment {seg.index} ({len(seg.subs)} sub-schedule(s))"
-        if seg.awaits or seg.grants:
-            self.notes.append("// route handshake of the IR, not emitted (no reverse-route colour): "
-                              + " ".join(f"{k} [{', '.join(v if k == 'await' else ['@' + f for f in v])}]"
-                                         for k, v in (("await", seg.awaits), ("grant", seg.grants)) if v))
+        if seg.grants:
+            self.notes.append("// grant [" + ", ".join("@" + f for f in seg.grants) + "]: open since the "
+                              "layout configured segment 0 (route handshakes: handshakes.py)")
         sync_here = any(b.source == seg.index and b.sync is not None for b in self.cls.boundaries)
+        awaits: dict[str, list[str]] = {}
+        for a in seg.awaits:
+            t, f = a[1:].split("::@", 1)
+            awaits.setdefault(f, []).append("@" + t)
         last_send = {}
         for i, e in enumerate(seg.events()):
             if e.kind == "send":
@@ -308,6 +425,10 @@ class ProgramWriter:
                 comment += f"@{sub.kernel} \"{sub.role}\": "
                 flow = self.p.flows.get(e.flow) if e.flow else None
                 if e.kind == "resolve":
+                    if flow is not None and self.relay_here(flow):
+                        raise MeshrtError(
+                            f"core class @{self.cls.name}: a metainfo resolver on the relayed flow "
+                            f"@{flow.name} is not supported by the CSL backend", self.cls.op)
                     self.emit_resolve(s, e, flow, comment)
                     pending_meta.add(e.flow)
                 elif e.kind == "recv":
@@ -336,13 +457,15 @@ class ProgramWriter:
                     self.state([f"produce_{e.name}();"], False,
                                comment + f"metainfo producer: {e.name} onto @{e.flow} ({e.meta} B)")
                 elif e.kind == "send":
-                    self.emit_send(s, e, flow, written, comment)
+                    if e.flow in awaits:
+                        self.notes.append(f"// await [{', '.join(t + '::@' + e.flow for t in awaits.pop(e.flow))}]: "
+                                          "held by the fabric until those routers open the colour")
                     pos = list(seg.events()).index(e)
-                    if sync_here and last_send.get(e.flow) == pos and flow.color is not None \
-                            and self.a.marker_task is not None:
-                        ctl = self.fab("fabout", flow, s, 1, "ctl")
-                        self.state([f"@mov32({ctl}, ctrl.encode_control_task_payload(marker_id));"],
-                                   False, f"marker behind the last message on @{flow.name}")
+                    plan = self.plan(flow) if flow.color is not None else None
+                    marker = (sync_here and last_send.get(e.flow) == pos and flow.color is not None
+                              and self.a.marker_task is not None
+                              and not (plan is not None and plan.scheme == RELAY))
+                    self.emit_send(s, e, flow, written, comment, marker)
 
     # -------------------------------------------------------------- metainfo
     def meta_task(self, s: int, flow: Flow) -> str:
@@ -366,13 +489,15 @@ class ProgramWriter:
 
     # ------------------------------------------------------------ transfers
     def phase(self, flow: Flow, which: str) -> list[str]:
-        if flow.color is None or not self.is_phased_here(flow):
+        """Route statements that switch this core's router to the flow's `which`
+        phase (before a receive or a send); a drained flow first waits until the
+        teardowns of the previous phase passed the router."""
+        if flow.color is None or not self.is_phased_here(flow) or self.relay_here(flow):
             return []
-        if flow.name not in self.phased_flows:
-            self.phased_flows[flow.name] = (self.route_word_expr(flow, "recv"),
-                                            self.route_word_expr(flow, "send"))
-        w = self.phased_flows[flow.name][0 if which == "recv" else 1]
-        return [f"rt.set_route({self.color(flow.color)}, {w}); // {which} phase of this router"]
+        if self.drained(flow):
+            self.td_wait_state(flow, f"@{flow.name}: the previous phase's end-of-flow teardown passed "
+                               "this router before it switches")
+        return [f"// {which} phase of this router for @{flow.name}"] + self.route_stmts(flow, which)
 
     def emit_xw_wait(self, flow: Flow, comment: str) -> None:
         k = flow.xw_index
@@ -382,6 +507,69 @@ class ProgramWriter:
     def need(self, buf: str, n: int) -> None:
         """A transfer of n elements uses `buf`: it is declared at least that long."""
         self.cap[buf] = max(self.cap[buf], n)
+
+    def at(self, buf: str, n: int, slot: str | None) -> str:
+        """Memory DSD of n elements of `buf`, at message slot `slot` (runtime) when given."""
+        if slot is None:
+            return self.mem(buf, n)
+        return f"@increment_dsd_offset({self.mem(buf, n)}, @as(i16, ({slot}) * {n}), {self.sh.elem})"
+
+    def loop(self, count: str, steps: list[tuple[str | None, list[str], str]], comment: str,
+             tail: list[str] | None = None, cond: str | None = None) -> None:
+        """States that run `steps` (condition, transfer lines, comment) once per
+        message, `count` times (`lp_i` counts); each transfer is asynchronous.
+        `cond`: the whole loop runs only on cores where it holds."""
+        self.lp_used = True
+        self.state(["lp_i = 0;"], False, comment)
+        top = len(self.states)
+        end = top + len(steps)
+        limit = f"lp_i >= {count}" if cond is None else f"!({cond}) or lp_i >= {count}"
+        for i, (c, lines, note) in enumerate(steps):
+            nxt = top + i + 1
+            body = [f"if ({limit}) {{", f"  pc = {end};", "  return true;", "}"] if i == 0 else []
+            if c is not None:
+                body += [f"if (!({c})) {{", f"  pc = {nxt if i < len(steps) - 1 else top};"]
+                if i == len(steps) - 1:
+                    body.append("  lp_i += 1;")
+                body += ["  return true;", "}"]
+            body += lines
+            if i == len(steps) - 1:
+                body += ["lp_i += 1;", f"pc = {top};"]
+            else:
+                body.append(f"pc = {nxt};")
+            body.append("return false;")
+            self.state(body, True, note, raw=True)
+        self.state(tail or ["// every message of the loop is through"], False, "")
+
+    def meta_buf(self, flow: Flow) -> str:
+        kind = flow.meta_kind
+        return f"meta_out_{kind}" if kind in self.meta_out_words else f"meta_in_{kind}"
+
+    def recv_steps(self, s: int, e: Event, flow: Flow, target: str, slot: str | None,
+                   meta_cond: str | None, tag: str = "") -> list[tuple[str | None, list[str], str]]:
+        n = e.elems
+        steps = []
+        if e.meta:
+            fim = self.fab("fabin", flow, s, e.meta_words, "meta")
+            steps.append((meta_cond, [f"rt.recv_words({self.mem('meta_in_' + flow.meta_kind, e.meta_words)}, "
+                                      f"{fim});{tag}"], f"receive @{flow.name}: {e.meta} B of metainfo"))
+        fi = self.fab("fabin", flow, s, n)
+        steps.append((None, [f"rt.recv_{self.sh.elem}({self.at(target, n, slot)}, {fi});{tag}"],
+                      f"receive @{flow.name}: {e.nbytes} B into {target}"))
+        return steps
+
+    def send_steps(self, s: int, e: Event, flow: Flow, src: str, slot: str | None,
+                   tag: str = "") -> list[tuple[str | None, list[str], str]]:
+        n = e.elems
+        steps = []
+        if e.meta:
+            fom = self.fab("fabout", flow, s, e.meta_words, "meta")
+            steps.append((None, [f"rt.send_words({fom}, {self.mem(self.meta_buf(flow), e.meta_words)});{tag}"],
+                          f"send @{flow.name}: {e.meta} B of metainfo ahead of the data"))
+        fo = self.fab("fabout", flow, s, n)
+        steps.append((None, [f"rt.send_{self.sh.elem}({fo}, {self.at(src, n, slot)});{tag}"],
+                      f"send @{flow.name}: {e.nbytes} B from {src}"))
+        return steps
 
     def emit_recv(self, s: int, e: Event, flow: Flow, target: str, meta_taken: bool, comment: str) -> None:
         n = e.elems
@@ -393,38 +581,160 @@ class ProgramWriter:
                 body.append(f"rt.copy_words(&meta_in_{flow.meta_kind}, &xin_meta_{flow.xw_index}, {e.meta_words});")
             self.state(body, False, f"{e.nbytes} B into {target}")
             return
+        if self.relay_here(flow):
+            self.emit_relay(s, e, flow, target, comment)
+            return
+        plan = self.plan(flow)
+        msgs = plan.senders if plan is not None and plan.scheme == CHAIN else 1
         pre = self.phase(flow, "recv")
+        if msgs > 1:
+            if pre:
+                self.state(pre, False, f"@{flow.name}: receive phase")
+            self.notes.append(f"// @{flow.name}: {msgs} senders, serialised by the switch chain: one "
+                              f"message per sender, " + (f"stored at slot lp_i of {target}" if self.slots_fit
+                                                         else f"all into {target} (slots exceed SRAM)"))
+            self.loop(str(msgs), self.recv_steps(s, e, flow, target, self.slot("lp_i"),
+                                                 "lp_i > 0" if meta_taken else None),
+                      comment + f"receive @{flow.name}: {msgs} message(s) of {e.nbytes} B, one per sender")
+            return
         if e.meta and not meta_taken:
             fim = self.fab("fabin", flow, s, e.meta_words, "meta")
             self.state(pre + [f"rt.recv_words({self.mem('meta_in_' + flow.meta_kind, e.meta_words)}, {fim});"], True,
                        comment + f"receive @{flow.name}: {e.meta} B of metainfo ahead of the data")
             pre, comment = [], ""
         fi = self.fab("fabin", flow, s, n)
-        self.state(pre + [f"rt.recv_{self.sh.elem}({self.mem(target, n)}, {fi});"], True,
+        tail = []
+        if self.drained(flow) and self.is_phased_here(flow):
+            tail = [f"td_mark_{flow.color} += 1; // the sender's end-of-flow teardown follows the data"]
+        self.state(pre + [f"rt.recv_{self.sh.elem}({self.mem(target, n)}, {fi});"] + tail, True,
                    comment + f"receive @{flow.name}: {e.nbytes} B into {target}")
 
-    def emit_send(self, s: int, e: Event, flow: Flow, src: str, comment: str) -> None:
+    def emit_send(self, s: int, e: Event, flow: Flow, src: str, comment: str, marker: bool = False) -> None:
         n = e.elems
         self.need(src, n)
-        kind = flow.meta_kind
-        meta_buf = f"meta_out_{kind}" if kind in self.meta_out_words else f"meta_in_{kind}"
         if flow.cross:
             k = flow.xw_index
             body = [f"@fmov{self.sh.sfx}({self.mem(f'xout_{k}', n)}, {self.mem(src, n)});"]
             if e.meta:
-                body.append(f"rt.copy_words(&xout_meta_{k}, &{meta_buf}, {e.meta_words});")
+                body.append(f"rt.copy_words(&xout_meta_{k}, &{self.meta_buf(flow)}, {e.meta_words});")
             body.append(f"xout_seq_{k}[0] += 1; // the host polls it, then relays the message")
             self.state(body, False, comment + f"send @{flow.name} to the next wafer via the host")
+            return
+        if self.relay_here(flow):
+            slot = self.slot(self.relay_slot_own(flow))
+            self.state([f"@fmov{self.sh.sfx}({self.at('x', n, slot)}, {self.mem(src, n)}); // [stage] @{flow.name} {n}"],
+                       False, comment + f"stage @{flow.name} ({e.nbytes} B): the relay along the receiver "
+                       "line sends it (see the receive)")
             return
         pre = self.phase(flow, "send")
         if e.meta:
             fom = self.fab("fabout", flow, s, e.meta_words, "meta")
-            self.state(pre + [f"rt.send_words({fom}, {self.mem(meta_buf, e.meta_words)});"], True,
+            self.state(pre + [f"rt.send_words({fom}, {self.mem(self.meta_buf(flow), e.meta_words)});"], True,
                        comment + f"send @{flow.name}: {e.meta} B of metainfo ahead of the data")
             pre, comment = [], ""
         fo = self.fab("fabout", flow, s, n)
         self.state(pre + [f"rt.send_{self.sh.elem}({fo}, {self.mem(src, n)});"], True,
                    comment + f"send @{flow.name}: {e.nbytes} B from {src}")
+        self.after_send(s, flow, marker)
+
+    def after_send(self, s: int, flow: Flow, marker: bool, cond: str | None = None) -> None:
+        """Control wavelets behind a message, on the same output queue (FIFO): the
+        marker, the switch-chain advance, the end-of-flow teardown."""
+        if flow.color is None:
+            return
+        plan = self.plan(flow)
+        ctl = self.fab("fabout", flow, s, 1, "ctl")
+
+        def guard(lines: list[str], c: str | None) -> list[str]:
+            return lines if c is None else [f"if ({c}) {{", *("  " + x for x in lines), "}"]
+
+        if marker:
+            self.state(guard([f"@mov32({ctl}, ctrl.encode_control_task_payload(marker_id));"], cond),
+                       False, f"marker behind the last message on @{flow.name}")
+        chained = plan is not None and plan.chain is not None and self.is_switched_here(flow)
+        if chained:
+            heads = percore.clip_to([(b, v) for b, v in plan.roles() if v == ROLE_HEAD], self.cls.boxes)
+            adv = self.const(f"adv_{flow.ident}", "u32",
+                             percore.expr(heads, self.cls.boxes, 0,
+                                          lambda v: "rt.adv_own" if v == ROLE_HEAD else "rt.adv_own_next"),
+                             f"@{flow.name}: switch commands behind this core's message")
+            self.state(guard([f"@mov32({ctl}, {adv});"], cond), False,
+                       f"@{flow.name}: advance this router (back to forwarding) and the next chain "
+                       "router (to its own ramp)")
+        if flow.name in self.sh.drained:
+            lines = [f"@mov32({ctl}, rt.end_of_flow);"]
+            if self.drained(flow) and self.is_phased_here(flow):
+                lines.append(f"td_mark_{flow.color} += 1; // it passes this router too")
+            c = cond
+            if chained:
+                first = percore.clip_to([(b, v) for b, v in plan.roles() if v == ROLE_FIRST], self.cls.boxes)
+                if not first:
+                    return
+                fc = self.const(f"first_{flow.ident}", "bool",
+                                percore.expr(first, self.cls.boxes, 0, lambda v: "true" if v else "false"),
+                                f"@{flow.name}: this core starts the switch chain")
+                c = fc if c is None else f"({c}) and {fc}"
+            self.state(guard(lines, c), False, f"@{flow.name}: end of flow for this step (teardown "
+                       "wavelet; some class drains the flow)")
+
+    # ----------------------------------------------------------------- relay
+    def relay_index(self, flow: Flow) -> str:
+        r = self.plan(flow).relay
+        return self.const(f"rl_{flow.ident}", "u16", r.index_expr(), f"@{flow.name}: this core's place on the relay line")
+
+    def relay_slot_own(self, flow: Flow) -> str:
+        r = self.plan(flow).relay
+        return f"{r.others} + {self.relay_index(flow)}"
+
+    def emit_relay(self, s: int, e: Event, flow: Flow, target: str, comment: str) -> None:
+        """The receive of a relayed flow: four passes along the receiver line."""
+        plan = self.plan(flow)
+        r = plan.relay
+        i = self.relay_index(flow)
+        n = e.elems
+        if target != "x":
+            raise MeshrtError(f"core class @{self.cls.name}: the relayed flow @{flow.name} must arrive "
+                              "in the kernel's input", self.cls.op)
+        m, o = r.m, r.others
+        drained = self.drained(flow)
+        k = flow.color
+        tag = " // relay"
+        self.notes.append(f"// @{flow.name}: relay along the receiver line ({m} core(s), {o} sender(s) "
+                          f"chained into its start); x holds one slot per sender")
+        passes = [
+            ("fwd_recv", f"{i} > 0" if r.entry is None else None, f"{o} + {i}", "lp_i", True),
+            ("fwd_send", f"{i} < {m - 1}", f"{o} + {i} + 1", "lp_i", False),
+            ("bwd_recv", f"{i} < {m - 1}", f"{m - 1} - {i}", f"{o + m - 1} - lp_i", True),
+            ("bwd_send", f"{i} > 0", f"{m} - {i}", f"{o + m - 1} - lp_i", False),
+        ]
+        first = True
+        for name, cond, count, slot, recv in passes:
+            if m == 1 and name != "fwd_recv":
+                continue
+            if drained:
+                self.td_wait_state(flow, f"@{flow.name} {name}: the previous pass's teardown passed", cond)
+            head = comment if first else ""
+            first = False
+            routes = [f"// {name} phase of this router for @{flow.name}"] + [
+                x for x in self.route_stmts(flow, name)]
+            self.state(routes if cond is None else [f"if ({cond}) {{", *("  " + x for x in routes), "}"],
+                       False, head + f"relay @{flow.name}: {name.replace('_', ' ')}")
+            if recv:
+                steps = self.recv_steps(s, e, flow, "x", self.slot(slot), None, tag)
+            else:
+                steps = self.send_steps(s, e, flow, "x", self.slot(slot), tag)
+            tail = []
+            if drained:
+                if recv:
+                    tail = [f"td_mark_{k} += 1; // the neighbour's end-of-flow teardown follows"]
+                else:
+                    ctl = self.fab("fabout", flow, s, 1, "ctl")
+                    tail = [f"@mov32({ctl}, rt.end_of_flow);", f"td_mark_{k} += 1;"]
+                if cond is not None:
+                    tail = [f"if ({cond}) {{", *("  " + x for x in tail), "}"]
+            self.loop(count, steps, f"relay @{flow.name}: {name.replace('_', ' ')}, {count} message(s)",
+                      tail or None, cond)
+        self.state([f"// [relay] @{flow.name} {n}"], False, f"relay @{flow.name} done")
 
     # ------------------------------------------------------------- boundary
     def emit_boundary(self, b) -> None:
@@ -442,6 +752,16 @@ class ProgramWriter:
                        "behind the last messages of the closing segment")
             self.state(["markers -= marker_need;"], False, "every expected marker is in: nothing of "
                        "the closing segment is in flight here")
+        # drain [@F]: the end-of-flow teardowns of every credited step have passed this router
+        for f in b.drain:
+            flow = self.p.flows.get(f)
+            if flow is None or flow.color is None or flow.color not in self.td_colors:
+                continue
+            k = flow.color
+            self.state([f"if (td_seen_{k} < td_hold_{k}) {{", "  td_wait = true;", "  return false;", "}",
+                        f"td_hold_{k} = 0; // colour {k} stays in teardown until its next install"],
+                       False, f"{what}: drain @{f}: wait until its end-of-flow teardowns passed this "
+                       "router (the colour is then frozen)")
         body = []
         dst = next(s for s in self.cls.segments if s.index == b.dest)
         installed = {}
@@ -454,20 +774,37 @@ class ProgramWriter:
             flow = self.p.flows.get(f)
             if flow is None or flow.color is None or flow.color in installed:
                 continue
-            body.append(f"rt.set_route({self.color(flow.color)}, 0); // release @{flow.name}")
+            if f in b.drain and flow.color in self.td_colors:
+                body.append(f"// release @{f}: colour {flow.color} stays in teardown (drained above)")
+            else:
+                body.append(f"rt.clear_routes({self.color(flow.color)}); // release @{f}")
+        switched = {self.p.flows[f].color for seg in self.cls.segments for f in seg.routes
+                    if f in self.p.flows and self.p.flows[f].color is not None
+                    and self.is_switched_here(self.p.flows[f])}
+        notify = set(b.notify)
         for c, flow in sorted(installed.items()):
-            phase = self.first_use(dst, flow.name) if self.is_phased_here(flow) else "static"
-            body.append(f"rt.set_route({self.color(c)}, {self.route_word_expr(flow, phase)}); "
-                        f"// install @{flow.name}")
+            if self.relay_here(flow):
+                phase = "static"
+            elif self.is_phased_here(flow):
+                phase = self.first_use(dst, flow.name)
+            else:
+                phase = "static"
+            body.append(f"// install @{flow.name}" + (" (notify)" if flow.name in notify else ""))
+            # The route first: switch position 1 inherits from position 0 (the SDK's allreduce).
+            body += self.route_stmts(flow, phase)
+            if c in switched:
+                body += self.switch_stmts(flow)
+            if c in self.td_colors:
+                hold = f"td_seen_{c} + {self.td_count(flow)}" if flow.name in self.drains else "0"
+                body += [f"td_hold_{c} = {hold};",
+                         f"if (td_held_{c}) {{",
+                         f"  tc.teardown.exit({self.color(c)}); // the route opens: the install credit",
+                         f"  td_held_{c} = false;", "}"]
         dest_pos = [i for i, s in enumerate(self.cls.segments) if s.index == b.dest][0]
         for q, c in self.a.iq.rebinds.get(dest_pos, []):
-            body.append(f"rt.rebind_input_queue({q}, {c});")
+            body.append(f"rt.rebind_input_queue({q}, {c}); // UNVERIFIED register (docs/csl-backend.md)")
         for q, c in self.a.oq.rebinds.get(dest_pos, []):
-            body.append(f"rt.rebind_output_queue({q}, {c});")
-        if b.notify or b.drain:
-            body.append("// route handshake of the IR, not emitted (no reverse-route colour): "
-                        + " ".join(f"{k} [{', '.join('@' + f for f in v)}]"
-                                   for k, v in (("notify", b.notify), ("drain", b.drain)) if v))
+            body.append(f"rt.rebind_output_queue({q}, {c}); // UNVERIFIED register (docs/csl-backend.md)")
         if not body:
             body = ["// no route of this core's router changes"]
         self.state(body, False, f"{what}: reconfigure this core's router "
@@ -514,6 +851,7 @@ class ProgramWriter:
             add(f"param {k}: i16; // class parameter")
         add("")
         add('const sys_mod = @import_module("<memcpy/memcpy>", memcpy_params);')
+        add('const tc = @import_module("<tile_config>");')
         if self.uses_ctrl:
             add('const ctrl = @import_module("<control>");')
         if self.uses_math:
@@ -609,6 +947,34 @@ class ProgramWriter:
                              (f"xout_seq_{k}", f"xout_seq_{k}_ptr", "[*]u32")]
         add("var pc: u16 = 0; // state of the event table")
         add("var steps: u32 = 0; // decode steps completed")
+        if self.lp_used:
+            add("var lp_i: u32 = 0; // message counter of a multi-message transfer")
+        if self.consts:
+            add("")
+            add("// ---- per-core constants (comptime: px, py are params)")
+            out.extend(self.consts)
+        if self.td_colors:
+            add("")
+            add("// ---- route handshakes: end-of-flow teardowns per colour (docs/csl-backend.md)")
+            add("var td_wait: bool = false; // the event table waits for a teardown")
+            seg0 = cls.segments[0]
+            for k in sorted(self.td_colors):
+                flows = self.td_colors[k]
+                granted = [f for f in flows if f in seg0.grants and f in seg0.routes and f in self.drains]
+                frozen = [f for f in flows if f in self.frozen]
+                hold = self.td_count(p.flows[granted[0]]) if granted else "0"
+                if frozen:
+                    fl = p.flows[frozen[0]]
+                    pieces = percore.clip_to(self.plan(fl).td_counts(), cls.boxes)
+                    held = percore.expr([(b, 1) for b, _ in pieces], cls.boxes, 0,
+                                        lambda v: "true" if v else "false")
+                else:
+                    held = "false"
+                add(f"var td_seen_{k}: u32 = 0; // teardowns of colour {k} that passed this router "
+                    f"({', '.join('@' + f for f in flows[:3])}{' ...' if len(flows) > 3 else ''})")
+                add(f"var td_hold_{k}: u32 = {hold}; // keep the colour in teardown at this count (0: never)")
+                add(f"var td_held_{k}: bool = {held}; // in teardown until this class installs its next flow")
+                add(f"var td_mark_{k}: u32 = 0; // teardowns due before this router's next phase switch")
         if self.meta_in and a.data_tasks:
             first = sorted(self.meta_in)[0]
             add(f"var meta_dst: [*]u32 = &meta_in_{first}; // where the metainfo data task writes")
@@ -643,6 +1009,21 @@ class ProgramWriter:
         add("// ---- kernel compute")
         out.extend(self.fns)
         add("")
+        for k in sorted(self.td_colors):
+            add(f"// colour {k}: a teardown passed; hold the colour if it ends what this class drains")
+            add(f"fn td_{k}() void {{")
+            add(f"  td_seen_{k} += 1;")
+            add(f"  if (td_hold_{k} != 0 and td_seen_{k} == td_hold_{k}) {{")
+            add(f"    td_held_{k} = true;")
+            add("  } else {")
+            add(f"    tc.teardown.exit({self.color(k)});")
+            add("  }")
+            add("  if (td_wait) {")
+            add("    td_wait = false;")
+            add("    @activate(step_id);")
+            add("  }")
+            add("}")
+            add("")
         if a.marker_task is not None:
             add("// ---- marker sync: markers are control wavelets that activate this task")
             add("task on_marker() void {")
@@ -656,13 +1037,16 @@ class ProgramWriter:
         add(f"// ---- the event table: {len(self.states)} states; true = go on at once,")
         add("// false = an asynchronous transfer (or a wait) re-activates step")
         add("fn advance() bool {")
-        for i, (body, waits, comment) in enumerate(self.states):
+        for i, (body, waits, comment, raw) in enumerate(self.states):
             if comment:
                 add(f"  // [{i}] {comment}")
             add(f"  if (pc == {i}) {{")
             last = i == len(self.states) - 1
             for line in body:
                 add("    " + line)
+            if raw:
+                add("  }")
+                continue
             if last:
                 add("    pc = 0; // the table repeats every decode step")
                 add("    steps += 1;")
@@ -693,15 +1077,17 @@ class ProgramWriter:
         add("")
         add("comptime {")
         add("  @bind_local_task(step, step_id);")
+        for k in sorted(self.td_colors):
+            add(f"  @set_teardown_handler(td_{k}, {self.color(k)});")
         if a.marker_task is not None:
             add("  @bind_control_task(on_marker, marker_id);")
         if self.meta_in and a.data_tasks:
             for key in sorted(a.data_tasks):
                 add(f"  @bind_data_task(meta_rx_{key}, meta_tid_{key});")
                 add(f"  @block(meta_tid_{key});")
-        for q, c in sorted(a.iq.initial.items()):
-            add(f"  @initialize_queue({self.iq(q)}, .{{ .color = {self.color(c)} }});")
-        if sh.arch == "wse3":
+        if sh.arch == "wse3":  # wse2: the fabric DSD names the colour, queues are not bound
+            for q, c in sorted(a.iq.initial.items()):
+                add(f"  @initialize_queue({self.iq(q)}, .{{ .color = {self.color(c)} }});")
             for q, c in sorted(a.oq.initial.items()):
                 add(f"  @initialize_queue({self.oq(q)}, .{{ .color = {self.color(c)} }});")
         for sym, var, _ in self.exports:
@@ -728,6 +1114,10 @@ def write_program(cls: CoreClass, alloc: ClassAlloc, sh: Shared) -> str:
     w = ProgramWriter(cls, alloc, sh)
     text = w.emit()
     limit = sh.lim.target.sram_bytes - sh.lim.target.reserved_sram_bytes
+    if alloc.sram_bytes > limit and w.slots_fit and w.cap != w.base_cap:
+        # The gather slots were estimated before the transfers grew other buffers.
+        w = ProgramWriter(cls, alloc, sh, slots=False)
+        text = w.emit()
     if alloc.sram_bytes > limit:
         raise MeshrtError(
             f"core class @{cls.name} needs {alloc.sram_bytes} SRAM bytes of arrays but target "

@@ -13,7 +13,10 @@ that grid every condition below is constant, so one representative router
 decides the cell. The cells of all pairs are then overlaid (a band sweep)
 and the contributions at each router united: a Cerebras router sends a
 wavelet accepted from any of its input sides to all of its output sides, so
-the union is what the hardware does.
+the union is what the hardware does. Where several senders' trees meet,
+the union would merge streams on one colour (and WSE-3 takes a colour from
+one side only), so `streams.py` keeps these unions for single senders and
+disjoint shifts and routes several senders along a switch chain.
 
 A contribution is a pair (rx, tx): "wavelets entering from rx leave towards
 tx". Keeping pairs rather than the plain union lets the emitter see routers
@@ -36,11 +39,6 @@ from meshrt.routing import Box, RectSet, rect_boxes
 RAMP, NORTH, SOUTH, EAST, WEST = "RAMP", "NORTH", "SOUTH", "EAST", "WEST"
 DIRS = (RAMP, NORTH, SOUTH, EAST, WEST)
 
-# Colour-configuration word: input (rx) bits and output (tx) bits. Used for
-# the run-time writes of a core's own router (see program.py); the layout
-# uses the direction names.
-RX_BIT = {RAMP: 0x200, NORTH: 0x100, SOUTH: 0x080, EAST: 0x040, WEST: 0x020}
-TX_BIT = {RAMP: 0x010, NORTH: 0x008, SOUTH: 0x004, EAST: 0x002, WEST: 0x001}
 
 Pair = tuple[str, str]
 Label = frozenset[Pair]
@@ -91,11 +89,6 @@ class RouterConfig:
         """A side that is both an input and an output (other than the ramp)."""
         rx, tx = self.recv_phase() if self.phased else self.static()
         return any(d in tx for d in rx if d != RAMP)
-
-
-def word(rx: Iterable[str], tx: Iterable[str]) -> int:
-    """The colour-configuration word of an rx / tx direction set."""
-    return sum(RX_BIT[d] for d in set(rx)) | sum(TX_BIT[d] for d in set(tx))
 
 
 # ---------------------------------------------------------------------------

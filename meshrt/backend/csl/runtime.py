@@ -16,6 +16,7 @@ def runtime_module() -> str:
         "param tx_src: dsr_src1;",
         "",
         'const tile_config = @import_module("<tile_config>");',
+        'const ctrl = @import_module("<control>");',
         "",
         "// Transfers: the fabric DSD is loaded with .async; its completion activates step_id.",
         "// One wavelet per element (f32 or f16) or per 32-bit metainfo word.",
@@ -37,18 +38,30 @@ def runtime_module() -> str:
         "  }",
         "}",
         "",
-        "// Run-time route change of this core's own router. Config word: rx bits RAMP 0x200,",
-        "// N 0x100, S 0x080, E 0x040, W 0x020; tx bits RAMP 0x010, N 0x008, S 0x004, E 0x002,",
-        "// W 0x001 (the upper, non-routing bits are kept).",
-        "fn set_route(comptime c: color, io: u16) void {",
-        "  const addr = tile_config.color_config.get_color_config_addr(c);",
-        "  @set_config(addr, (@get_config(addr) & 0xfc00) | io);",
+        "// Control-wavelet payloads (<control> library, SDK docs): none reaches a CE (ce_ignore).",
+        "// A switch-chained sender ends its message with adv_own_next: command 0 is taken by its",
+        "// own router (back to forwarding its predecessor), command 1 by the next chain router",
+        "// (to its own ramp); the chain's head has no next chain router and sends adv_own.",
+        "const adv_own: u32 = ctrl.encode_single_payload(ctrl.opcode.SWITCH_ADV, true, {}, 0);",
+        "const adv_own_next: u32 = ctrl.encode_payload(2, [2]ctrl.opcode{ ctrl.opcode.SWITCH_ADV, "
+        "ctrl.opcode.SWITCH_ADV }, [2]bool{ true, true }, true, {});",
+        "// End of flow: a teardown wavelet behind a sender's last message of a drained flow;",
+        "// every router it passes enters teardown for the colour (its teardown handler counts it).",
+        "const end_of_flow: u32 = ctrl.encode_single_payload(ctrl.opcode.TEARDOWN, true, {}, 0);",
+        "",
+        "// Clear every input and output direction of colour c at this router (a released",
+        "// route no drain froze): <tile_config>'s color_config.clear_io_direction.",
+        "fn clear_routes(c: color) void {",
+        *(f"  tile_config.color_config.clear_io_direction(c, tile_config.color_config.fabric_io.{d});"
+          for d in ("TX_WEST", "TX_EAST", "TX_SOUTH", "TX_NORTH", "TX_RAMP",
+                    "RX_WEST", "RX_EAST", "RX_SOUTH", "RX_NORTH", "RX_RAMP")),
         "}",
         "",
-        "// Queue <-> colour bindings are comptime (@initialize_queue); a segment boundary that",
-        "// hands a drained queue to another colour rewrites the binding. ASSUMPTION",
-        "// (unchecked, see docs/csl-backend.md): the colour is the low 5 bits of the queue's",
-        "// configuration word.",
+        "// wse3 only: a segment boundary that hands a drained queue to another colour rewrites",
+        "// the binding. UNVERIFIED: the SDK documents no run-time queue binding; the register",
+        "// address (tile_config.addresses.INPUT_QUEUE_CONFIG / OUTPUT_QUEUE_CONFIG) and the colour",
+        "// in its low 5 bits are assumptions (docs/csl-backend.md). wse2 needs none: there the",
+        "// fabric DSD names the colour.",
         "fn rebind_input_queue(comptime q: u16, comptime c: u16) void {",
         "  const addr = tile_config.addresses.INPUT_QUEUE_CONFIG + q * tile_config.word_size;",
         "  @set_config(addr, (@get_config(addr) & 0xffe0) | c);",
@@ -61,8 +74,11 @@ def runtime_module() -> str:
     return "\n".join(out) + "\n"
 
 
-def idle_program() -> str:
-    return "\n".join([
+def idle_program(td_colors: list[int] | None = None) -> str:
+    """idle.csl: memcpy, pass-through routes, and a teardown handler per colour
+    whose end-of-flow teardowns pass idle routers (they only let it run on)."""
+    td_colors = sorted(td_colors or [])
+    out = [
         "// meshrt CSL backend: program of the cores no core class uses.",
         "// They run memcpy (it routes through every core of the rectangle) and route the",
         "// flows that pass through them; their routers are configured by the layout.",
@@ -73,13 +89,15 @@ def idle_program() -> str:
         "param region: i16;",
         "",
         'const sys_mod = @import_module("<memcpy/memcpy>", memcpy_params);',
-        "",
-        "fn start() void {",
-        "  sys_mod.unblock_cmd_stream();",
-        "}",
-        "",
-        "comptime {",
-        "  @export_symbol(start);",
-        "}",
-        "",
-    ])
+    ]
+    if td_colors:
+        out.append('const tc = @import_module("<tile_config>");')
+    out += ["", "fn start() void {", "  sys_mod.unblock_cmd_stream();", "}", ""]
+    for c in td_colors:
+        out += [f"// colour {c}: an end-of-flow teardown passed; let the colour run on",
+                f"fn td_{c}() void {{", f"  tc.teardown.exit(@get_color({c}));", "}", ""]
+    out += ["comptime {", "  @export_symbol(start);"]
+    for c in td_colors:
+        out.append(f"  @set_teardown_handler(td_{c}, @get_color({c}));")
+    out += ["}", ""]
+    return "\n".join(out)

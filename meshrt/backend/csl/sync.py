@@ -5,7 +5,9 @@ control wavelet) on every flow it sent in that segment, right behind its
 last message there: colours are FIFO, so the marker arriving means the data
 before it has arrived. A class waiting at a marker sync expects one marker
 per (flow, sender core) for the flows it received since its previous marker
-sync, from every sender that marks that flow. How many senders reach a
+sync, from every sender that marks that flow. (A switch chain delivers every
+sender's marker to every receiver, as the multicast did; relayed flows carry
+no markers.) How many senders reach a
 receiver depends on the flow's pattern (shift: one; all: every sender; row
 / col: the senders of its row / column), so the count is a per-core value,
 given as boxes.
@@ -33,10 +35,19 @@ def _marking_senders(program: Program) -> dict[str, RectSet]:
                 if e.kind != "send":
                     continue
                 f = program.flows[e.flow]
-                if f.color is None:
+                if f.color is None or _relayed(program, f.name):
                     continue
                 marks[f.name].extend((own & RectSet.from_cores(f.op.src)).boxes)
     return {k: RectSet(v) for k, v in marks.items()}
+
+
+def _relayed(program: Program, name: str) -> bool:
+    """A relayed flow (streams.py) needs no markers: its receivers finish the relay
+    inside their receive, so nothing of it is in flight after it."""
+    from meshrt.backend.csl.streams import RELAY, plans
+
+    plan = plans(program).get(name)
+    return plan is not None and plan.scheme == RELAY
 
 
 def _count_pieces(flow, senders: RectSet) -> list[tuple[Box, int]]:
