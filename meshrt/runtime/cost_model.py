@@ -87,7 +87,7 @@ from dataclasses import dataclass, field
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
 from meshrt.routing import Box, RectSet, pattern_routers
-from meshrt.runtime.mesh_sim import DEFAULT_OP_CYCLES, OP_ALIASES, WAVELET_BYTES
+from meshrt.runtime.mesh_sim import WAVELET_BYTES, first_sends, op_cycles
 
 CATEGORIES = ("compute", "metainfo", "send_recv", "network", "task_switch", "reconfigure",
               "marker", "handshake")
@@ -100,14 +100,6 @@ CATEGORIES = ("compute", "metainfo", "send_recv", "network", "task_switch", "rec
 
 class CostModelError(Exception):
     """The class-level run cannot make progress: the IR deadlocks even at class level."""
-
-
-def op_cycles(costs: dict[str, float], op: str) -> float:
-    """Cycles per element of compute op `op`, with the interpreter's aliases."""
-    c = costs.get(op)
-    if c is None and op in OP_ALIASES:
-        c = costs.get(OP_ALIASES[op])
-    return float(c) if c is not None else DEFAULT_OP_CYCLES
 
 
 def wavelets(nbytes: int) -> int:
@@ -338,15 +330,12 @@ class CostModel:
         pos = step_order(tables_of_program(prog))
         self.kernel_pos = pos
         self.handoff_kernels = kernels_of_kind(prog, "handoff")
-        first_send: dict[int, int] = {}
+        first_send = first_sends(classes, fidx, pos)
         senders: dict[int, list[int]] = defaultdict(list)
         for ci, c in enumerate(classes):
             for seg in c.segments():
                 for sub in seg.subs():
                     for e in sub.events():
-                        if isinstance(e, ev.SendOp | ev.MetaProduceOp):
-                            f = fidx[e.flow_name]
-                            first_send[f] = min(first_send.get(f, 1 << 30), pos[sub.kernel_name])
                         if isinstance(e, ev.SendOp) and ci not in senders[fidx[e.flow_name]]:
                             senders[fidx[e.flow_name]].append(ci)
         self.senders = senders

@@ -173,6 +173,8 @@ class KernelExec:
 
     # compute ops with numeric effect (the simulator skips the hook for others)
     OPS: frozenset[str] = frozenset()
+    # inputs arrive as the producer's own structure (not a Vec) and go to recv()
+    RAW_INPUTS = False
 
     def __init__(self, info: ev.KernelInfoOp, plane: DataPlane):
         self.info = info
@@ -234,6 +236,15 @@ class KernelExec:
         """The result a reduction's root relays back up the chain."""
         cd.values[self.name] = value
 
+    def payload_src(self, flow: str) -> str:
+        """The kernel whose value a send on `flow` carries."""
+        return self.name
+
+    def metainfo(self, cd: CoreData, flow: str, meta: int) -> tuple[SlotTable | None, Routing | None]:
+        """(CF table, routing) riding a send: what the core holds, where the table
+        gives the send metainfo bytes."""
+        return (cd.cb, cd.route) if meta else (None, None)
+
     def take(self, cd: CoreData, suffix: str) -> list:
         items = cd.inbox.pop(f"{self.name}.{suffix}", None)
         if items is None:
@@ -268,9 +279,6 @@ class Embed(KernelExec):
 
 
 class Handoff(KernelExec):
-    def compute(self, cd, op):
-        pass
-
     def send(self, cd, flow):
         _, i, j, w, h = self.grid_pos(cd)
         v = self.input(cd)
@@ -502,7 +510,16 @@ def _merge_softmax(a, b):
     return oa * fa[..., None] + ob * fb[..., None], m, sa * fa + sb * fb
 
 
-class TopKGate(KernelExec):
+class _RoutesTokens(KernelExec):
+    """Gate, dispatch and experts: without routing metainfo (the static build)
+    the gate's weights still travel with the tokens, as data."""
+
+    def metainfo(self, cd, flow, meta):
+        cb, route = super().metainfo(cd, flow, meta)
+        return cb, route if self.plane.moe_routing else cd.route
+
+
+class TopKGate(_RoutesTokens):
     OPS = frozenset({"fmac", "add", "topk"})
 
     def __init__(self, info, plane):
@@ -540,13 +557,14 @@ class TopKGate(KernelExec):
         return self.input(cd)
 
     def payload_src(self, flow: str) -> str:
+        # what goes on to dispatch is the tokens it gated, i.e. its input's value
         return self.inputs[0] if not flow.startswith(self.name + ".") else self.name
 
     def relayed(self, cd, value):
         cd.route = value
 
 
-class Dispatch(KernelExec):
+class Dispatch(_RoutesTokens):
     """A corridor: the head gathers whole tokens; every core forwards them on and
     hands its flat slice to the expert regions."""
 
@@ -572,11 +590,8 @@ class Dispatch(KernelExec):
         else:
             cd.inbox[flow] = items
 
-    def compute(self, cd, op):
-        pass
 
-
-class ExpertFFN(KernelExec):
+class ExpertFFN(_RoutesTokens):
     """See meshrt.kernel_roles._expert_roles for the layout."""
 
     OPS = frozenset({"fmac", "add", "silu_mul"})
@@ -666,6 +681,7 @@ class Combine(KernelExec):
     and pass the slices on to the head."""
 
     OPS = frozenset({"combine"})
+    RAW_INPUTS = True  # the experts' partial outputs
 
     def compute(self, cd, op):
         if op != "combine":
@@ -740,6 +756,12 @@ class Sample(KernelExec):
         if flow.endswith(".down"):
             return cd.acc[self.name]
         return self.plane.host.next_tokens(cd)
+
+    def metainfo(self, cd, flow, meta):
+        cb, route = super().metainfo(cd, flow, meta)
+        if self.plane.cb and not flow.startswith(self.name + "."):
+            cb = self.plane.host.table_of(cd)  # the table of the step these tokens start
+        return cb, route
 
 
 EXECS = {
@@ -861,15 +883,8 @@ class DataPlane:
     def send(self, cd: CoreData, flow: str, meta: int) -> Payload:
         k = cd.kernel
         value = k.send(cd, flow)
-        src = k.payload_src(flow) if isinstance(k, TopKGate) else k.name
-        p = Payload(src, value)
-        if meta:
-            p.cb, p.route = cd.cb, cd.route
-        elif isinstance(k, Dispatch | ExpertFFN | TopKGate) and not self.moe_routing:
-            p.route = cd.route  # the static build sends the gate's weights as data
-        if isinstance(k, Sample) and self.cb and not flow.startswith(k.name + "."):
-            p.cb = self.host.table_of(cd)
-        return p
+        cb, route = k.metainfo(cd, flow, meta)
+        return Payload(k.payload_src(flow), value, cb, route)
 
     def _flow_kind(self, kernel: KernelExec, flow: str) -> str:
         """"tokens", "internal" (the kernel's own chain/relay flows) or "input"."""
@@ -904,7 +919,7 @@ class DataPlane:
         if internal:
             k.recv(cd, flow, [p.value for p in payloads])
             return
-        if isinstance(k, Combine) and not isinstance(payloads[0].value, Vec):
+        if k.RAW_INPUTS:
             k.recv(cd, flow, [p.value for p in payloads])
             return
         for p in payloads:

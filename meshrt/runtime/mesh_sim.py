@@ -326,7 +326,8 @@ def program_of(module) -> sg.ProgramOp:
     raise ValueError("no segment.program in the module")
 
 
-def parse_program(text: str, filename: str = "<segments>") -> sg.ProgramOp:
+def parse_ir(text: str, filename: str = "<input>"):
+    """A module of meshrt IR at any level (located errors)."""
     from xdsl.context import Context
     from xdsl.dialects.builtin import Builtin
 
@@ -337,7 +338,11 @@ def parse_program(text: str, filename: str = "<segments>") -> sg.ProgramOp:
     ctx.load_dialect(Builtin)
     for load in get_all_dialects().values():
         ctx.load_dialect(load())
-    return program_of(parse_module(ctx, text, filename))
+    return parse_module(ctx, text, filename)
+
+
+def parse_program(text: str, filename: str = "<segments>") -> sg.ProgramOp:
+    return program_of(parse_ir(text, filename))
 
 
 def compile_program(model: str, target: str, dynamism=None) -> sg.ProgramOp:
@@ -461,6 +466,28 @@ class _Core:
         self.got: list = []  # messages gathered by the current recv
 
 
+def op_cycles(costs: dict[str, float], op: str) -> float:
+    """Cycles per element of compute op `op` (ops the target does not cost go by OP_ALIASES)."""
+    c = costs.get(op)
+    if c is None and op in OP_ALIASES:
+        c = costs.get(OP_ALIASES[op])
+    return float(c) if c is not None else DEFAULT_OP_CYCLES
+
+
+def first_sends(classes, fidx: dict[str, int], pos: dict[str, int]) -> dict[int, int]:
+    """Flow index -> step position of the first kernel that sends it (or produces
+    metainfo onto it): receivers earlier in the step get that flow from the host."""
+    first: dict[int, int] = {}
+    for c in classes:
+        for seg in c.segments():
+            for sub in seg.subs():
+                for e in sub.events():
+                    if isinstance(e, ev.SendOp | ev.MetaProduceOp):
+                        f = fidx[e.flow_name]
+                        first[f] = min(first.get(f, 1 << 30), pos[sub.kernel_name])
+    return first
+
+
 def _by_sender(m: _Msg) -> int:
     return m.sender
 
@@ -499,12 +526,6 @@ class MeshSim:
         self._build()
 
     # -- construction ----------------------------------------------------
-    def _op_cost(self, op: str) -> float:
-        c = self.costs.get(op)
-        if c is None and op in OP_ALIASES:
-            c = self.costs.get(OP_ALIASES[op])
-        return float(c) if c is not None else DEFAULT_OP_CYCLES
-
     def _rid(self, w: int, x: int, y: int) -> int:
         return (w * self.H + y) * self.W + x
 
@@ -531,14 +552,7 @@ class MeshSim:
         from meshrt.passes.color_routes import step_order, tables_of_program
 
         pos = step_order(tables_of_program(prog))
-        first_send: dict[int, int] = {}
-        for c in classes:
-            for seg in c.segments():
-                for sub in seg.subs():
-                    for e in sub.events():
-                        if isinstance(e, ev.SendOp | ev.MetaProduceOp):
-                            f = fidx[e.flow_name]
-                            first_send[f] = min(first_send.get(f, 1 << 30), pos[sub.kernel_name])
+        first_send = first_sends(classes, fidx, pos)
 
         # flattened tables
         self.class_progs: list[list[tuple]] = []
@@ -572,7 +586,7 @@ class MeshSim:
                         if isinstance(e, ev.ComputeOp):
                             numeric = self.data is not None and self.data.computes(sub.kernel_name, e.op.data)
                             instrs.append((I_COMPUTE, e.op.data,
-                                           e.work.value.data * self._op_cost(e.op.data), numeric))
+                                           e.work.value.data * op_cycles(costs, e.op.data), numeric))
                         elif isinstance(e, ev.SendOp):
                             f = fidx[e.flow_name]
                             nb = e.num_bytes + e.meta.value.data

@@ -45,7 +45,7 @@ def _fail(msg: str) -> int:
 def _program(model: str, target: str | None, static: bool):
     """(segment program, target name) for MODEL or IR."""
     from meshrt.diagnostics import MeshrtError
-    from meshrt.runtime.mesh_sim import compile_program, program_of
+    from meshrt.runtime.mesh_sim import compile_program, parse_ir, program_of
 
     if model.endswith(".mlir"):
         try:
@@ -68,20 +68,6 @@ _REST = {
     "event.schedule": "synthesize-schedules",
     "segment.program": "color-routes",
 }
-
-
-def parse_ir(text: str, filename: str):
-    from xdsl.context import Context
-    from xdsl.dialects.builtin import Builtin
-
-    from meshrt.diagnostics import parse_module
-    from meshrt.dialects import get_all_dialects
-
-    ctx = Context()
-    ctx.load_dialect(Builtin)
-    for load in get_all_dialects().values():
-        ctx.load_dialect(load())
-    return parse_module(ctx, text, filename)
 
 
 def _lower_to_segments(module, filename: str):
