@@ -435,6 +435,26 @@ def tables_of_program(program: sg.ProgramOp) -> list[ClassTable]:
     ]
 
 
+def host_primed(program: sg.ProgramOp) -> set[tuple[str, str]]:
+    """(kernel, flow) of the receives the host primes: a loop-carried flow (the
+    sampled tokens back to the first stage) is received by a kernel earlier in
+    the step order than the flow's first sender, so its first step's messages
+    come from the host (one per micro-batch in flight). The CSL backend's
+    programs take the same receives from host-loaded buffers."""
+    pos = step_order(tables_of_program(program))
+    classes = list(program.core_classes())
+    first: dict[str, int] = {}  # flow -> step position of its first sender (or metainfo producer)
+    for c in classes:
+        for seg in c.segments():
+            for sub in seg.subs():
+                for e in sub.events():
+                    if isinstance(e, ev.SendOp | ev.MetaProduceOp):
+                        first[e.flow_name] = min(first.get(e.flow_name, 1 << 30), pos[sub.kernel_name])
+    return {(sub.kernel_name, e.flow_name)
+            for c in classes for seg in c.segments() for sub in seg.subs() for e in sub.events()
+            if isinstance(e, ev.RecvOp) and pos[sub.kernel_name] < first.get(e.flow_name, -1)}
+
+
 def liveness_of_program(program: sg.ProgramOp) -> Liveness:
     return Liveness(program, program.flows(), tables_of_program(program))
 

@@ -87,7 +87,7 @@ from dataclasses import dataclass, field
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
 from meshrt.routing import Box, RectSet, pattern_routers
-from meshrt.runtime.mesh_sim import WAVELET_BYTES, first_sends, op_cycles
+from meshrt.runtime.mesh_sim import WAVELET_BYTES, op_cycles
 
 CATEGORIES = ("compute", "metainfo", "send_recv", "network", "task_switch", "reconfigure",
               "marker", "handshake")
@@ -316,7 +316,7 @@ class CostModel:
 
     # -- construction ----------------------------------------------------
     def _build(self) -> None:
-        from meshrt.passes.color_routes import step_order, tables_of_program
+        from meshrt.passes.color_routes import host_primed, step_order, tables_of_program
 
         prog = self.program
         flows = prog.flows()
@@ -330,7 +330,7 @@ class CostModel:
         pos = step_order(tables_of_program(prog))
         self.kernel_pos = pos
         self.handoff_kernels = kernels_of_kind(prog, "handoff")
-        first_send = first_sends(classes, fidx, pos)
+        primed = host_primed(prog)
         senders: dict[int, list[int]] = defaultdict(list)
         for ci, c in enumerate(classes):
             for seg in c.segments():
@@ -350,12 +350,12 @@ class CostModel:
         self.loop_flows: set[int] = set()
         self.marker_flows: set[int] = set()  # flows whose messages some marker sync waits for
         for ci, c in enumerate(classes):
-            self._build_table(ci, c, fidx, cidx, pos, first_send)
+            self._build_table(ci, c, fidx, cidx, primed)
         # latest delivery of a class's message of a flow, over its receivers (markers, drains)
         self.lat_max = {(s, f): max((p.latency for _, p in self._peers_of(f, sender=s)), default=0.0)
                         for f, ss in senders.items() for s in ss}
 
-    def _build_table(self, ci: int, c: sg.CoreClassOp, fidx, cidx, pos, first_send) -> None:
+    def _build_table(self, ci: int, c: sg.CoreClassOp, fidx, cidx, host_primed_recvs) -> None:
         out = self.classes[ci].instrs
         bounds = {b[0]: b for b in c.boundaries()}
         sends_after: dict[int, list[int]] = defaultdict(list)  # flow -> instr indices of sends
@@ -389,7 +389,7 @@ class CostModel:
                     elif isinstance(e, ev.RecvOp):
                         f = fidx[e.flow_name]
                         nb = e.num_bytes + e.meta.value.data
-                        primed = 1 if pos[sub.kernel_name] < first_send.get(f, -1) else 0
+                        primed = 1 if (sub.kernel_name, e.flow_name) in host_primed_recvs else 0
                         if primed:
                             self.loop_flows.add(f)
                         recvs.append((len(out), f))

@@ -140,6 +140,7 @@ from dataclasses import dataclass, field
 from meshrt.dialects import event as ev
 from meshrt.runtime.dataplane import DataLayoutError
 from meshrt.dialects import segment as sg
+from meshrt.passes.color_routes import host_primed
 from meshrt.routing import RectSet, xy_path
 
 OP_ALIASES: dict[str, str] = {
@@ -474,20 +475,6 @@ def op_cycles(costs: dict[str, float], op: str) -> float:
     return float(c) if c is not None else DEFAULT_OP_CYCLES
 
 
-def first_sends(classes, fidx: dict[str, int], pos: dict[str, int]) -> dict[int, int]:
-    """Flow index -> step position of the first kernel that sends it (or produces
-    metainfo onto it): receivers earlier in the step get that flow from the host."""
-    first: dict[int, int] = {}
-    for c in classes:
-        for seg in c.segments():
-            for sub in seg.subs():
-                for e in sub.events():
-                    if isinstance(e, ev.SendOp | ev.MetaProduceOp):
-                        f = fidx[e.flow_name]
-                        first[f] = min(first.get(f, 1 << 30), pos[sub.kernel_name])
-    return first
-
-
 def _by_sender(m: _Msg) -> int:
     return m.sender
 
@@ -548,11 +535,7 @@ class MeshSim:
         self.router_class: dict[int, int] = {}
         self.router_core: dict[int, _Core] = {}
 
-        # step order, for loop-carried flows
-        from meshrt.passes.color_routes import step_order, tables_of_program
-
-        pos = step_order(tables_of_program(prog))
-        first_send = first_sends(classes, fidx, pos)
+        primed_recvs = host_primed(prog)  # loop-carried flows
 
         # flattened tables
         self.class_progs: list[list[tuple]] = []
@@ -601,7 +584,7 @@ class MeshSim:
                             nb = e.num_bytes + e.meta.value.data
                             instrs.append((I_RECV, f,
                                            math.ceil(nb / WAVELET_BYTES) * costs["recv_wavelet"]))
-                            if pos[sub.kernel_name] < first_send.get(f, -1):
+                            if (sub.kernel_name, e.flow_name) in primed_recvs:
                                 primed[f] += 1
                         elif isinstance(e, ev.MetaResolveOp):
                             instrs.append((I_COMPUTE, "meta_resolve",

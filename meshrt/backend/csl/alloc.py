@@ -30,8 +30,9 @@ shared silently.
   its colour; on wse3 only colours 0-9, 12, 13, 16, 17, 20, 21 have them,
   and another colour is an error.
 - DSD registers: the fabric transfers use explicitly allocated DSRs (one
-  dest/src1 pair for receives, one for sends) so that the count is ours and
-  checkable; compute DSD operations use compiler-assigned ones.
+  dest/src1 pair for receives plus a src0 for receives that add, one
+  dest/src1 pair for sends) so that the count is ours and checkable; compute
+  DSD operations use compiler-assigned ones.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class ClassAlloc:
     dsr_rx: int
     dsr_tx: int
     sram_bytes: int = 0  # filled in by the program emitter
+    # host-visible arrays (memcpy): symbol -> (elements per core, CSL type), filled in by the program emitter
+    symbols: dict[str, tuple[int, str]] = field(default_factory=dict)
     rows: list[tuple[str, str, str, str]] = field(default_factory=list)
     switched: list[int] = field(default_factory=list)  # colours with switch-chain positions here
     teardown: list[int] = field(default_factory=list)  # colours with a teardown handler here
@@ -296,7 +299,8 @@ def report_rows(a: ClassAlloc, lim: Limits) -> list[tuple[str, str, str, str]]:
          f"id {a.step_task}"),
         ("control task ids", "1" if a.marker_task is not None else "0", "-",
          f"id {a.marker_task} (marker, program-wide)" if a.marker_task is not None else "-"),
-        ("DSRs (dest/src1)", "2/2", f"{len(DSR_IDS)}/{len(DSR_IDS)}", f"ids {a.dsr_rx}, {a.dsr_tx}"),
+        ("DSRs (dest/src0/src1)", "2/1/2", f"{len(DSR_IDS)}/{len(DSR_IDS)}/{len(DSR_IDS)}",
+         f"ids {a.dsr_rx}, {a.dsr_tx} (src0: {a.dsr_rx}, receives that add)"),
         ("SRAM bytes", str(a.sram_bytes), str(lim.target.usable_sram_bytes), "arrays of the program"),
     ]
     if a.switched or lim.arch == "wse3":

@@ -74,7 +74,7 @@ def program_trace(text: str, program: Program) -> list[tuple]:
     body = body[:body.index("\ntask step()")]
     out: list[tuple] = []
     pending: tuple[int, str] = (0, "?")
-    mem = r"(?:m_\w+|@increment_dsd_offset\(m_\w+, .*\))"
+    mem = r"m_\w+"
     for line in body.splitlines():
         line = line.strip()
         if m := re.search(r"take (\d+) metainfo wavelet\(s\) of @(\S+) ahead", line):
@@ -92,7 +92,7 @@ def program_trace(text: str, program: Program) -> list[tuple]:
             out.append(("resolve", m.group(1), flow.ident if flow else "?", pending[0]))
         elif m := re.match(rf"rt\.recv_words\({mem}, (fim_\w+)\);", line):
             out.append(("recv_meta", flow_of(m.group(1)), extents[m.group(1)]))
-        elif m := re.match(rf"rt\.recv_f(?:32|16)\({mem}, (fi_\w+)\);", line):
+        elif m := re.match(rf"rt\.recv_(?:add_)?f(?:32|16)\({mem}, (fi_\w+)\);", line):
             out.append(("recv", flow_of(m.group(1)), extents[m.group(1)]))
         elif m := re.match(rf"rt\.send_words\((fom_\w+), {mem}\);", line):
             out.append(("send_meta", flow_of(m.group(1)), extents[m.group(1)]))

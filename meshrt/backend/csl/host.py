@@ -33,25 +33,33 @@ def compile_sh(program: Program, arch: str, rects: dict[int, tuple[int, int]], t
     return "\n".join(out) + "\n"
 
 
-def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[int, tuple[int, int]]) -> str:
+def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[int, tuple[int, int]],
+           micro_batch: int, slots: int) -> str:
+    """The host driver sketch: the tables it needs (classes, their rectangles and
+    host-visible arrays) followed by the fixed driver code (`_DRIVER`)."""
     classes = []
     for a in allocs:
         c = a.cls
-        classes.append(f"    ({c.wafer}, {c.name!r}, {[(b[0], b[1], b[2] - b[0], b[3] - b[1]) for b in c.boxes]!r}),")
-    dtype = "np.float32" if elem == "f32" else "np.float16"
-    lines = [
+        rect_list = [(b[0], b[1], b[2] - b[0], b[3] - b[1]) for b in c.boxes]
+        classes.append(f"    ({c.wafer}, {c.name!r}, {rect_list!r}, {dict(sorted(a.symbols.items()))!r}),")
+    head = [
         "#!/usr/bin/env cs_python",
         f'"""Host driver sketch for program @{program.name} (SdkRuntime + memcpy).',
         "",
-        "Written by meshrt, not run by it. It shows the host's part: load each wafer's",
-        "compiled program, copy every class's resident weights / KV tiles in with",
-        "memcpy_h2d, launch `start`, then serve: push waiting requests into `req`, read",
-        "sampled tokens from `tok`, and relay cross-wafer messages (`xout_*` -> `xin_*`).",
-        "Weights here are zeros; a real driver reads them from the checkpoint in the",
-        "tiling the report describes.",
+        "Written by meshrt, not run by it (meshrt has no Cerebras SDK). It does the host's",
+        "part of the design: load each wafer's program, copy every class's resident",
+        "weights / KV tiles in (memcpy_h2d; zeros unless --weights DIR holds",
+        "<class>.<symbol>.npy arrays of shape (cores, elements)), prime the loop-carried",
+        "flows (the first message of each micro-batch in flight, as the interpreter's host",
+        "does), put the first requests into `req`, launch `start`, then serve: refill",
+        "`req`, read sampled tokens from `tok`, relay cross-wafer messages (`xout_*` ->",
+        "`xin_*`). Polling `req` / `tok` races with the device; a production driver",
+        "would stream them (memcpy streaming mode) instead.",
         '"""',
         "",
         "import argparse",
+        "import json",
+        "import os",
         "",
         "import numpy as np",
         "from cerebras.sdk.runtime.sdkruntimepybind import (  # pylint: disable=no-name-in-module",
@@ -62,52 +70,229 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
         "",
         f"WAFERS = {program.wafers}",
         f"RECTANGLES = {dict(sorted(rects.items()))!r}  # wafer -> (width, height)",
-        "# (wafer, core class, rectangles (x, y, w, h) of its cores)",
+        f"ELEM = {elem!r}  # activations on the fabric",
+        f"MICRO_BATCH = {micro_batch}  # slots per micro-batch",
+        f"SLOTS = {slots}  # request slots in flight",
+        f"GROUPS = {max(1, slots // max(1, micro_batch))}  # micro-batches in flight: each loop-carried flow is primed once per group",
+        "# (wafer, core class, rectangles (x, y, w, h), host-visible arrays: symbol -> (elements per core, CSL type))",
         "CLASSES = [",
         *classes,
         "]",
-        "",
-        "",
-        "def load_weights(runner, wafer):",
-        '    """memcpy every class\'s resident state (symbol `w`) onto its cores."""',
-        "    for w, name, rects in CLASSES:",
-        "        if w != wafer:",
-        "            continue",
-        "        for x, y, width, height in rects:",
-        "            try:",
-        '                sym = runner.get_id("w")',
-        "            except Exception:  # classes without resident state export no `w`",
-        "                return",
-        f"            data = np.zeros(width * height, dtype={dtype})",
-        "            runner.memcpy_h2d(sym, data.view(np.uint16 if data.dtype == np.float16 else np.uint32),",
-        "                              x, y, width, height, 1, streaming=False,",
-        "                              order=MemcpyOrder.ROW_MAJOR,",
-        "                              data_type=MemcpyDataType.MEMCPY_32BIT, nonblock=False)",
-        "",
-        "",
-        "def main():",
-        "    parser = argparse.ArgumentParser()",
-        '    parser.add_argument("--name", default="out", help="cslc output directory (prefix per wafer)")',
-        '    parser.add_argument("--cmaddr", help="IP:port of the CS system; omit for the simulator")',
-        "    args = parser.parse_args()",
-        "    runners = []",
-        "    for wafer in range(WAFERS):",
-        '        name = args.name + (str(wafer) if WAFERS > 1 else "")',
-        "        runner = SdkRuntime(name, cmaddr=args.cmaddr)",
-        "        runner.load()",
-        "        runner.run()",
-        "        load_weights(runner, wafer)",
-        '        runner.launch("start", nonblock=False)',
-        "        runners.append(runner)",
-        "    # Serving loop (sketch): requests in, tokens out, wafer-link relays.",
-        "    for runner in runners:",
-        "        runner.stop()",
-        "",
-        "",
-        'if __name__ == "__main__":',
-        "    main()",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(head) + "\n" + _DRIVER
+
+
+_DRIVER = '''
+
+def _words(values, typ):
+    """Values as the 32-bit words memcpy moves (16-bit types in the low half)."""
+    a = np.asarray(values)
+    if typ in ("f32", "u32"):
+        return np.ascontiguousarray(a.astype(np.float32 if typ == "f32" else np.uint32)).view(np.uint32), 32
+    return np.ascontiguousarray(a.astype(np.float16 if typ == "f16" else np.uint16)).view(np.uint16).astype(np.uint32), 16
+
+
+def _fit(values, n):
+    """values cut or zero-padded to n elements."""
+    out = np.zeros(n, dtype=np.asarray(values).dtype)
+    k = min(n, len(values))
+    out[:k] = values[:k]
+    return out
+
+
+def h2d(runner, symbol, per_core, rect, typ):
+    """Copy per_core (cores of the rectangle row-major x elements) into `symbol`."""
+    x, y, w, h = rect
+    data, bits = _words(np.asarray(per_core).reshape(w * h, -1), typ)
+    runner.memcpy_h2d(runner.get_id(symbol), data.ravel(), x, y, w, h, data.shape[1], streaming=False,
+                      order=MemcpyOrder.ROW_MAJOR, nonblock=False,
+                      data_type=MemcpyDataType.MEMCPY_32BIT if bits == 32 else MemcpyDataType.MEMCPY_16BIT)
+
+
+def d2h(runner, symbol, rect, n, typ):
+    """`symbol` (n elements) of every core of the rectangle, row-major."""
+    x, y, w, h = rect
+    out = np.zeros(w * h * n, dtype=np.uint32)
+    bits = 32 if typ in ("f32", "u32") else 16
+    runner.memcpy_d2h(out, runner.get_id(symbol), x, y, w, h, n, streaming=False,
+                      order=MemcpyOrder.ROW_MAJOR, nonblock=False,
+                      data_type=MemcpyDataType.MEMCPY_32BIT if bits == 32 else MemcpyDataType.MEMCPY_16BIT)
+    if typ == "f32":
+        return out.view(np.float32).reshape(w * h, n)
+    if typ == "f16":
+        return out.astype(np.uint16).view(np.float16).reshape(w * h, n)
+    return out.reshape(w * h, n)
+
+
+def classes_with(prefix, wafer=None):
+    """(wafer, class, rectangles, symbol, (n, type)) of every array whose name starts with prefix."""
+    for w, name, rects, symbols in CLASSES:
+        if wafer is not None and w != wafer:
+            continue
+        for sym, (n, typ) in symbols.items():
+            if sym.startswith(prefix):
+                yield w, name, rects, sym, n, typ
+
+
+def load_weights(runner, wafer, weights_dir):
+    """Every class's resident state (`w`, `wq`): <class>.<symbol>.npy or zeros."""
+    for _, name, rects, sym, n, typ in [*classes_with("w", wafer)]:
+        if sym not in ("w", "wq"):
+            continue
+        path = os.path.join(weights_dir or "", f"{name}.{sym}.npy")
+        cores = sum(r[2] * r[3] for r in rects)
+        data = np.load(path) if weights_dir and os.path.exists(path) else np.zeros((cores, n))
+        at = 0
+        for rect in rects:
+            k = rect[2] * rect[3]
+            h2d(runner, sym, data[at:at + k], rect, typ)
+            at += k
+
+
+class Requests:
+    """Waiting requests and the handles the programs see (0 = no request)."""
+
+    def __init__(self, requests):
+        self.waiting = list(requests)
+        self.handle = {}  # handle -> request
+        self.tokens = {}  # handle -> generated tokens
+
+    def take(self):
+        if not self.waiting:
+            return 0, 0
+        r = self.waiting.pop(0)
+        h = len(self.handle) + 1
+        self.handle[h] = r
+        self.tokens[h] = []
+        return h, int(r["prompt"][0])
+
+    def done(self):
+        return not self.waiting and all(len(self.tokens[h]) >= int(r.get("max_new_tokens", 1))
+                                        for h, r in self.handle.items())
+
+
+def first_step(requests):
+    """The first requests, one per slot, as `req` entries (handle, first token), and
+    the first message of every micro-batch on the loop-carried flows: each slot's
+    first token and (0, status 1 = free), so the first stage admits from `req`."""
+    req = np.zeros(SLOTS * 2, dtype=np.uint32)
+    tokens = np.zeros(SLOTS)
+    for s in range(SLOTS):
+        h, t = requests.take()
+        req[2 * s:2 * s + 2] = h, t
+        tokens[s] = t
+    meta = np.tile(np.array([0, 1], dtype=np.uint32), SLOTS)
+    return req, tokens, meta
+
+
+def prime_loop_carried(runner, wafer, tokens, meta):
+    """Load `prime_*` (data: tokens of each micro-batch; `prime_meta_*`: its
+    continuous-batching metainfo) on the receivers of every loop-carried flow."""
+    for _, _, rects, sym, n, typ in classes_with("prime_", wafer):
+        src = meta if sym.startswith("prime_meta_") else tokens
+        per_msg = n // GROUPS
+        msgs = [src[g * len(src) // GROUPS:(g + 1) * len(src) // GROUPS] for g in range(GROUPS)]
+        one = np.concatenate([_fit(m, per_msg) for m in msgs])
+        for rect in rects:
+            h2d(runner, sym, np.tile(one, (rect[2] * rect[3], 1)), rect, typ)
+
+
+def push_requests(runner, wafer, requests):
+    """Fill the free `req` entries (handle 0: the program admitted it) of the first stage."""
+    for _, _, rects, sym, n, typ in classes_with("req", wafer):
+        if sym != "req":
+            continue
+        cur = d2h(runner, sym, rects[0], n, typ)[0].copy()
+        for s in range(n // 2):
+            if cur[2 * s] == 0 and requests.waiting:
+                cur[2 * s:2 * s + 2] = requests.take()
+        for rect in rects:
+            h2d(runner, sym, np.tile(cur, (rect[2] * rect[3], 1)), rect, typ)
+
+
+def read_tokens(runner, wafer, requests, seen):
+    """New (handle, token) pairs in `tok` of the sampler root."""
+    for _, _, rects, sym, n, typ in classes_with("tok", wafer):
+        if sym != "tok":
+            continue
+        cur = d2h(runner, sym, rects[0], n, typ)[0]
+        for s in range(n // 2):
+            h, t = int(cur[2 * s]), int(cur[2 * s + 1])
+            if h in requests.tokens and seen.get(s) != (h, t):  # a repeated token can be missed
+                seen[s] = (h, t)
+                requests.tokens[h].append(t)
+
+
+def relay_wafer_links(runners, sent):
+    """Copy every new cross-wafer message (`xout_k`, `xout_meta_k`) to the next
+    wafer's `xin_k`, `xin_meta_k` and launch `xin_k_ready`: sender core i (in class
+    order, row-major) feeds receiver core i (cycling when the counts differ)."""
+    for w, _, rects, sym, _, typ in [*classes_with("xout_seq_")]:
+        k = sym[len("xout_seq_"):]
+        seq = int(d2h(runners[w], sym, rects[0], 1, typ)[0, 0])
+        if seq == sent.get(k, 0):
+            continue
+        for part in (f"xout_{k}", f"xout_meta_{k}"):
+            msgs = [m for ww, _, rs, s1, n1, t1 in classes_with(part) if s1 == part and ww == w
+                    for r in rs for m in d2h(runners[w], part, r, n1, t1)]
+            dst = part.replace("xout", "xin", 1)
+            i = 0
+            for w2, _, rects2, s2, n2, t2 in classes_with(dst):
+                if s2 != dst:
+                    continue
+                for rect in rects2:
+                    cores = rect[2] * rect[3]
+                    block = [_fit(msgs[(i + c) % len(msgs)], n2) for c in range(cores)]
+                    h2d(runners[w2], dst, np.stack(block), rect, t2)
+                    i += cores
+        for w2 in sorted({ww for ww, _, _, s2, _, _ in classes_with(f"xin_{k}") if s2 == f"xin_{k}"}):
+            runners[w2].launch(f"xin_{k}_ready", nonblock=False)
+        sent[k] = seq
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", default="out", help="cslc output directory (prefix per wafer)")
+    parser.add_argument("--cmaddr", help="IP:port of the CS system; omit for the simulator")
+    parser.add_argument("--weights", help="directory of <class>.<symbol>.npy arrays (default zeros)")
+    parser.add_argument("--workload", help="JSONL: one request per line with prompt (token ids) and max_new_tokens")
+    parser.add_argument("--polls", type=int, default=1000, help="serving-loop iterations at most")
+    args = parser.parse_args()
+    lines = open(args.workload).read().splitlines() if args.workload else []
+    requests = Requests([json.loads(x) for x in lines if x.strip()])
+    req, tokens, meta = first_step(requests)
+    runners = []
+    for wafer in range(WAFERS):
+        name = args.name + (str(wafer) if WAFERS > 1 else "")
+        runner = SdkRuntime(name, cmaddr=args.cmaddr)
+        runner.load()
+        runner.run()
+        load_weights(runner, wafer, args.weights)
+        prime_loop_carried(runner, wafer, tokens, meta)
+        for _, _, rects, sym, n, typ in classes_with("req", wafer):
+            if sym == "req":
+                for rect in rects:
+                    h2d(runner, sym, np.tile(req, (rect[2] * rect[3], 1)), rect, typ)
+        runners.append(runner)
+    for runner in runners:
+        runner.launch("start", nonblock=False)
+    seen, sent = {}, {}
+    for _ in range(args.polls):
+        if requests.done():
+            break
+        relay_wafer_links(runners, sent)
+        for wafer, runner in enumerate(runners):
+            push_requests(runner, wafer, requests)
+            read_tokens(runner, wafer, requests, seen)
+    for h, r in requests.handle.items():
+        print(json.dumps({"id": r.get("id", h), "tokens": requests.tokens[h]}))
+    for runner in runners:
+        runner.stop()
+
+
+if __name__ == "__main__":
+    main()
+'''
 
 
 REPORT_COLUMNS = ("class", "wafer", "cores", "segs", "colours", "iq", "oq", "data tids",

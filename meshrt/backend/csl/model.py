@@ -17,6 +17,7 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
+from meshrt.passes.color_routes import host_primed
 from meshrt.routing import Box, RectSet, rect_boxes
 
 WAVELET_BYTES = 4
@@ -57,6 +58,9 @@ class Event:
     meta: int = 0
     name: str = ""  # compute op, or dynamism kind
     work: int = 0
+    # a receive (or its metainfo resolver) whose first step's messages the host
+    # loads: a loop-carried flow (color_routes.host_primed)
+    primed: bool = False
 
     @property
     def elems(self) -> int:
@@ -149,6 +153,11 @@ class Program:
     def hp(self, key: str, default: float = 0) -> float:
         return self.hparams.get(key, default)
 
+    @property
+    def slots(self) -> int:
+        """Request slots in flight (micro-batch x micro-batches in flight)."""
+        return int(self.hp("inflight_slots", self.hp("kv_slots", max(1, self.micro_batch))))
+
     def classes_on(self, wafer: int) -> list[CoreClass]:
         return [c for c in self.classes if c.wafer == wafer]
 
@@ -220,6 +229,7 @@ def read_program(program: sg.ProgramOp) -> Program:
             xw += 1
     classes: list[CoreClass] = []
     class_idents: set[str] = {"idle", "layout"}
+    primed = host_primed(program)
     for cls in program.core_classes():
         segments = []
         for seg in cls.segments():
@@ -241,9 +251,12 @@ def read_program(program: sg.ProgramOp) -> Program:
         classes.append(CoreClass(cls, cls.class_name, identifier(cls.class_name, class_idents, "c_"),
                                  cls.wafer_index, boxes, segments, boundaries, params))
         for seg in segments:
-            for e in seg.events():
-                if e.kind in ("resolve", "produce") and e.flow in flows:
-                    flows[e.flow].meta_kind = e.name
+            for sub in seg.subs:
+                for e in sub.events:
+                    if e.kind in ("resolve", "produce") and e.flow in flows:
+                        flows[e.flow].meta_kind = e.name
+                    if e.kind in ("recv", "resolve") and (sub.kernel, e.flow) in primed:
+                        e.primed = True
     # Metainfo that rides a send no producer names is forwarded: its kind is
     # the one the flow's receivers resolve, or the program's only kind.
     kinds = [k for k in program.dynamism_kinds if k in ("continuous_batching", "moe_routing")]

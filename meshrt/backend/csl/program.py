@@ -94,7 +94,7 @@ def routes_struct(rx, tx) -> str:
 
 
 class ProgramWriter:
-    def __init__(self, cls: CoreClass, alloc: ClassAlloc, sh: Shared, slots: bool = True):
+    def __init__(self, cls: CoreClass, alloc: ClassAlloc, sh: Shared):
         self.cls = cls
         self.a = alloc
         self.sh = sh
@@ -117,8 +117,6 @@ class ProgramWriter:
         self._consts: set[str] = set()
         self._plan_handshakes()
         self._plan_buffers()
-        self.base_cap = dict(self.cap)
-        self._plan_gathers(slots)
 
     # ------------------------------------------------------------------ sizes
     def _flows_used(self) -> list[Flow]:
@@ -183,8 +181,20 @@ class ProgramWriter:
         kinds = {e.name for seg in self.cls.segments for e in seg.events() if e.kind in ("resolve", "produce")}
         self.cf = "continuous_batching" in kinds
         self.moe = "moe_routing" in kinds
-        self.slots = int(self.p.hp("inflight_slots", self.p.hp("kv_slots", self.b)))
+        self.slots = self.p.slots
         self.top_k = max(1, int(self.p.hp("top_k", 1)))
+        # Loop-carried receives the host primes: per flow, (data, metainfo) words of
+        # one message; the host loads one message per micro-batch in flight.
+        self.groups = max(1, self.slots // self.b)
+        self.primed: dict[str, tuple[int, int]] = {}
+        for seg in self.cls.segments:
+            for e in seg.events():
+                if e.primed and e.kind == "recv":
+                    n, m = self.primed.get(e.flow, (0, 0))
+                    self.primed[e.flow] = (max(n, e.elems), max(m, e.meta_words))
+                elif e.primed:
+                    n, m = self.primed.get(e.flow, (0, 0))
+                    self.primed[e.flow] = (n, max(m, e.meta_words))
         # Resident state per sub (weights, KV tiles, embedding rows).
         wq_off = w_off = 0
         self.sub_region: dict[int, tuple[str, int, int]] = {}
@@ -214,32 +224,6 @@ class ProgramWriter:
                         cap = reg[2] // (2 * d) if reg else 1
                         self.attn_rows = max(self.attn_rows, min(e.work // max(1, self.nx), cap))
 
-    def _plan_gathers(self, allowed: bool = True) -> None:
-        """Slots for multi-message receives (switch-chained gathers, relays): one
-        slot of the message size per sender, if the arrays still fit the SRAM
-        the chip leaves beside the program image; else every message lands in
-        slot 0 (flow control is exact either way; see docs/csl-backend.md)."""
-        grown = dict(self.cap)
-        for seg in self.cls.segments:
-            for sub in seg.subs:
-                for e in sub.events:
-                    if e.kind not in ("recv", "send") or not e.flow:
-                        continue
-                    plan = self.plans.get(e.flow)
-                    if plan is None or plan.senders <= 1 or plan.scheme not in (CHAIN, RELAY):
-                        continue
-                    if e.kind == "send" and plan.scheme == CHAIN:
-                        continue
-                    buf = "p" if e.kind == "recv" and self._internal(e, sub.kernel) else "x"
-                    grown[buf] = max(grown[buf], e.elems * plan.senders)
-        saved, self.cap = self.cap, grown
-        limit = self.sh.lim.target.sram_bytes - self.sh.lim.target.reserved_sram_bytes
-        self.slots_fit = allowed and self.sram_bytes() <= limit
-        self.cap = grown if self.slots_fit else saved
-
-    def slot(self, expr: str) -> str | None:
-        return expr if self.slots_fit else None
-
     def sram_bytes(self) -> int:
         eb = self.sh.elem_bytes
         n = (self.cap["x"] + self.cap["y"] + (self.cap["p"] if self.has_p else 0) + self.nw) * eb
@@ -250,6 +234,8 @@ class ProgramWriter:
         n += eb * self.b * (self.attn_rows + 2)
         for k in self.xw_in + self.xw_out:
             n += eb * self.xw_elems[k] + 4 * self.xw_meta[k]
+        for words, meta in self.primed.values():
+            n += self.groups * (eb * words + 4 * meta)
         return n
 
     # ------------------------------------------------------------------ names
@@ -382,8 +368,10 @@ class ProgramWriter:
         return "recv"
 
     # ---------------------------------------------------------------- states
-    def state(self, body: list[str], waits: bool, comment: str = "", raw: bool = False) -> None:
-        """Append a state. raw: the body sets pc and returns itself (loops)."""
+    def state(self, body: list[str], waits: bool | str, comment: str = "", raw: bool = False) -> None:
+        """Append a state. waits: it started an asynchronous transfer or wait (the
+        completion re-activates step); a string is the run-time answer (`!primed`).
+        raw: the body sets pc and returns itself (loops)."""
         if self.notes:  # remarks that belong before the next state's code
             body = self.notes + body
             self.notes = []
@@ -474,18 +462,52 @@ class ProgramWriter:
 
     def emit_resolve(self, s: int, e: Event, flow: Flow, comment: str) -> None:
         n = e.meta_words
+        prime = self.prime_copy(flow, f"meta_in_{e.name}", "meta", n) if e.primed else []
         if flow.cross:
-            self.emit_xw_wait(flow, comment + f"resolver: take {n} metainfo wavelet(s) of @{flow.name} "
+            self.emit_xw_wait(e, flow, comment + f"resolver: take {n} metainfo wavelet(s) of @{flow.name} "
                               "ahead of its data (the host relays it over the wafer link)")
-            self.state([f"rt.copy_words(&meta_in_{e.name}, &xin_meta_{flow.xw_index}, {n});",
-                        f"resolve_{e.name}();"], False, f"resolver: {e.name}")
+            self.primed_state(e, flow, prime, [f"rt.copy_words(&meta_in_{e.name}, &xin_meta_{flow.xw_index}, {n});"],
+                              False, f"resolver: {e.name}: its metainfo")
+            self.state([f"resolve_{e.name}();"], False, f"resolver: {e.name}")
             return
         tid = self.meta_task(s, flow)
-        self.state([f"meta_dst = &meta_in_{e.name};", f"meta_need = {n};", "meta_got = 0;",
-                    f"@unblock({tid});"], True,
-                   comment + f"resolver: take {n} metainfo wavelet(s) of @{flow.name} ahead of its data")
+        self.primed_state(e, flow, prime, [f"meta_dst = &meta_in_{e.name};", f"meta_need = {n};", "meta_got = 0;",
+                                           f"@unblock({tid});"], True,
+                          comment + f"resolver: take {n} metainfo wavelet(s) of @{flow.name} ahead of its data")
         self.state([f"resolve_{e.name}();"], False,
                    f"resolver: {e.name} (update the {'RDT' if e.name == 'continuous_batching' else 'routing table'})")
+
+    def host_buffer(self, sym: str, n: int, typ: str, comment: str) -> tuple[str, str]:
+        """Declarations of an array the host reads or writes by memcpy (exported as `sym`)."""
+        self.exports.append((sym, f"{sym}_ptr", f"[*]{typ}"))
+        self.a.symbols[sym] = (n, typ)
+        return f"var {sym} = @zeros([{n}]{typ}); // {comment}", f"var {sym}_ptr: [*]{typ} = &{sym};"
+
+    # ------------------------------------------------------- host priming
+    def primed_state(self, e: Event, flow: Flow, prime: list[str], lines: list[str], waits: bool,
+                     comment: str, last: bool = False) -> None:
+        """A state of a loop-carried receive: while host-loaded messages are left
+        (one per micro-batch in flight, `prime_*`), `prime` takes the message from
+        them instead of `lines` taking it from the fabric; `last` (the data) uses
+        the message up."""
+        if not e.primed:
+            self.state(lines, waits, comment)
+            return
+        left = f"prime_left_{flow.ident}"
+        body = [f"if ({left} > 0) {{", "  // the host loaded this micro-batch's first message (run.py)",
+                *("  " + x for x in prime)]
+        if last:
+            body.append(f"  {left} -= 1;")
+        body += ["  primed = true;", "} else {", *("  " + x for x in lines), "  primed = false;", "}"]
+        self.state(body, "primed" if waits else False, comment)
+
+    def prime_copy(self, flow: Flow, dst: str, what: str, n: int) -> list[str]:
+        """Copy n words of the next host-loaded message (`what`: data | meta) into dst."""
+        src = f"prime_{flow.ident}" if what == "data" else f"prime_meta_{flow.ident}"
+        words, meta = self.primed[flow.name]
+        stride = words if what == "data" else meta
+        return [f"for (@range(u16, {n})) |i| {{",
+                f"  {dst}[i] = {src}[({self.groups} - prime_left_{flow.ident}) * {stride} + i];", "}"]
 
     # ------------------------------------------------------------ transfers
     def phase(self, flow: Flow, which: str) -> list[str]:
@@ -499,20 +521,15 @@ class ProgramWriter:
                                "this router before it switches")
         return [f"// {which} phase of this router for @{flow.name}"] + self.route_stmts(flow, which)
 
-    def emit_xw_wait(self, flow: Flow, comment: str) -> None:
+    def emit_xw_wait(self, e: Event, flow: Flow, comment: str) -> None:
         k = flow.xw_index
-        self.state([f"if (xin_seq_{k} == xin_seen_{k}) {{", "  return false; // xin_{k}_ready() re-activates step",
-                    "}", f"xin_seen_{k} += 1;"], False, comment)
+        self.primed_state(e, flow, [], [f"if (xin_seq_{k} == xin_seen_{k}) {{",
+                                        f"  return false; // xin_{k}_ready() re-activates step",
+                                        "}", f"xin_seen_{k} += 1;"], False, comment)
 
     def need(self, buf: str, n: int) -> None:
         """A transfer of n elements uses `buf`: it is declared at least that long."""
         self.cap[buf] = max(self.cap[buf], n)
-
-    def at(self, buf: str, n: int, slot: str | None) -> str:
-        """Memory DSD of n elements of `buf`, at message slot `slot` (runtime) when given."""
-        if slot is None:
-            return self.mem(buf, n)
-        return f"@increment_dsd_offset({self.mem(buf, n)}, @as(i16, ({slot}) * {n}), {self.sh.elem})"
 
     def loop(self, count: str, steps: list[tuple[str | None, list[str], str]], comment: str,
              tail: list[str] | None = None, cond: str | None = None) -> None:
@@ -545,8 +562,10 @@ class ProgramWriter:
         kind = flow.meta_kind
         return f"meta_out_{kind}" if kind in self.meta_out_words else f"meta_in_{kind}"
 
-    def recv_steps(self, s: int, e: Event, flow: Flow, target: str, slot: str | None,
-                   meta_cond: str | None, tag: str = "") -> list[tuple[str | None, list[str], str]]:
+    def recv_steps(self, s: int, e: Event, flow: Flow, target: str, meta_cond: str | None,
+                   tag: str = "", add: bool = False) -> list[tuple[str | None, list[str], str]]:
+        """A message's receive: its metainfo (unless `meta_cond` says the resolver
+        took it), then its data into target, or added to target (`add`)."""
         n = e.elems
         steps = []
         if e.meta:
@@ -554,11 +573,11 @@ class ProgramWriter:
             steps.append((meta_cond, [f"rt.recv_words({self.mem('meta_in_' + flow.meta_kind, e.meta_words)}, "
                                       f"{fim});{tag}"], f"receive @{flow.name}: {e.meta} B of metainfo"))
         fi = self.fab("fabin", flow, s, n)
-        steps.append((None, [f"rt.recv_{self.sh.elem}({self.at(target, n, slot)}, {fi});{tag}"],
-                      f"receive @{flow.name}: {e.nbytes} B into {target}"))
+        steps.append((None, [f"rt.recv_{'add_' if add else ''}{self.sh.elem}({self.mem(target, n)}, {fi});{tag}"],
+                      f"receive @{flow.name}: {e.nbytes} B " + ("added to " if add else "into ") + target))
         return steps
 
-    def send_steps(self, s: int, e: Event, flow: Flow, src: str, slot: str | None,
+    def send_steps(self, s: int, e: Event, flow: Flow, src: str,
                    tag: str = "") -> list[tuple[str | None, list[str], str]]:
         n = e.elems
         steps = []
@@ -567,47 +586,58 @@ class ProgramWriter:
             steps.append((None, [f"rt.send_words({fom}, {self.mem(self.meta_buf(flow), e.meta_words)});{tag}"],
                           f"send @{flow.name}: {e.meta} B of metainfo ahead of the data"))
         fo = self.fab("fabout", flow, s, n)
-        steps.append((None, [f"rt.send_{self.sh.elem}({fo}, {self.at(src, n, slot)});{tag}"],
+        steps.append((None, [f"rt.send_{self.sh.elem}({fo}, {self.mem(src, n)});{tag}"],
                       f"send @{flow.name}: {e.nbytes} B from {src}"))
         return steps
 
     def emit_recv(self, s: int, e: Event, flow: Flow, target: str, meta_taken: bool, comment: str) -> None:
         n = e.elems
         self.need(target, n)
+        prime, prime_meta = [], []
+        if e.primed:
+            prime = self.prime_copy(flow, target, "data", n)
+            if e.meta and not meta_taken:
+                prime_meta = self.prime_copy(flow, f"meta_in_{flow.meta_kind}", "meta", e.meta_words)
         if flow.cross:
-            self.emit_xw_wait(flow, comment + f"receive @{flow.name} from the host (wafer link)")
+            if not meta_taken:  # else the resolver waited for this message
+                self.emit_xw_wait(e, flow, comment + f"receive @{flow.name} from the host (wafer link)")
             body = [f"@fmov{self.sh.sfx}({self.mem(target, n)}, {self.mem(f'xin_{flow.xw_index}', n)});"]
             if e.meta and not meta_taken:
                 body.append(f"rt.copy_words(&meta_in_{flow.meta_kind}, &xin_meta_{flow.xw_index}, {e.meta_words});")
-            self.state(body, False, f"{e.nbytes} B into {target}")
-            return
-        if self.relay_here(flow):
-            self.emit_relay(s, e, flow, target, comment)
+            note = f"{e.nbytes} B into {target}" if not meta_taken else \
+                comment + f"receive @{flow.name} from the host (wafer link): {e.nbytes} B into {target}"
+            self.primed_state(e, flow, prime + prime_meta, body, False, note, last=True)
             return
         plan = self.plan(flow)
         msgs = plan.senders if plan is not None and plan.scheme == CHAIN else 1
+        if e.primed and (msgs > 1 or self.relay_here(flow)):
+            raise MeshrtError(f"core class @{self.cls.name}: the loop-carried flow @{flow.name} has {msgs} "
+                              "senders; the CSL backend primes (host-loads) single-sender flows only", self.cls.op)
+        if self.relay_here(flow):
+            self.emit_relay(s, e, flow, target, comment)
+            return
         pre = self.phase(flow, "recv")
         if msgs > 1:
             if pre:
                 self.state(pre, False, f"@{flow.name}: receive phase")
-            self.notes.append(f"// @{flow.name}: {msgs} senders, serialised by the switch chain: one "
-                              f"message per sender, " + (f"stored at slot lp_i of {target}" if self.slots_fit
-                                                         else f"all into {target} (slots exceed SRAM)"))
-            self.loop(str(msgs), self.recv_steps(s, e, flow, target, self.slot("lp_i"),
-                                                 "lp_i > 0" if meta_taken else None),
-                      comment + f"receive @{flow.name}: {msgs} message(s) of {e.nbytes} B, one per sender")
+            self.state([f"@fmov{self.sh.sfx}({self.mem(target, n)}, 0.0);"], False,
+                       comment + f"@{flow.name}: {msgs} senders serialised by the switch chain; their "
+                       f"messages are summed into {target} as they arrive")
+            self.loop(str(msgs), self.recv_steps(s, e, flow, target, "lp_i > 0" if meta_taken else None, add=True),
+                      f"receive @{flow.name}: {msgs} message(s) of {e.nbytes} B, one per sender")
             return
         if e.meta and not meta_taken:
             fim = self.fab("fabin", flow, s, e.meta_words, "meta")
-            self.state(pre + [f"rt.recv_words({self.mem('meta_in_' + flow.meta_kind, e.meta_words)}, {fim});"], True,
-                       comment + f"receive @{flow.name}: {e.meta} B of metainfo ahead of the data")
+            self.primed_state(e, flow, prime_meta,
+                              pre + [f"rt.recv_words({self.mem('meta_in_' + flow.meta_kind, e.meta_words)}, {fim});"],
+                              True, comment + f"receive @{flow.name}: {e.meta} B of metainfo ahead of the data")
             pre, comment = [], ""
         fi = self.fab("fabin", flow, s, n)
         tail = []
         if self.drained(flow) and self.is_phased_here(flow):
             tail = [f"td_mark_{flow.color} += 1; // the sender's end-of-flow teardown follows the data"]
-        self.state(pre + [f"rt.recv_{self.sh.elem}({self.mem(target, n)}, {fi});"] + tail, True,
-                   comment + f"receive @{flow.name}: {e.nbytes} B into {target}")
+        self.primed_state(e, flow, prime, pre + [f"rt.recv_{self.sh.elem}({self.mem(target, n)}, {fi});"] + tail,
+                          True, comment + f"receive @{flow.name}: {e.nbytes} B into {target}", last=True)
 
     def emit_send(self, s: int, e: Event, flow: Flow, src: str, comment: str, marker: bool = False) -> None:
         n = e.elems
@@ -621,10 +651,10 @@ class ProgramWriter:
             self.state(body, False, comment + f"send @{flow.name} to the next wafer via the host")
             return
         if self.relay_here(flow):
-            slot = self.slot(self.relay_slot_own(flow))
-            self.state([f"@fmov{self.sh.sfx}({self.at('x', n, slot)}, {self.mem(src, n)}); // [stage] @{flow.name} {n}"],
-                       False, comment + f"stage @{flow.name} ({e.nbytes} B): the relay along the receiver "
-                       "line sends it (see the receive)")
+            self.need("x", n)
+            self.state([f"@fmov{self.sh.sfx}({self.mem('x', n)}, {self.mem(src, n)}); // [stage] @{flow.name} {n}"],
+                       False, comment + f"stage @{flow.name} ({e.nbytes} B): this core's contribution, "
+                       "which the relay along the receiver line sums (see the receive)")
             return
         pre = self.phase(flow, "send")
         if e.meta:
@@ -682,12 +712,12 @@ class ProgramWriter:
         r = self.plan(flow).relay
         return self.const(f"rl_{flow.ident}", "u16", r.index_expr(), f"@{flow.name}: this core's place on the relay line")
 
-    def relay_slot_own(self, flow: Flow) -> str:
-        r = self.plan(flow).relay
-        return f"{r.others} + {self.relay_index(flow)}"
-
     def emit_relay(self, s: int, e: Event, flow: Flow, target: str, comment: str) -> None:
-        """The receive of a relayed flow: four passes along the receiver line."""
+        """The receive of a relayed flow: a sum along the receiver line. Forward,
+        r_i adds what reaches it (r_0: the chained senders' messages; r_i: r_{i-1}'s
+        running sum) to its own staged contribution in x and passes the running sum
+        on; r_{m-1} then holds the value, and the backward pass hands it down the
+        line. One message per hop and pass (r_0: one per chained sender)."""
         plan = self.plan(flow)
         r = plan.relay
         i = self.relay_index(flow)
@@ -700,15 +730,16 @@ class ProgramWriter:
         k = flow.color
         tag = " // relay"
         self.notes.append(f"// @{flow.name}: relay along the receiver line ({m} core(s), {o} sender(s) "
-                          f"chained into its start); x holds one slot per sender")
+                          "chained into its start): running sums forward, the value back")
+        first_count = "1" if o == 0 else f"(if ({i} == 0) {o} else 1)"
         passes = [
-            ("fwd_recv", f"{i} > 0" if r.entry is None else None, f"{o} + {i}", "lp_i", True),
-            ("fwd_send", f"{i} < {m - 1}", f"{o} + {i} + 1", "lp_i", False),
-            ("bwd_recv", f"{i} < {m - 1}", f"{m - 1} - {i}", f"{o + m - 1} - lp_i", True),
-            ("bwd_send", f"{i} > 0", f"{m} - {i}", f"{o + m - 1} - lp_i", False),
+            ("fwd_recv", f"{i} > 0" if r.entry is None else None, first_count, True, "add"),
+            ("fwd_send", f"{i} < {m - 1}", "1", False, "x"),
+            ("bwd_recv", f"{i} < {m - 1}", "1", True, "x"),
+            ("bwd_send", f"{i} > 0", "1", False, "x"),
         ]
         first = True
-        for name, cond, count, slot, recv in passes:
+        for name, cond, count, recv, how in passes:
             if m == 1 and name != "fwd_recv":
                 continue
             if drained:
@@ -719,19 +750,19 @@ class ProgramWriter:
                 x for x in self.route_stmts(flow, name)]
             self.state(routes if cond is None else [f"if ({cond}) {{", *("  " + x for x in routes), "}"],
                        False, head + f"relay @{flow.name}: {name.replace('_', ' ')}")
-            if recv:
-                steps = self.recv_steps(s, e, flow, "x", self.slot(slot), None, tag)
+            if recv:  # forward: added to the running sum in x; backward: the value, into x
+                steps = self.recv_steps(s, e, flow, "x", None, tag, add=how == "add")
             else:
-                steps = self.send_steps(s, e, flow, "x", self.slot(slot), tag)
+                steps = self.send_steps(s, e, flow, "x", tag)
             tail = []
             if drained:
                 if recv:
-                    tail = [f"td_mark_{k} += 1; // the neighbour's end-of-flow teardown follows"]
+                    tail += [f"td_mark_{k} += 1; // the neighbour's end-of-flow teardown follows"]
                 else:
                     ctl = self.fab("fabout", flow, s, 1, "ctl")
-                    tail = [f"@mov32({ctl}, rt.end_of_flow);", f"td_mark_{k} += 1;"]
-                if cond is not None:
-                    tail = [f"if ({cond}) {{", *("  " + x for x in tail), "}"]
+                    tail += [f"@mov32({ctl}, rt.end_of_flow);", f"td_mark_{k} += 1;"]
+            if tail and cond is not None:
+                tail = [f"if ({cond}) {{", *("  " + x for x in tail), "}"]
             self.loop(count, steps, f"relay @{flow.name}: {name.replace('_', ' ')}, {count} message(s)",
                       tail or None, cond)
         self.state([f"// [relay] @{flow.name} {n}"], False, f"relay @{flow.name} done")
@@ -881,6 +912,7 @@ class ProgramWriter:
         add("// ---- DSD registers for fabric transfers (explicitly allocated, see the report)")
         add(f"const rx_dst = @get_dsr(dsr_dest, {a.dsr_rx});")
         add(f"const rx_src = @get_dsr(dsr_src1, {a.dsr_rx});")
+        add(f"const rx_acc = @get_dsr(dsr_src0, {a.dsr_rx}); // receives that add")
         add(f"const tx_dst = @get_dsr(dsr_dest, {a.dsr_tx});")
         add(f"const tx_src = @get_dsr(dsr_src1, {a.dsr_tx});")
         add("")
@@ -890,13 +922,9 @@ class ProgramWriter:
         if self.has_p:
             add(f"var p = @zeros([{self.cap['p']}]{T});")
         if self.nw:
-            add(f"var w = @zeros([{self.nw}]{T}); // weights / KV tiles / embedding rows (host-loaded)")
-            add(f"var w_ptr: [*]{T} = &w;")
-            self.exports.append(("w", "w_ptr", f"[*]{T}"))
+            out.extend(self.host_buffer("w", self.nw, T, "weights / KV tiles / embedding rows (host-loaded)"))
         if self.nwq:
-            add(f"var wq = @zeros([{self.nwq}]u16); // packed sub-16-bit weights (host-loaded)")
-            add("var wq_ptr: [*]u16 = &wq;")
-            self.exports.append(("wq", "wq_ptr", "[*]u16"))
+            out.extend(self.host_buffer("wq", self.nwq, "u16", "packed sub-16-bit weights (host-loaded)"))
         add(f"var scale = @zeros([{self.b}]{T}); // per-slot norm scale")
         add(f"var sc = @zeros([{self.b * self.attn_rows}]{T}); // attention scores of this core's KV rows")
         add(f"var done = @zeros([{self.b}]u16); // per-slot end-of-sequence flags")
@@ -905,10 +933,8 @@ class ProgramWriter:
         for kind, n in sorted(self.meta_out_words.items()):
             add(f"var meta_out_{kind} = @zeros([{n}]u32); // metainfo this class produces")
         if self.cf:
-            add(f"var rdt = @zeros([{self.slots * 4}]u32); // request descriptor table: id, status, length, -")
-            add("var rdt_ptr: [*]u32 = &rdt;")
+            out.extend(self.host_buffer("rdt", self.slots * 4, "u32", "request descriptor table: id, status, length, -"))
             add("var mb: u16 = 0; // micro-batch whose slots the current step serves")
-            self.exports.append(("rdt", "rdt_ptr", "[*]u32"))
         if self.moe:
             add(f"var rt_expert = @zeros([{self.b * self.top_k}]u16); // routing table: expert per (token, choice)")
             add(f"var rt_weight = @zeros([{self.b * self.top_k}]f32); // gate weight per (token, choice)")
@@ -918,33 +944,31 @@ class ProgramWriter:
         emits_tokens = any(e.kind == "produce" and e.name == "continuous_batching"
                            for seg in cls.segments for e in seg.events())
         if admits:
-            add(f"var req = @zeros([{self.slots * 2}]u32); // waiting requests the host pushes: id, first token")
-            add("var req_ptr: [*]u32 = &req;")
-            self.exports.append(("req", "req_ptr", "[*]u32"))
+            out.extend(self.host_buffer("req", self.slots * 2, "u32", "waiting requests the host pushes: id, first token"))
         if emits_tokens:
-            add(f"var tok = @zeros([{self.slots * 2}]u32); // sampled tokens for the host: request id, token")
-            add("var tok_ptr: [*]u32 = &tok;")
-            self.exports.append(("tok", "tok_ptr", "[*]u32"))
+            out.extend(self.host_buffer("tok", self.slots * 2, "u32", "sampled tokens for the host: request id, token"))
         xw_in, xw_out = self.xw_in, self.xw_out
         for k in xw_in:
-            add(f"var xin_{k} = @zeros([{self.xw_elems[k]}]{T}); // message from the previous wafer (host relay)")
-            add(f"var xin_meta_{k} = @zeros([{self.xw_meta[k]}]u32);")
-            add(f"var xin_{k}_ptr: [*]{T} = &xin_{k};")
-            add(f"var xin_meta_{k}_ptr: [*]u32 = &xin_meta_{k};")
+            out.extend(self.host_buffer(f"xin_{k}", self.xw_elems[k], T, "message from the previous wafer (host relay)"))
+            out.extend(self.host_buffer(f"xin_meta_{k}", self.xw_meta[k], "u32", "its metainfo"))
             add(f"var xin_seq_{k}: u16 = 0;")
             add(f"var xin_seen_{k}: u16 = 0;")
-            self.exports += [(f"xin_{k}", f"xin_{k}_ptr", f"[*]{T}"),
-                             (f"xin_meta_{k}", f"xin_meta_{k}_ptr", "[*]u32")]
         for k in xw_out:
-            add(f"var xout_{k} = @zeros([{self.xw_elems[k]}]{T}); // message for the next wafer (host relay)")
-            add(f"var xout_meta_{k} = @zeros([{self.xw_meta[k]}]u32);")
-            add(f"var xout_seq_{k} = @zeros([1]u32);")
-            add(f"var xout_{k}_ptr: [*]{T} = &xout_{k};")
-            add(f"var xout_meta_{k}_ptr: [*]u32 = &xout_meta_{k};")
-            add(f"var xout_seq_{k}_ptr: [*]u32 = &xout_seq_{k};")
-            self.exports += [(f"xout_{k}", f"xout_{k}_ptr", f"[*]{T}"),
-                             (f"xout_meta_{k}", f"xout_meta_{k}_ptr", "[*]u32"),
-                             (f"xout_seq_{k}", f"xout_seq_{k}_ptr", "[*]u32")]
+            out.extend(self.host_buffer(f"xout_{k}", self.xw_elems[k], T, "message for the next wafer (host relay)"))
+            out.extend(self.host_buffer(f"xout_meta_{k}", self.xw_meta[k], "u32", "its metainfo"))
+            out.extend(self.host_buffer(f"xout_seq_{k}", 1, "u32", "messages staged so far (the host polls it)"))
+        for name, (words, meta) in self.primed.items():
+            f = self.p.flows[name]
+            g = self.groups
+            add(f"// @{name} is loop-carried: the host loads its first message of each of the {g} micro-batch(es)")
+            add("// in flight (run.py); the receive takes them from here, later steps from the fabric.")
+            add(f"var prime_left_{f.ident}: u16 = {g};")
+            if words:
+                out.extend(self.host_buffer(f"prime_{f.ident}", g * words, T, "data"))
+            if meta:
+                out.extend(self.host_buffer(f"prime_meta_{f.ident}", g * meta, "u32", f"{f.meta_kind} metainfo"))
+        if self.primed:
+            add("var primed: bool = false; // this state took a host-loaded message (no transfer to wait for)")
         add("var pc: u16 = 0; // state of the event table")
         add("var steps: u32 = 0; // decode steps completed")
         if self.lp_used:
@@ -990,7 +1014,7 @@ class ProgramWriter:
         add("")
         add("// ---- transfers, route and queue changes: meshrt_rt.csl, shared by the programs")
         add('const rt = @import_module("meshrt_rt.csl", .{ .step_id = step_id, .rx_dst = rx_dst, '
-            '.rx_src = rx_src, .tx_dst = tx_dst, .tx_src = tx_src });')
+            '.rx_src = rx_src, .rx_acc = rx_acc, .tx_dst = tx_dst, .tx_src = tx_src });')
         add("")
         if self.meta_in and a.data_tasks:
             add("// ---- metainfo wavelets, one data task per queue / colour that carries them")
@@ -1052,7 +1076,8 @@ class ProgramWriter:
                 add("    steps += 1;")
             else:
                 add(f"    pc = {i + 1};")
-            add(f"    return {'false' if waits else 'true'};")
+            ret = waits if isinstance(waits, str) else ("false" if waits else "true")
+            add(f"    return {ret};")
             add("  }")
         add("  return false;")
         add("}")
@@ -1111,13 +1136,8 @@ class ProgramWriter:
 
 
 def write_program(cls: CoreClass, alloc: ClassAlloc, sh: Shared) -> str:
-    w = ProgramWriter(cls, alloc, sh)
-    text = w.emit()
+    text = ProgramWriter(cls, alloc, sh).emit()
     limit = sh.lim.target.sram_bytes - sh.lim.target.reserved_sram_bytes
-    if alloc.sram_bytes > limit and w.slots_fit and w.cap != w.base_cap:
-        # The gather slots were estimated before the transfers grew other buffers.
-        w = ProgramWriter(cls, alloc, sh, slots=False)
-        text = w.emit()
     if alloc.sram_bytes > limit:
         raise MeshrtError(
             f"core class @{cls.name} needs {alloc.sram_bytes} SRAM bytes of arrays but target "

@@ -12,6 +12,7 @@ def runtime_module() -> str:
         "param step_id: local_task_id; // re-activated when an asynchronous transfer completes",
         "param rx_dst: dsr_dest; // DSR pair of receives (explicitly allocated per program)",
         "param rx_src: dsr_src1;",
+        "param rx_acc: dsr_src0; // the running sum of a receive that adds (recv_add_*)",
         "param tx_dst: dsr_dest; // DSR pair of sends",
         "param tx_src: dsr_src1;",
         "",
@@ -26,6 +27,14 @@ def runtime_module() -> str:
                 "  @load_to_dsr(rx_dst, dst);",
                 "  @load_to_dsr(rx_src, src, .{ .async = true, .activate = step_id });",
                 f"  {op}(rx_dst, rx_src);", "}"]
+    out += ["// Receives that add the message to dst as its wavelets arrive (the gathers and",
+            "// relays that sum their senders' contributions)."]
+    for name, op in (("recv_add_f32", "@fadds"), ("recv_add_f16", "@faddh")):
+        out += [f"fn {name}(dst: mem1d_dsd, src: fabin_dsd) void {{",
+                "  @load_to_dsr(rx_dst, dst);",
+                "  @load_to_dsr(rx_acc, dst);",
+                "  @load_to_dsr(rx_src, src, .{ .async = true, .activate = step_id });",
+                f"  {op}(rx_dst, rx_acc, rx_src);", "}"]
     for name, op in (("send_f32", "@fmovs"), ("send_f16", "@fmovh"), ("send_words", "@mov32")):
         out += [f"fn {name}(dst: fabout_dsd, src: mem1d_dsd) void {{",
                 "  @load_to_dsr(tx_dst, dst, .{ .async = true, .activate = step_id });",

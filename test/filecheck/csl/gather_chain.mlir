@@ -59,13 +59,23 @@ segment.program @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dy
 
 // The receiver takes one message per sender, each into its slot of x.
 // CHECK-LABEL: // ----- FILE: c_r.csl
-// CHECK:       var x = @zeros([48]f32);
-// CHECK:       var lp_i: u32 = 0;
-// CHECK:         // [{{[0-9]+}}] {{.*}}receive @g: 12 message(s) of 16 B, one per sender
-// CHECK:           // @g: 12 senders, serialised by the switch chain: one message per sender, stored at slot lp_i of x
+// The receiver adds the 12 messages into its input as their wavelets arrive:
+// one message of buffer, not one slot per sender.
+// CHECK:       var x = @zeros([4]f32);
+// CHECK:       const rt = @import_module("meshrt_rt.csl", .{ {{.*}}.rx_acc = rx_acc{{.*}} });
+// CHECK:         // [{{[0-9]+}}] {{.*}}@g: 12 senders serialised by the switch chain; their messages are summed into x as they arrive
+// CHECK-NEXT:    if (pc == {{[0-9]+}}) {
+// CHECK-NEXT:      @fmovs(m_x_4, 0.0);
+// CHECK:         // [{{[0-9]+}}] receive @g: 12 message(s) of 16 B, one per sender
 // CHECK:           if (lp_i >= 12) {
-// CHECK:           rt.recv_f32(@increment_dsd_offset(m_x_4, @as(i16, (lp_i) * 4), f32), fi_g_s0);
+// CHECK:           rt.recv_add_f32(m_x_4, fi_g_s0);
 // CHECK-NEXT:      lp_i += 1;
 
 // CHECK-LABEL: // ----- FILE: meshrt_rt.csl
+// CHECK:       param rx_acc: dsr_src0;
+// CHECK:       fn recv_add_f32(dst: mem1d_dsd, src: fabin_dsd) void {
+// CHECK-NEXT:    @load_to_dsr(rx_dst, dst);
+// CHECK-NEXT:    @load_to_dsr(rx_acc, dst);
+// CHECK-NEXT:    @load_to_dsr(rx_src, src, .{ .async = true, .activate = step_id });
+// CHECK-NEXT:    @fadds(rx_dst, rx_acc, rx_src);
 // CHECK:       const adv_own_next: u32 = ctrl.encode_payload(2, [2]ctrl.opcode{ ctrl.opcode.SWITCH_ADV, ctrl.opcode.SWITCH_ADV }, [2]bool{ true, true }, true, {});
