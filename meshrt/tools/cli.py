@@ -17,12 +17,6 @@ from pathlib import Path
 
 from meshrt.frontend.errors import FrontendError
 
-# Subcommands that exist in name only so far, with what will provide them.
-NOT_YET = {
-    "viz": "the mesh pictures",
-}
-
-
 class _UsageError(Exception):
     pass
 
@@ -59,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                         "when there is no -o)")
     lint = sub.add_parser("csl-lint", help="syntax-check CSL files")
     lint.add_argument("files", nargs="+", metavar="FILE")
-    from meshrt.tools import bench, run
+    from meshrt.tools import bench, run, viz
 
     run.add_arguments(sub.add_parser(
         "run", help="serve a workload on the simulated mesh, checked against NumPy",
@@ -68,9 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_arguments(sub.add_parser(
         "bench", help="governance overhead, policy ablation, throughput and padding (cost model)",
         description=bench.__doc__.splitlines()[0]))
-    for name, what in NOT_YET.items():
-        s = sub.add_parser(name, help=f"not implemented yet ({what})")
-        s.add_argument("args", nargs=argparse.REMAINDER)
+
+    viz.add_arguments(sub.add_parser(
+        "viz", help="mesh pictures: mapping, core classes, coloured routes, per-core load (PNG/SVG)",
+        description=viz.__doc__.splitlines()[0]))
     return p
 
 
@@ -95,9 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from meshrt.tools.bench import main as bench_main
 
         return bench_main(args)
-    print(f"meshrt {args.cmd}: not implemented yet ({NOT_YET[args.cmd]} is a later issue)",
-          file=sys.stderr)
-    return 2
+    if args.cmd == "viz":
+        from meshrt.tools.viz import main as viz_main
+
+        return viz_main(args)
+    raise AssertionError(f"unhandled command {args.cmd}")  # argparse only accepts the ones above
 
 
 def _fail(line: str) -> int:

@@ -485,9 +485,3 @@ def test_cli_errors_are_one_line(argv, needle, monkeypatch):
     rc, out, err = _run(*argv)
     assert rc == 1 and out == ""
     assert err.count("\n") == 1 and needle in err and "error" in err
-
-
-@pytest.mark.parametrize("cmd", ["viz"])
-def test_cli_not_implemented(cmd):
-    rc, _, err = _run(cmd, "whatever")
-    assert rc == 2 and "not implemented yet" in err and err.count("\n") == 1
