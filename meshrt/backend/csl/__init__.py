@@ -70,9 +70,11 @@ def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
 
     result = CslOutput()
     ops = segment_programs(module)
+    programs = []
     for op in ops:
         prefix = f"{op.program_name}/" if len(ops) > 1 else ""
         program = read_program(op)
+        programs.append(program)
         try:
             target = load_target(program.target)
         except FrontendError as e:
@@ -112,7 +114,7 @@ def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
     # The programs must run the tables the interpreter runs; a mismatch is a backend bug.
     from meshrt.backend.csl.check import agreement
 
-    problems = agreement(module, result)
+    problems = agreement(module, result, programs)
     if problems:
         raise MeshrtError(f"internal error: a CSL program does not run its event table: {problems[0]}",
                           ops[0])

@@ -61,60 +61,78 @@ def expected_trace(program: Program, cls) -> list[tuple]:
     return out
 
 
+_TAKE = re.compile(r"take (\d+) metainfo wavelet\(s\) of @(\S+) ahead")
+_RELAY = re.compile(r"// \[relay\] @(\S+) (\d+)$")
+_STAGE = re.compile(r"// \[stage\] @(\S+) (\d+)$")
+_XOUT = re.compile(r"@fmov[sh]\(m_xout_(\d+)_(\d+), m_\w+\);")
+_XIN = re.compile(r"@fmov[sh]\(m_\w+?_(\d+), m_xin_(\d+)_\d+\);")
+_RESOLVE = re.compile(r"resolve_(\w+)\(\);")
+_TRANSFERS = [  # (event, pattern whose group 1 is the fabric DSD)
+    ("recv_meta", re.compile(r"rt\.recv_words\(m_\w+, (fim_\w+)\);")),
+    ("recv", re.compile(r"rt\.recv_(?:add_)?f(?:32|16)\(m_\w+, (fi_\w+)\);")),
+    ("send_meta", re.compile(r"rt\.send_words\((fom_\w+), m_\w+\);")),
+    ("send", re.compile(r"rt\.send_f(?:32|16)\((fo_\w+), m_\w+\);")),
+]
+_COMPUTE = re.compile(r"k\d+_(\w+)\(\);")
+_PRODUCE = re.compile(r"produce_(\w+)\(\);")
+_DSD_SEGMENT = re.compile(r"_s\d+$")
+
+
 def program_trace(text: str, program: Program) -> list[tuple]:
     extents = {name: int(n) for name, n in _EXTENT.findall(text)}
     xw = {f.xw_index: f.ident for f in program.flows.values() if f.cross}
     idents = {f.ident for f in program.flows.values()}
 
     def flow_of(dsd: str) -> str:
-        ident = re.sub(r"_s\d+$", "", dsd.split("_", 1)[1])
+        ident = _DSD_SEGMENT.sub("", dsd.split("_", 1)[1])
         return ident if ident in idents else "?" + ident
 
     body = text[text.index("fn advance() bool {"):]
     body = body[:body.index("\ntask step()")]
     out: list[tuple] = []
     pending: tuple[int, str] = (0, "?")
-    mem = r"m_\w+"
     for line in body.splitlines():
         line = line.strip()
-        if m := re.search(r"take (\d+) metainfo wavelet\(s\) of @(\S+) ahead", line):
-            pending = (int(m.group(1)), m.group(2))
         if line.endswith("// relay"):
             continue  # a relay's own transfers (the "relay" entry stands for them)
-        if m := re.match(r"// \[relay\] @(\S+) (\d+)$", line):
-            flow = program.flows.get(m.group(1))
-            out.append(("relay", flow.ident if flow else "?", int(m.group(2))))
-        elif m := re.search(r"// \[stage\] @(\S+) (\d+)$", line):
-            flow = program.flows.get(m.group(1))
-            out.append(("stage", flow.ident if flow else "?", int(m.group(2))))
-        elif m := re.match(r"resolve_(\w+)\(\);", line):
-            flow = program.flows.get(pending[1])
-            out.append(("resolve", m.group(1), flow.ident if flow else "?", pending[0]))
-        elif m := re.match(rf"rt\.recv_words\({mem}, (fim_\w+)\);", line):
-            out.append(("recv_meta", flow_of(m.group(1)), extents[m.group(1)]))
-        elif m := re.match(rf"rt\.recv_(?:add_)?f(?:32|16)\({mem}, (fi_\w+)\);", line):
-            out.append(("recv", flow_of(m.group(1)), extents[m.group(1)]))
-        elif m := re.match(rf"rt\.send_words\((fom_\w+), {mem}\);", line):
-            out.append(("send_meta", flow_of(m.group(1)), extents[m.group(1)]))
-        elif m := re.match(rf"rt\.send_f(?:32|16)\((fo_\w+), {mem}\);", line):
-            out.append(("send", flow_of(m.group(1)), extents[m.group(1)]))
-        elif m := re.match(r"@fmov[sh]\(m_xout_(\d+)_(\d+), m_\w+\);", line):
-            out.append(("send", xw[int(m.group(1))], int(m.group(2))))
-        elif m := re.match(r"@fmov[sh]\(m_\w+?_(\d+), m_xin_(\d+)_\d+\);", line):
-            out.append(("recv", xw[int(m.group(2))], int(m.group(1))))
-        elif m := re.match(r"k\d+_(\w+)\(\);", line):
-            out.append(("compute", m.group(1)))
-        elif m := re.match(r"produce_(\w+)\(\);", line):
-            out.append(("produce", m.group(1)))
+        first = line[:1]
+        if first == "/":  # comments: the resolver's metainfo count, the end of a relay
+            if m := _TAKE.search(line):
+                pending = (int(m.group(1)), m.group(2))
+            if m := _RELAY.match(line):
+                flow = program.flows.get(m.group(1))
+                out.append(("relay", flow.ident if flow else "?", int(m.group(2))))
+        elif first == "@":
+            if m := _STAGE.search(line):
+                flow = program.flows.get(m.group(1))
+                out.append(("stage", flow.ident if flow else "?", int(m.group(2))))
+            elif m := _XOUT.match(line):
+                out.append(("send", xw[int(m.group(1))], int(m.group(2))))
+            elif m := _XIN.match(line):
+                out.append(("recv", xw[int(m.group(2))], int(m.group(1))))
+        elif first == "r":
+            if m := _RESOLVE.match(line):
+                flow = program.flows.get(pending[1])
+                out.append(("resolve", m.group(1), flow.ident if flow else "?", pending[0]))
+            elif line.startswith("rt."):
+                for kind, pattern in _TRANSFERS:
+                    if m := pattern.match(line):
+                        out.append((kind, flow_of(m.group(1)), extents[m.group(1)]))
+                        break
+        elif m := _COMPUTE.match(line) or _PRODUCE.match(line):
+            out.append(("compute" if m.re is _COMPUTE else "produce", m.group(1)))
     return out
 
 
-def agreement(module, output: CslOutput) -> list[str]:
-    """One message per class whose program does not run its table; [] when all agree."""
+def agreement(module, output: CslOutput, programs: list[Program] | None = None) -> list[str]:
+    """One message per class whose program does not run its table; [] when all agree.
+    `programs`: the plans the emitter read (their transport plans are cached),
+    one per `segment.program` of the module, in order."""
     problems = []
-    for op in segment_programs(module):
-        program = read_program(op)
-        prefix = f"{op.program_name}/" if len(segment_programs(module)) > 1 else ""
+    ops = segment_programs(module)
+    for k, op in enumerate(ops):
+        program = programs[k] if programs is not None else read_program(op)
+        prefix = f"{op.program_name}/" if len(ops) > 1 else ""
         for cls in program.classes:
             where = prefix + (f"wafer{cls.wafer}/" if program.wafers > 1 else "") + cls.file
             text = output.files.get(where)

@@ -22,7 +22,7 @@ from meshrt.backend.csl import streams
 from meshrt.backend.csl.handshakes import frozen_at_start
 from meshrt.backend.csl.model import CoreClass, Flow, Program
 from meshrt.diagnostics import MeshrtError
-from meshrt.routing import Box, RectSet, box_intersection, intersecting_pairs
+from meshrt.routing import Box, RectSet, intersecting_pairs
 
 
 @dataclass
@@ -265,6 +265,7 @@ def _flow_routes(program: Program, f: Flow, holders: list[CoreClass], idle: Rect
     stats.schemes[plan.scheme] = stats.schemes.get(plan.scheme, 0) + 1
     groups: dict[tuple, list] = {}
     frozen = {c.name: frozen_at_start(program, c) for c in holders}
+    hbox = {c.name: streams.bbox_of(c.boxes) for c in holders if c.boxes}
     for s, cfg in plan.cells:
         bb = streams.sbox_bbox(s)
         parts: list[tuple] = []
@@ -273,12 +274,8 @@ def _flow_routes(program: Program, f: Flow, holders: list[CoreClass], idle: Rect
             if c is not None:
                 parts.append((c, None))
         for cls in holders:
-            for cbox in cls.boxes:
-                if box_intersection(bb, cbox) is None:
-                    continue
-                c = streams.sbox_clip(s, cbox)
-                if c is not None:
-                    parts.append((c, cls))
+            if cls.name in hbox:
+                parts += [(c, cls) for c in streams.clip_to(s, cls.boxes, hbox[cls.name])]
         for c, cls in parts:
             name = cfg.phases[0][0]
             if cls is not None and cfg.phased and name in ("recv", "send"):

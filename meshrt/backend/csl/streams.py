@@ -62,7 +62,7 @@ from meshrt.backend.csl.routes import (
     flow_router_configs,
 )
 from meshrt.diagnostics import MeshrtError
-from meshrt.routing import Box, RectSet, box_intersection, rect_boxes
+from meshrt.routing import Box, RectSet, rect_boxes
 
 TREE, SHIFT, CHAIN, RELAY = "tree", "shift", "chain", "relay"
 
@@ -828,18 +828,32 @@ def plans(program) -> dict[str, FlowPlan]:
     return cached
 
 
-def cells_in(plan: FlowPlan, boxes: Sequence[Box]) -> list[tuple[SBox, Cfg]]:
-    """The plan's cells clipped to the given dense boxes (a class's cores)."""
+def bbox_of(boxes: Sequence[Box]) -> Box:
+    return (min(b[0] for b in boxes), min(b[1] for b in boxes),
+            max(b[2] for b in boxes), max(b[3] for b in boxes))
+
+
+def clip_to(s: SBox, boxes: Sequence[Box], bbox: Box) -> list[SBox]:
+    """Strided box s clipped to each of the dense boxes (bbox: theirs, to skip
+    the many cells of a long flow that miss them all)."""
+    x0, y0, x1, y1 = sbox_bbox(s)
+    if not boxes or x0 >= bbox[2] or bbox[0] >= x1 or y0 >= bbox[3] or bbox[1] >= y1:
+        return []
     out = []
-    for s, cfg in plan.cells:
-        bb = sbox_bbox(s)
-        for b in boxes:
-            if box_intersection(bb, b) is None:
-                continue
+    for b in boxes:
+        if x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1:
             c = sbox_clip(s, b)
             if c is not None:
-                out.append((c, cfg))
+                out.append(c)
     return out
+
+
+def cells_in(plan: FlowPlan, boxes: Sequence[Box]) -> list[tuple[SBox, Cfg]]:
+    """The plan's cells clipped to the given dense boxes (a class's cores)."""
+    if not boxes:
+        return []
+    bb = bbox_of(boxes)
+    return [(c, cfg) for s, cfg in plan.cells for c in clip_to(s, boxes, bb)]
 
 
 def routers(plan: FlowPlan) -> RectSet:
