@@ -770,7 +770,7 @@ class MeshSim:
         self.stop = False
         self.done = 0
         self.msg_count = 0
-        self.inflight: dict[int, _Msg] = {}
+        self.in_transit: dict[int, _Msg] = {}  # message id -> message on the fabric
         self.link_busy: dict[int, int] = {}
         self.link_used: dict[int, int] = defaultdict(int)
         self.wlink_busy: dict[int, int] = defaultdict(int)
@@ -955,7 +955,7 @@ class MeshSim:
                 lat = int(self.costs["marker_hop"] * (max(abs(x - x0), abs(x - x1))
                                                        + max(abs(y - y0), abs(y - y1)))) + 1
                 n = 0
-                for m in self.inflight.values():
+                for m in self.in_transit.values():
                     if touch[m.flow]:
                         if m.waiters is None:
                             m.waiters = [core]
@@ -1075,7 +1075,7 @@ class MeshSim:
         m = _Msg(self.msg_count, f, core.rid, core.eseg, ser, len(dests), tree, dests)
         m.eof = eof
         m.payload = payload
-        self.inflight[m.id] = m
+        self.in_transit[m.id] = m
         core.outstanding[m.id] = m
         m.tail_src = t + ser
         core.out_tail = max(core.out_tail, m.tail_src)
@@ -1215,7 +1215,7 @@ class MeshSim:
         m.left -= 1
         if m.left:
             return
-        del self.inflight[m.id]
+        del self.in_transit[m.id]
         sender = self.router_core[m.sender]
         del sender.outstanding[m.id]
         if sender.state == W_SEND:
@@ -1278,7 +1278,7 @@ class MeshSim:
                                       f"{len(c.outstanding)} own message(s) undelivered "
                                       f"(parked at {', '.join(str(p[1:]) for p in blocked) or '-'})"))
             elif c.state == W_MARKER:
-                ms = [m for m in self.inflight.values() if m.waiters and c in m.waiters]
+                ms = [m for m in self.in_transit.values() if m.waiters and c in m.waiters]
                 on = tuple(sorted({pos(m.parked_at) for m in ms if m.parked_at is not None}))
                 waits.append(WaitEdge(c.pos, cname, "marker", None, on,
                                       f"marker sync waits for {c.marker_wait} message(s) "
