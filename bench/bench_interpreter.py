@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from meshrt.runtime.cost_model import default_in_flight
 from meshrt.runtime.mesh_sim import MeshSim, compile_program
 from meshrt.runtime.serving import serve
 from meshrt.runtime.workloads import Request
@@ -40,7 +41,7 @@ def speed(model: str, target_name: str, requests: int) -> None:
     res = serve(prog, t, workload(requests), seed=0)
     s = res.summary()
     steps = s["decode_steps"]
-    groups = prog.num_stages if "micro_batch_pipeline" in prog.dynamism_kinds else 1
+    groups = default_in_flight(prog)
     timing = MeshSim(prog, t, seed=0, inflight=groups).run(steps)
     print(f"{model} on {target_name}: {steps} decode steps, {s['requests_completed']} requests, "
           f"outputs match NumPy: {s['outputs_match_reference']}")

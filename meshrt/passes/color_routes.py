@@ -435,13 +435,14 @@ def tables_of_program(program: sg.ProgramOp) -> list[ClassTable]:
     ]
 
 
-def host_primed(program: sg.ProgramOp) -> set[tuple[str, str]]:
+def host_primed(program: sg.ProgramOp, pos: dict[str, int] | None = None) -> set[tuple[str, str]]:
     """(kernel, flow) of the receives the host primes: a loop-carried flow (the
     sampled tokens back to the first stage) is received by a kernel earlier in
     the step order than the flow's first sender, so its first step's messages
     come from the host (one per micro-batch in flight). The CSL backend's
-    programs take the same receives from host-loaded buffers."""
-    pos = step_order(tables_of_program(program))
+    programs take the same receives from host-loaded buffers. `pos`: the
+    program's `step_order`, when the caller has it."""
+    pos = pos if pos is not None else step_order(tables_of_program(program))
     classes = list(program.core_classes())
     first: dict[str, int] = {}  # flow -> step position of its first sender (or metainfo producer)
     for c in classes:

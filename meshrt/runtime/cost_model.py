@@ -330,7 +330,7 @@ class CostModel:
         pos = step_order(tables_of_program(prog))
         self.kernel_pos = pos
         self.handoff_kernels = kernels_of_kind(prog, "handoff")
-        primed = host_primed(prog)
+        primed = host_primed(prog, pos)
         senders: dict[int, list[int]] = defaultdict(list)
         for ci, c in enumerate(classes):
             for seg in c.segments():

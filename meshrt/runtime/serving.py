@@ -34,6 +34,7 @@ import numpy as np
 
 from meshrt.runtime import reference as ref
 from meshrt.runtime.dataplane import DataPlane, Slot, SlotTable
+from meshrt.runtime.cost_model import default_in_flight
 from meshrt.runtime.mesh_sim import MeshSim, SimResult
 from meshrt.runtime.workloads import Request
 
@@ -314,7 +315,7 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
     shape = reference_shape(program)
     weights = weights if weights is not None else ref.Weights.random(shape, weight_seed)
     dyn = program.dynamism_kinds
-    groups = program.num_stages if "micro_batch_pipeline" in dyn else 1
+    groups = default_in_flight(program)
     max_seq = int(program.hparams.data["max_seq"].value.data)
     host = Host(list(requests), micro_batch=program.micro_batch_size, groups=groups, max_seq=max_seq,
                 eos=shape.eos_token, clock_hz=target.clock_hz,

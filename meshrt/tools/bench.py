@@ -106,41 +106,33 @@ class BenchError(Exception):
 # ---------------------------------------------------------------------------
 
 
-def micro_batch_list(text: str) -> tuple[int, ...]:
-    """`--micro-batch 1,2,4,8`: distinct positive integers, in increasing order."""
-    bad = argparse.ArgumentTypeError(f"expected comma-separated positive integers, got '{text}'")
+def _list_arg(text: str, conv, ok, what: str, ordered: bool):
+    """Comma-separated values of `conv` that pass `ok`, distinct: sorted if `ordered`,
+    else in the order given; anything else is an argparse error naming `what`."""
+    bad = argparse.ArgumentTypeError(f"expected comma-separated {what}, got '{text}'")
     try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+        vals = [conv(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise bad from None
-    if not vals or any(v < 1 for v in vals):
+    if not vals or not all(ok(v) for v in vals):  # `ok` also rejects nan
         raise bad
-    return tuple(sorted(set(vals)))
+    return tuple(sorted(set(vals))) if ordered else tuple(dict.fromkeys(vals))
+
+
+def micro_batch_list(text: str) -> tuple[int, ...]:
+    """`--micro-batch 1,2,4,8`: distinct positive integers, in increasing order."""
+    return _list_arg(text, int, lambda v: v >= 1, "positive integers", ordered=True)
 
 
 def seed_list(text: str) -> tuple[int, ...]:
     """`--placement-seeds 0,1`: distinct non-negative integers, in the order given."""
-    bad = argparse.ArgumentTypeError(f"expected comma-separated non-negative integers, got '{text}'")
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise bad from None
-    if not vals or any(v < 0 for v in vals):
-        raise bad
-    return tuple(dict.fromkeys(vals))
+    return _list_arg(text, int, lambda v: v >= 0, "non-negative integers", ordered=False)
 
 
 def spread_list(text: str) -> tuple[float, ...]:
     """`--spreads 0,0.03,0.07`: distinct fractions in [0, 1], in increasing order."""
-    bad = argparse.ArgumentTypeError(
-        f"expected comma-separated fractions between 0 and 1 (0.03 = 3 %), got '{text}'")
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise bad from None
-    if not vals or any(not 0.0 <= v <= 1.0 for v in vals):  # also rejects nan
-        raise bad
-    return tuple(sorted(set(vals)))
+    return _list_arg(text, float, lambda v: 0.0 <= v <= 1.0,
+                     "fractions between 0 and 1 (0.03 = 3 %)", ordered=True)
 
 
 def step_count(text: str) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from meshrt.frontend.errors import FrontendError
 
+
 class _UsageError(Exception):
     pass
 

@@ -180,15 +180,12 @@ def describe(c) -> dict:
 
 
 def place(policy, tokens, regions, models):
-    from meshrt.expert_placement import contiguous, eplb, vibe
+    """`expert_placement.place`, plus "eplb/greedy": eplb without its swaps."""
+    from meshrt.expert_placement import place as place_by_name
 
-    if policy == "contiguous":
-        return contiguous(len(tokens), regions)
     if policy == "eplb/greedy":
-        return eplb(tokens, regions, refine=False)
-    if policy == "eplb":
-        return eplb(tokens, regions)
-    return vibe(tokens, models)
+        return place_by_name("eplb", tokens, regions, refine=False)
+    return place_by_name(policy, tokens, regions, models)
 
 
 def tokens_of(profile, layer, lay):

@@ -334,10 +334,11 @@ def load_map(program, target, steps: int = DEFAULT_STEPS, seed: int = 0) -> Load
     `meshrt.runtime.serving` does."""
     import numpy as np
 
+    from meshrt.runtime.cost_model import default_in_flight
     from meshrt.runtime.mesh_sim import MeshSim
 
     program = program_of(program)
-    inflight = program.num_stages if "micro_batch_pipeline" in program.dynamism_kinds else 1
+    inflight = default_in_flight(program)
     res = MeshSim(program, target, seed=seed, trace=True, inflight=inflight).run(steps)
     width, height = program.mesh_size
     busy = np.full((program.num_wafers, height, width), np.nan)

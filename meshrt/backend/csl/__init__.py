@@ -105,7 +105,7 @@ def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
             if idle:
                 files[where + "idle.csl"] = idle_program(idle_teardown_colors(program, wafer, idle, sh.drained))
         files[prefix + "compile.sh"] = compile_sh(program, a, rects, (target.width, target.height))
-        files[prefix + "run.py"] = run_py(program, allocs, elem, rects, max(1, program.micro_batch), program.slots)
+        files[prefix + "run.py"] = run_py(program, allocs, elem, rects)
         report = report_txt(program, a, lim, allocs, stats, list(files))
         files[prefix + "report.txt"] = report
         result.files.update(files)

@@ -214,14 +214,14 @@ def allocate(cls: CoreClass, program: Program, lim: Limits, marker: int | None) 
                               f"{lim.target.name} (memcpy's) or out of range", cls.op)
         routes.append(cols)
     colors = sorted({c for cols in routes for c in cols})
-    from meshrt.backend.csl import streams
+    from meshrt.backend.csl import percore, streams
 
     plans = streams.plans(program)
     receives = {e.flow for seg in cls.segments for e in seg.events() if e.kind == "recv"}
     relayed = {f for f in receives if f in plans and plans[f].scheme == streams.RELAY}
     switched = sorted({plans[f].color for seg in cls.segments for f in seg.routes
                        if f in plans and plans[f].switched
-                       and any(c.switch for _, c in streams.cells_in(plans[f], cls.boxes))})
+                       and any(c.switch for _, c in percore.clip_to(plans[f].cells, cls.boxes))})
     if lim.arch == "wse3":
         bad = [c for c in switched if c not in streams.WSE3_SWITCH_COLORS]
         if bad:

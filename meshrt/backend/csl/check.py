@@ -22,7 +22,6 @@ from meshrt.backend.csl import CslOutput
 from meshrt.backend.csl.model import Program, read_program, segment_programs
 
 _EXTENT = re.compile(r"const (f[io][mc]?_\w+) = @get_dsd\(fab(?:in|out)_dsd, \.\{ \.extent = (\d+)")
-_MEM = re.compile(r"m_(\w+?)_(\d+)(?:_at\d+)?\b")
 
 
 def expected_trace(program: Program, cls) -> list[tuple]:

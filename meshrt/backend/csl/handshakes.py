@@ -59,13 +59,9 @@ def class_drains(cls: CoreClass) -> set[str]:
     return {f for b in cls.boundaries for f in b.drain}
 
 
-def has_handshakes(cls: CoreClass) -> bool:
-    return bool(cls.handshakes)
-
-
 def frozen_at_start(program: Program, cls: CoreClass) -> set[str]:
     """Flows the class holds in segment 0 without a grant: they start in teardown."""
-    if not has_handshakes(cls) or not cls.segments:
+    if not cls.handshakes or not cls.segments:
         return set()
     seg0 = cls.segments[0]
     drains = class_drains(cls)

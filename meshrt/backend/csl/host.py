@@ -33,8 +33,7 @@ def compile_sh(program: Program, arch: str, rects: dict[int, tuple[int, int]], t
     return "\n".join(out) + "\n"
 
 
-def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[int, tuple[int, int]],
-           micro_batch: int, slots: int) -> str:
+def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[int, tuple[int, int]]) -> str:
     """The host driver sketch: the tables it needs (classes, their rectangles and
     host-visible arrays) followed by the fixed driver code (`_DRIVER`)."""
     classes = []
@@ -71,9 +70,9 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
         f"WAFERS = {program.wafers}",
         f"RECTANGLES = {dict(sorted(rects.items()))!r}  # wafer -> (width, height)",
         f"ELEM = {elem!r}  # activations on the fabric",
-        f"MICRO_BATCH = {micro_batch}  # slots per micro-batch",
-        f"SLOTS = {slots}  # request slots in flight",
-        f"GROUPS = {max(1, slots // max(1, micro_batch))}  # micro-batches in flight: each loop-carried flow is primed once per group",
+        f"MICRO_BATCH = {max(1, program.micro_batch)}  # slots per micro-batch",
+        f"SLOTS = {program.slots}  # request slots in flight",
+        f"GROUPS = {program.groups}  # micro-batches in flight: each loop-carried flow is primed once per group",
         "# (wafer, core class, rectangles (x, y, w, h), host-visible arrays: symbol -> (elements per core, CSL type))",
         "CLASSES = [",
         *classes,
@@ -124,21 +123,20 @@ def d2h(runner, symbol, rect, n, typ):
     return out.reshape(w * h, n)
 
 
-def classes_with(prefix, wafer=None):
-    """(wafer, class, rectangles, symbol, (n, type)) of every array whose name starts with prefix."""
-    for w, name, rects, symbols in CLASSES:
+def arrays(wafer=None, name=None, prefix=None):
+    """(wafer, class, rectangles, symbol, n, type) of every host-visible array
+    called `name` (or whose name starts with `prefix`), on `wafer` or any."""
+    for w, cls, rects, symbols in CLASSES:
         if wafer is not None and w != wafer:
             continue
         for sym, (n, typ) in symbols.items():
-            if sym.startswith(prefix):
-                yield w, name, rects, sym, n, typ
+            if sym == name or (prefix is not None and sym.startswith(prefix)):
+                yield w, cls, rects, sym, n, typ
 
 
 def load_weights(runner, wafer, weights_dir):
     """Every class's resident state (`w`, `wq`): <class>.<symbol>.npy or zeros."""
-    for _, name, rects, sym, n, typ in [*classes_with("w", wafer)]:
-        if sym not in ("w", "wq"):
-            continue
+    for _, name, rects, sym, n, typ in [*arrays(wafer, "w"), *arrays(wafer, "wq")]:
         path = os.path.join(weights_dir or "", f"{name}.{sym}.npy")
         cores = sum(r[2] * r[3] for r in rects)
         data = np.load(path) if weights_dir and os.path.exists(path) else np.zeros((cores, n))
@@ -188,7 +186,7 @@ def first_step(requests):
 def prime_loop_carried(runner, wafer, tokens, meta):
     """Load `prime_*` (data: tokens of each micro-batch; `prime_meta_*`: its
     continuous-batching metainfo) on the receivers of every loop-carried flow."""
-    for _, _, rects, sym, n, typ in classes_with("prime_", wafer):
+    for _, _, rects, sym, n, typ in arrays(wafer, prefix="prime_"):
         src = meta if sym.startswith("prime_meta_") else tokens
         per_msg = n // GROUPS
         msgs = [src[g * len(src) // GROUPS:(g + 1) * len(src) // GROUPS] for g in range(GROUPS)]
@@ -199,9 +197,7 @@ def prime_loop_carried(runner, wafer, tokens, meta):
 
 def push_requests(runner, wafer, requests):
     """Fill the free `req` entries (handle 0: the program admitted it) of the first stage."""
-    for _, _, rects, sym, n, typ in classes_with("req", wafer):
-        if sym != "req":
-            continue
+    for _, _, rects, sym, n, typ in arrays(wafer, "req"):
         cur = d2h(runner, sym, rects[0], n, typ)[0].copy()
         for s in range(n // 2):
             if cur[2 * s] == 0 and requests.waiting:
@@ -212,9 +208,7 @@ def push_requests(runner, wafer, requests):
 
 def read_tokens(runner, wafer, requests, seen):
     """New (handle, token) pairs in `tok` of the sampler root."""
-    for _, _, rects, sym, n, typ in classes_with("tok", wafer):
-        if sym != "tok":
-            continue
+    for _, _, rects, sym, n, typ in arrays(wafer, "tok"):
         cur = d2h(runner, sym, rects[0], n, typ)[0]
         for s in range(n // 2):
             h, t = int(cur[2 * s]), int(cur[2 * s + 1])
@@ -227,25 +221,23 @@ def relay_wafer_links(runners, sent):
     """Copy every new cross-wafer message (`xout_k`, `xout_meta_k`) to the next
     wafer's `xin_k`, `xin_meta_k` and launch `xin_k_ready`: sender core i (in class
     order, row-major) feeds receiver core i (cycling when the counts differ)."""
-    for w, _, rects, sym, _, typ in [*classes_with("xout_seq_")]:
+    for w, _, rects, sym, _, typ in [*arrays(prefix="xout_seq_")]:
         k = sym[len("xout_seq_"):]
         seq = int(d2h(runners[w], sym, rects[0], 1, typ)[0, 0])
         if seq == sent.get(k, 0):
             continue
         for part in (f"xout_{k}", f"xout_meta_{k}"):
-            msgs = [m for ww, _, rs, s1, n1, t1 in classes_with(part) if s1 == part and ww == w
-                    for r in rs for m in d2h(runners[w], part, r, n1, t1)]
+            msgs = [m for _, _, rs, _, n1, t1 in arrays(w, part) for r in rs
+                    for m in d2h(runners[w], part, r, n1, t1)]
             dst = part.replace("xout", "xin", 1)
             i = 0
-            for w2, _, rects2, s2, n2, t2 in classes_with(dst):
-                if s2 != dst:
-                    continue
+            for w2, _, rects2, _, n2, t2 in arrays(name=dst):
                 for rect in rects2:
                     cores = rect[2] * rect[3]
                     block = [_fit(msgs[(i + c) % len(msgs)], n2) for c in range(cores)]
                     h2d(runners[w2], dst, np.stack(block), rect, t2)
                     i += cores
-        for w2 in sorted({ww for ww, _, _, s2, _, _ in classes_with(f"xin_{k}") if s2 == f"xin_{k}"}):
+        for w2 in sorted({ww for ww, *_ in arrays(name=f"xin_{k}")}):
             runners[w2].launch(f"xin_{k}_ready", nonblock=False)
         sent[k] = seq
 
@@ -269,10 +261,9 @@ def main():
         runner.run()
         load_weights(runner, wafer, args.weights)
         prime_loop_carried(runner, wafer, tokens, meta)
-        for _, _, rects, sym, n, typ in classes_with("req", wafer):
-            if sym == "req":
-                for rect in rects:
-                    h2d(runner, sym, np.tile(req, (rect[2] * rect[3], 1)), rect, typ)
+        for _, _, rects, sym, n, typ in arrays(wafer, "req"):
+            for rect in rects:
+                h2d(runner, sym, np.tile(req, (rect[2] * rect[3], 1)), rect, typ)
         runners.append(runner)
     for runner in runners:
         runner.launch("start", nonblock=False)

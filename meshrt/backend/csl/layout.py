@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from meshrt.backend.csl import streams
+from meshrt.backend.csl import percore, streams
 from meshrt.backend.csl.handshakes import frozen_at_start
 from meshrt.backend.csl.model import CoreClass, Flow, Program
 from meshrt.diagnostics import MeshrtError
@@ -109,40 +109,34 @@ def _merge_pieces(pieces: list) -> tuple[list, list]:
             dense.append(p[:4])
         else:  # pragma: no cover - pieces step along one axis only
             strided.append(p)
-
-    def runs(values):
-        out, cur = [], []
-        for v in sorted(values):
-            if cur and v - cur[-1] != 2:
-                out.append(cur)
-                cur = []
-            cur.append(v)
-        if cur:
-            out.append(cur)
-        return out
-
-    # Rows: first join equal row sets along x, then split them into step-2 runs.
-    by_rows = defaultdict(list)
-    for (x0, x1), ys in rows.items():
-        by_rows[frozenset(ys)].append((x0, x1))
-    for ys, ivs in by_rows.items():
-        for a, b in _join(ivs):
-            for run in runs(ys):
-                if len(run) == 1:
-                    dense.append((a, run[0], b, run[0] + 1))
-                else:
-                    strided.append((a, run[0], b, run[-1] + 1, 1, 2))
-    by_cols = defaultdict(list)
-    for (y0, y1), xs in cols.items():
-        by_cols[frozenset(xs)].append((y0, y1))
-    for xs, ivs in by_cols.items():
-        for a, b in _join(ivs):
-            for run in runs(xs):
-                if len(run) == 1:
-                    dense.append((run[0], a, run[0] + 1, b))
-                else:
-                    strided.append((run[0], a, run[-1] + 1, b, 2, 1))
+    # Rows: join equal row sets along x, then split them into step-2 runs; columns
+    # the same with the axes swapped.
+    for lines, across in ((rows, False), (cols, True)):
+        by_lines = defaultdict(list)
+        for iv, at in lines.items():
+            by_lines[frozenset(at)].append(iv)
+        for at, ivs in by_lines.items():
+            for a, b in _join(ivs):
+                for run in _step2_runs(at):
+                    lo, hi = run[0], run[-1] + 1
+                    if len(run) == 1:
+                        dense.append((lo, a, hi, b) if across else (a, lo, b, hi))
+                    else:
+                        strided.append((lo, a, hi, b, 2, 1) if across else (a, lo, b, hi, 1, 2))
     return dense, strided
+
+
+def _step2_runs(values) -> list[list[int]]:
+    """Sorted values cut into runs that step by 2."""
+    out, cur = [], []
+    for v in sorted(values):
+        if cur and v - cur[-1] != 2:
+            out.append(cur)
+            cur = []
+        cur.append(v)
+    if cur:
+        out.append(cur)
+    return out
 
 
 def _join(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -265,18 +259,18 @@ def _flow_routes(program: Program, f: Flow, holders: list[CoreClass], idle: Rect
     stats.schemes[plan.scheme] = stats.schemes.get(plan.scheme, 0) + 1
     groups: dict[tuple, list] = {}
     frozen = {c.name: frozen_at_start(program, c) for c in holders}
-    hbox = {c.name: streams.bbox_of(c.boxes) for c in holders if c.boxes}
-    for s, cfg in plan.cells:
+    held: dict[int, list[tuple]] = defaultdict(list)  # cell index -> (piece, holder class)
+    for cls in holders:
+        for c, i in percore.clip_to([(s, i) for i, (s, _) in enumerate(plan.cells)], cls.boxes):
+            held[i].append((c, cls))
+    for i, (s, cfg) in enumerate(plan.cells):
         bb = streams.sbox_bbox(s)
         parts: list[tuple] = []
         for b in (idle & RectSet([bb])).boxes:
             c = streams.sbox_clip(s, b)
             if c is not None:
                 parts.append((c, None))
-        for cls in holders:
-            if cls.name in hbox:
-                parts += [(c, cls) for c in streams.clip_to(s, cls.boxes, hbox[cls.name])]
-        for c, cls in parts:
+        for c, cls in parts + held[i]:
             name = cfg.phases[0][0]
             if cls is not None and cfg.phased and name in ("recv", "send"):
                 name = first_use(cls, f.name)

@@ -62,7 +62,7 @@ class MetaCode:
                 "      rdt[slot * 4 + 2] += 1; // one more token of context",
                 "    }",
                 "  }",
-                f"  mb = (mb + 1) % {max(1, w.slots // b)};",
+                f"  mb = (mb + 1) % {w.groups};",
                 "}",
             ]
         if "moe_routing" in resolves:

@@ -158,6 +158,11 @@ class Program:
         """Request slots in flight (micro-batch x micro-batches in flight)."""
         return int(self.hp("inflight_slots", self.hp("kv_slots", max(1, self.micro_batch))))
 
+    @property
+    def groups(self) -> int:
+        """Micro-batches in flight: the slots' groups the tables serve in turn."""
+        return max(1, self.slots // max(1, self.micro_batch))
+
     def classes_on(self, wafer: int) -> list[CoreClass]:
         return [c for c in self.classes if c.wafer == wafer]
 

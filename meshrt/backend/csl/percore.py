@@ -1,7 +1,7 @@
 """Per-core values of a class as comptime expressions of its coordinates.
 
-A core class runs one program; what differs between its cores (the route
-word of its router for a flow, how many markers it waits for) is a
+A core class runs one program; what differs between its cores (its router's
+route for a flow, how many markers it waits for) is a
 function of (px, py), the comptime coordinates the layout passes in. The
 function is given as disjoint boxes with values and printed as a chain of
 `if` expressions over box bounds, so its size grows with the boxes, never
@@ -20,21 +20,26 @@ from meshrt.routing import Box, BoxIndex, box_intersection
 
 def clip_to(pieces: Iterable[tuple[Box, object]], boxes: Sequence[Box],
             index: BoxIndex | None = None) -> list[tuple[Box, object]]:
-    """The pieces cut to the given boxes (the class's cores)."""
+    """The pieces cut to the given boxes (the class's cores), in piece order and,
+    within a piece, in box order. A strided piece stays strided (streams.SBox)."""
     from meshrt.backend.csl.streams import sbox_clip
 
-    out = []
+    out: list[tuple[Box, object]] = []
+    if not boxes:
+        return out
     pieces = list(pieces)
     if index is None and len(pieces) > 8:
         index = BoxIndex([(b, None) for b in boxes])
+    # the boxes' bounding box first: most pieces of a long flow miss a class entirely
+    bx0, by0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
+    bx1, by1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
     for box, value in pieces:
-        dense = box[:4]
+        x0, y0, x1, y1 = dense = box[:4]
+        if x0 >= bx1 or bx0 >= x1 or y0 >= by1 or by0 >= y1:
+            continue
         cands = index.query(dense) if index is not None else range(len(boxes))
         for i in cands:
-            if len(box) == 6 and (box[4] > 1 or box[5] > 1):
-                c = sbox_clip(box, boxes[i])
-            else:
-                c = box_intersection(dense, boxes[i])
+            c = sbox_clip(box, boxes[i]) if len(box) == 6 else box_intersection(dense, boxes[i])
             if c is not None:
                 out.append((c, value))
     return out

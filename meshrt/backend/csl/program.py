@@ -77,10 +77,6 @@ class Shared:
         return 4 if self.elem == "f32" else 2
 
 
-def hx(v: int) -> str:
-    return f"0x{v:03x}"
-
-
 def _dirs(ds) -> str:
     ds = tuple(ds)
     if len(ds) == 1:
@@ -185,16 +181,13 @@ class ProgramWriter:
         self.top_k = max(1, int(self.p.hp("top_k", 1)))
         # Loop-carried receives the host primes: per flow, (data, metainfo) words of
         # one message; the host loads one message per micro-batch in flight.
-        self.groups = max(1, self.slots // self.b)
+        self.groups = self.p.groups
         self.primed: dict[str, tuple[int, int]] = {}
         for seg in self.cls.segments:
             for e in seg.events():
-                if e.primed and e.kind == "recv":
+                if e.primed:  # a receive or its resolver (which carries no data)
                     n, m = self.primed.get(e.flow, (0, 0))
                     self.primed[e.flow] = (max(n, e.elems), max(m, e.meta_words))
-                elif e.primed:
-                    n, m = self.primed.get(e.flow, (0, 0))
-                    self.primed[e.flow] = (n, max(m, e.meta_words))
         # Resident state per sub (weights, KV tiles, embedding rows).
         wq_off = w_off = 0
         self.sub_region: dict[int, tuple[str, int, int]] = {}
@@ -285,7 +278,7 @@ class ProgramWriter:
         """The flow's router configurations at this class's cores (cached per flow)."""
         if flow.name not in self._own:
             plan = self.plans.get(flow.name)
-            self._own[flow.name] = streams.cells_in(plan, self.cls.boxes) if plan else []
+            self._own[flow.name] = percore.clip_to(plan.cells, self.cls.boxes) if plan else []
         return self._own[flow.name]
 
     def plan(self, flow: Flow) -> streams.FlowPlan | None:
@@ -370,7 +363,7 @@ class ProgramWriter:
     # ---------------------------------------------------------------- states
     def state(self, body: list[str], waits: bool | str, comment: str = "", raw: bool = False) -> None:
         """Append a state. waits: it started an asynchronous transfer or wait (the
-        completion re-activates step); a string is the run-time answer (`!primed`).
+        completion re-activates step); a string is the run-time answer (`primed`).
         raw: the body sets pc and returns itself (loops)."""
         if self.notes:  # remarks that belong before the next state's code
             body = self.notes + body
@@ -809,21 +802,14 @@ class ProgramWriter:
                 body.append(f"// release @{f}: colour {flow.color} stays in teardown (drained above)")
             else:
                 body.append(f"rt.clear_routes({self.color(flow.color)}); // release @{f}")
-        switched = {self.p.flows[f].color for seg in self.cls.segments for f in seg.routes
-                    if f in self.p.flows and self.p.flows[f].color is not None
-                    and self.is_switched_here(self.p.flows[f])}
         notify = set(b.notify)
         for c, flow in sorted(installed.items()):
-            if self.relay_here(flow):
-                phase = "static"
-            elif self.is_phased_here(flow):
-                phase = self.first_use(dst, flow.name)
-            else:
-                phase = "static"
+            phase = (self.first_use(dst, flow.name)
+                     if self.is_phased_here(flow) and not self.relay_here(flow) else "static")
             body.append(f"// install @{flow.name}" + (" (notify)" if flow.name in notify else ""))
             # The route first: switch position 1 inherits from position 0 (the SDK's allreduce).
             body += self.route_stmts(flow, phase)
-            if c in switched:
+            if c in self.a.switched:  # switch-chain colours at this class's routers (alloc)
                 body += self.switch_stmts(flow)
             if c in self.td_colors:
                 hold = f"td_seen_{c} + {self.td_count(flow)}" if flow.name in self.drains else "0"

@@ -828,34 +828,6 @@ def plans(program) -> dict[str, FlowPlan]:
     return cached
 
 
-def bbox_of(boxes: Sequence[Box]) -> Box:
-    return (min(b[0] for b in boxes), min(b[1] for b in boxes),
-            max(b[2] for b in boxes), max(b[3] for b in boxes))
-
-
-def clip_to(s: SBox, boxes: Sequence[Box], bbox: Box) -> list[SBox]:
-    """Strided box s clipped to each of the dense boxes (bbox: theirs, to skip
-    the many cells of a long flow that miss them all)."""
-    x0, y0, x1, y1 = sbox_bbox(s)
-    if not boxes or x0 >= bbox[2] or bbox[0] >= x1 or y0 >= bbox[3] or bbox[1] >= y1:
-        return []
-    out = []
-    for b in boxes:
-        if x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1:
-            c = sbox_clip(s, b)
-            if c is not None:
-                out.append(c)
-    return out
-
-
-def cells_in(plan: FlowPlan, boxes: Sequence[Box]) -> list[tuple[SBox, Cfg]]:
-    """The plan's cells clipped to the given dense boxes (a class's cores)."""
-    if not boxes:
-        return []
-    bb = bbox_of(boxes)
-    return [(c, cfg) for s, cfg in plan.cells for c in clip_to(s, boxes, bb)]
-
-
 def routers(plan: FlowPlan) -> RectSet:
     """The plan's routers as dense boxes (bounding boxes of strided pieces
     are expanded row by row only when small; used for checks)."""
