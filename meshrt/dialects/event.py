@@ -44,6 +44,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from meshrt.dialects.base import MappedProgramOp, body_ops, enclosing_program, int_value
 from meshrt.dialects.mesh import DYNAMISM_KINDS, CoreSetAttr, ResourceAttr
+from meshrt.kernels import registry
 
 
 @irdl_op_definition
@@ -68,10 +69,6 @@ class ScheduleOp(MappedProgramOp):
                     f"schedule @{self.program_name} may only hold event.kernel, event.flow and "
                     f"event.core_class, found '{op.name}'"
                 )
-
-
-KERNEL_KINDS = ("embed", "gemv", "allreduce", "elementwise", "attention", "topk_gate", "dispatch",
-                "expert_ffn", "combine", "sample", "handoff")
 
 
 @irdl_op_definition
@@ -121,10 +118,10 @@ class KernelInfoOp(IRDLOperation):
         return a
 
     def verify_(self) -> None:
-        if self.kind.data not in KERNEL_KINDS:
-            raise VerifyException(
-                f"kernel @{self.kernel_name}: unknown kind \"{self.kind.data}\", expected one of "
-                + ", ".join(KERNEL_KINDS))
+        try:
+            registry.kind(self.kind.data)
+        except registry.UnknownKernel as e:
+            raise VerifyException(f"kernel @{self.kernel_name}: {e}") from None
         _check_in_mesh(self, f"kernel @{self.kernel_name} region", self.region)
 
 
@@ -381,6 +378,15 @@ class ComputeOp(EventOp):
     def verify_(self) -> None:
         if int_value(self.work) < 0:
             raise VerifyException(f"compute '{self.op.data}': work must be >= 0")
+        if self.op.data not in registry.compute_ops():
+            sub = self.parent_op()
+            where = ""
+            if isinstance(sub, SubScheduleOp):
+                info = _kernel_info(sub, sub.kernel_name)
+                kind = f" (kind {info.kind.data})" if info is not None else ""
+                where = f" of kernel @{sub.kernel_name}{kind}"
+            raise VerifyException(f"compute '{self.op.data}'{where}: no kernel kind declares this "
+                                  "compute op, so it has no cost key")
 
 
 @irdl_op_definition
@@ -433,3 +439,13 @@ Event = Dialect(
     ],
     [],
 )
+
+
+def _kernel_info(op: Operation, name: str) -> KernelInfoOp | None:
+    """The `event.kernel` record named `name` in the program around `op` (a linear search:
+    only diagnostics use it)."""
+    program = enclosing_program(op)
+    if program is None:
+        return None
+    return next((k for k in body_ops(program.body) if isinstance(k, KernelInfoOp)
+                 and k.kernel_name == name), None)

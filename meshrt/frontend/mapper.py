@@ -56,9 +56,14 @@ from meshrt.dialects import graph as g
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.frontend.model import ModelShape, ModelSpec
+from meshrt.kernels.attention.op import AttentionOp
+from meshrt.kernels.dispatch.relay import relay_footprint
+from meshrt.kernels.embed.op import EmbedOp
+from meshrt.kernels.expert_ffn.op import ExpertFFNOp
+from meshrt.kernels.gemv.op import GemvOp
+from meshrt.kernels.interface import ceil_div
 from meshrt.targets import Target
 
-ACT_BYTES = 4  # activations and partial sums are fp32 in buffers
 MIN_EXPERT_CORES = 4  # below this an expert region has no room for distinct roles
 MAX_ROW_CHOICES = 64  # candidate block heights tried per wafer
 # Share of usable SRAM the mapper leaves free: the kernel lowering adds
@@ -71,12 +76,8 @@ UNIT_LOAD = {"embed": 1, "dense": 5, "moe": 6, "lm_head": 2}
 
 
 # ---------------------------------------------------------------------------
-# Per-core byte models
+# Per-core byte models: each band's kernel kind gives its own (meshrt.kernels)
 # ---------------------------------------------------------------------------
-
-
-def _c(a: float, b: int) -> int:
-    return -(-int(a) // b)
 
 
 @dataclass(frozen=True)
@@ -89,11 +90,11 @@ class Sizer:
     usable: int  # per-core SRAM for data
 
     def matmul(self, n_in: int, n_out: int, dbytes: float, w: int, h: int) -> float:
-        it, ot = _c(n_in, h), _c(n_out, w)
-        return it * ot * dbytes + self.micro_batch * (it + ot) * ACT_BYTES + it * dbytes
+        return GemvOp.footprint(n_in, n_out, dbytes, self.micro_batch, w, h).total
 
     def band(self, kind: str, w: int, h: int) -> float:
-        s, d = self.shape, self.shape.dtype_bytes
+        """Bytes per core of the kernel a band holds, by the kernel kind's own formula."""
+        s, d, mb = self.shape, self.shape.dtype_bytes, self.micro_batch
         if kind == "qkv":
             return self.matmul(s.hidden, s.qkv_width, d, w, h)
         if kind == "o":
@@ -107,16 +108,12 @@ class Sizer:
         if kind == "lm_head":
             return self.matmul(s.hidden, s.vocab, d, w, h)
         if kind == "embed":
-            cols = _c(s.hidden, w)
-            return _c(s.vocab, h) * cols * d + self.micro_batch * cols * ACT_BYTES
+            return EmbedOp.footprint(s.vocab, s.hidden, d, mb, w, h).total
         if kind == "attn":
-            kvd, rows = s.kv_heads * s.head_dim, _c(s.max_seq, h)
-            kv = self.kv_slots * rows * _c(kvd, w) * 2 * s.kv_bytes
-            q = 2 * self.micro_batch * _c(s.attn_width, w) * ACT_BYTES
-            scores = self.micro_batch * _c(s.heads, w) * rows * ACT_BYTES
-            return kv + q + scores
-        if kind == "relay":  # forwards top_k copies of each token, double-buffered
-            return 2 * self.micro_batch * s.top_k * _c(s.hidden, h * w) * ACT_BYTES
+            return AttentionOp.footprint(self.kv_slots, s.max_seq, s.heads, s.kv_heads, s.head_dim,
+                                         s.kv_bytes, mb, w, h).total
+        if kind == "relay":
+            return relay_footprint(s.top_k, s.hidden, mb, w, h).total
         raise ValueError(kind)
 
     def max_width(self, kind: str) -> int:
@@ -128,21 +125,17 @@ class Sizer:
         }[kind]
 
     def expert(self, group: int, w: int, h: int) -> float:
-        s, f = self.shape, self.shape.expert_ffn
-        # per core (meshrt.kernel_roles): rows of W_gate|up and W_down for a
-        # column's slice of the expert width
-        fi, hj = _c(f, w), _c(s.hidden, h)
-        weights = 3 * hj * fi
-        bufs = 2 * hj + 3 * fi
+        s = self.shape
         # A token visits an expert at most once, so a region sees at most
         # micro_batch x min(group, top_k) tokens per step.
         tokens = self.micro_batch * min(group, s.top_k)
-        return group * weights * s.expert_dtype_bytes + tokens * bufs * ACT_BYTES
+        return ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, s.expert_dtype_bytes, tokens, w, h).total
 
     def expert_cores(self, group: int) -> int:
         """Cores one expert group needs by SRAM alone (square-ish tiling ignored)."""
         s = self.shape
-        return max(1, _c(group * 3 * s.hidden * s.expert_ffn * s.expert_dtype_bytes, self.usable))
+        weights = ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, s.expert_dtype_bytes, 0, 1, 1).state
+        return max(1, ceil_div(weights, self.usable))
 
 
 def _min_width(fn: Callable[[int], float], max_w: int, usable: int) -> int | None:
@@ -191,7 +184,7 @@ class ExpertGrid:
 
     @property
     def width(self) -> int:
-        return _c(self.regions, self.rows) * self.w
+        return ceil_div(self.regions, self.rows) * self.w
 
 
 @dataclass(frozen=True)
@@ -324,7 +317,7 @@ def _score(lay: Layout) -> tuple[int, int, int]:
 
 def _heights(target: Target, shape: ModelShape) -> list[int]:
     cap = min(target.height, shape.hidden)
-    first_k = _c(target.height, cap)
+    first_k = ceil_div(target.height, cap)
     hs: list[int] = []
     for k in range(first_k, target.height + 1):
         h = target.height // k

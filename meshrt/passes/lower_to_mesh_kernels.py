@@ -6,6 +6,9 @@
     graph.rmsnorm/add/elementwise -> mesh_kernel.elementwise
     everything else    -> its namesake
 
+Each lowering is written by the kernel kind that declares the graph op in
+its `LOWERS` (`meshrt/kernels/<kind>/op.py`).
+
 The pass is target-free: regions are kept as mapped; whether a region is
 large enough for its kernel's tiles is checked by `synthesize-schedules`,
 which knows the target's per-core SRAM. Kernel names stay the graph names
@@ -18,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
@@ -26,8 +29,9 @@ from xdsl.utils.exceptions import VerifyException
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import graph
 from meshrt.dialects import mesh_kernel as mk
-from meshrt.dialects.base import int_value, topological_order
+from meshrt.dialects.base import topological_order
 from meshrt.dialects.mesh import CoreSetAttr
+from meshrt.kernels import registry
 
 
 def _common(op: graph.KernelOp, name: str | None = None, region: CoreSetAttr | None = None):
@@ -51,67 +55,13 @@ def _make(cls: type[mk.KernelOp], src: graph.KernelOp, operands, result_type, *,
 
 
 def lower_kernel(op: graph.KernelOp, operands: list[SSAValue]) -> tuple[list[Operation], SSAValue]:
-    """The mesh kernels for one graph kernel, and the value that replaces its result."""
-    rt = op.results[0].type
-    match op:
-        case graph.EmbedOp():
-            k = _make(mk.EmbedOp, op, [], rt, vocab=op.vocab)
-            return [k], k.results[0]
-        case graph.MatmulOp():
-            gemv = _make(mk.GemvOp, op, operands, rt)
-            red = _make(mk.AllReduceOp, op, gemv.results, rt, name=f"{op.kernel_name}.reduce",
-                        axis=StringAttr("col"))
-            return [gemv, red], red.results[0]
-        case graph.RMSNormOp():
-            k = _make(mk.ElementwiseOp, op, operands, rt, kind=StringAttr("rmsnorm"))
-            return [k], k.results[0]
-        case graph.AddOp():
-            k = _make(mk.ElementwiseOp, op, operands, rt, kind=StringAttr("add"))
-            return [k], k.results[0]
-        case graph.ElementwiseOp():
-            k = _make(mk.ElementwiseOp, op, operands, rt, kind=op.kind)
-            return [k], k.results[0]
-        case graph.AttentionOp():
-            model = op.parent_op()
-            assert isinstance(model, graph.ModelOp)
-            k = _make(mk.AttentionOp, op, operands, rt, heads=op.heads, kv_heads=op.kv_heads,
-                      head_dim=op.head_dim, max_seq=op.max_seq, slots=inflight_slots(model))
-            return [k], k.results[0]
-        case graph.GateTopKOp():
-            k = _make(mk.TopKGateOp, op, operands, rt)
-            return [k], k.results[0]
-        case graph.MoEExpertsOp():
-            return _lower_moe(op, operands)
-        case graph.SampleOp():
-            k = _make(mk.SampleOp, op, operands, rt, eos=op.eos)
-            return [k], k.results[0]
-        case graph.HandoffOp():
-            k = _make(mk.HandoffOp, op, operands, rt, to_stage=op.to_stage, to_wafer=op.to_wafer)
-            return [k], k.results[0]
-    raise MeshrtError(f"no mesh-kernel lowering for '{op.name}'", op)
+    """The mesh kernels for one graph kernel, and the value that replaces its result.
 
-
-def _lower_moe(op: graph.MoEExpertsOp, operands: list[SSAValue]) -> tuple[list[Operation], SSAValue]:
-    act, routing = operands
-    rt = op.results[0].type
-    dispatch = _make(mk.DispatchOp, op, [act, routing], rt, name=f"{op.kernel_name}.dispatch",
-                     expert_regions=op.expert_regions)
-    union = CoreSetAttr([r for cs in op.expert_regions.data for r in cs.rects.data])
-    experts = _make(mk.ExpertFFNOp, op, [dispatch.results[0], routing], rt,
-                    name=f"{op.kernel_name}.experts", region=union,
-                    expert_regions=op.expert_regions, placement=op.placement,
-                    expert_ffn=op.expert_ffn)
-    combine = _make(mk.CombineOp, op, [experts.results[0], routing], rt,
-                    name=f"{op.kernel_name}.combine")
-    return [dispatch, experts, combine], combine.results[0]
-
-
-def inflight_slots(model) -> int:
-    """Batch slots a stage keeps KV state for: micro-batch x stages when pipelined."""
-    b = int_value(model.micro_batch)
-    if "micro_batch_pipeline" in model.dynamism_kinds:
-        return b * int_value(model.stages)
-    return b
+    The kind whose folder declares the graph op in its LOWERS does it."""
+    kind = registry.lowering_for(type(op))
+    if kind is None:
+        raise MeshrtError(f"no mesh-kernel lowering for '{op.name}'", op)
+    return kind.lower(op, operands, _make)
 
 
 def lower_model(model: graph.ModelOp) -> mk.ProgramOp:

@@ -60,7 +60,7 @@ from meshrt.runtime.expert_profile import ExpertProfile, RegionModels, region_sl
 class MoESite:
     """One MoE layer's expert op, whichever level it is at."""
 
-    op: graph.MoEExpertsOp | mk.ExpertFFNOp
+    op: graph.MoEExpertsOp | mk.KernelOp  # a mesh kernel that PLACES_EXPERTS
     program: MappedProgramOp
     layer: int
     experts: int
@@ -122,7 +122,7 @@ def moe_sites(module: Operation) -> list[MoESite]:
         for op in body_ops(program.body):
             if isinstance(op, graph.MoEExpertsOp):
                 shared = int_value(op.shared_experts)
-            elif isinstance(op, mk.ExpertFFNOp):
+            elif isinstance(op, mk.KernelOp) and op.PLACES_EXPERTS:
                 shared = program.hparam("shared_experts", 0)
             else:
                 continue

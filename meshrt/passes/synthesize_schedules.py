@@ -2,7 +2,7 @@
 
 Walk the kernels in topological order. For every role of every kernel:
 a metainfo resolver first where the role receives dynamism, then the
-kernel's own events (GetCoreSche, `meshrt.kernel_roles`) with the receives
+kernel's own events (GetCoreSche, the kind's `roles`, `meshrt.kernels`) with the receives
 of its inputs and the sends of its outputs filled in, and a metainfo
 producer right before the send its metainfo rides on where the role
 produces dynamism; all guarded by the kernel's predecessors. Then cores
@@ -42,7 +42,7 @@ from xdsl.ir import Attribute, Block, Region
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
 
-from meshrt import kernel_roles as kr
+from meshrt.kernels import interface as kr
 from meshrt.core_classes import partition
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
@@ -113,7 +113,7 @@ class _KernelPlan:
     def resident_cores(self) -> CoreSetAttr:
         """Cores that hold the result: reductions relay it back to their whole
         region; relays hold it only where it leaves."""
-        if isinstance(self.op, mk.DispatchOp | mk.CombineOp):
+        if self.op.HOLDS_RESULT_AT_OUTPUTS:
             return self.output_cores
         return self.op.region
 
@@ -176,28 +176,25 @@ class Synthesizer:
             if isinstance(value.type, RoutingType) or not isinstance(producer_op, mk.KernelOp):
                 continue  # routing metainfo rides the token data, never a flow of its own
             producer = self.plans[producer_op]
-            data = act_bytes * kr.input_share(op, value.type.width.data)
+            data = act_bytes * op.input_share(value.type.width.data)
             src = producer.output_cores
             name = f"{op.kernel_name}.in{i}"
             route_meta = False
-            if isinstance(op, mk.DispatchOp):
+            if op.INPUT_FROM_ROUTING_PRODUCER:
                 # The gate forwards the tokens it gated with its routing metainfo prepended.
                 gate = self.plans[op.routing.owner]
-                producer, src, route_meta = gate, gate.output_cores, moe
-            elif isinstance(op, mk.ExpertFFNOp):
-                route_meta = moe  # tokens turn from the corridor into the expert regions
-            elif isinstance(op, mk.CombineOp):
-                route_meta = moe  # expert results and their metainfo travel back
+                producer, src = gate, gate.output_cores
+            route_meta = moe and op.ROUTED_INPUTS
             flow = self._transfer(name, producer, op, src, data)
             if flow is None:
                 plan.local_inputs.append(producer)
                 continue
             if route_meta:
                 flow.meta, flow.meta_kind = self.kctx.route_bytes, "moe_routing"
-            elif cb and (isinstance(producer.op, mk.HandoffOp) or isinstance(op, mk.AttentionOp)):
+            elif cb and (producer.op.STAGE_BOUNDARY or op.CF_ON_INPUTS):
                 flow.meta, flow.meta_kind = self.kctx.cf_bytes, "continuous_batching"
             plan.inputs.append(flow)
-            if isinstance(producer.op, mk.HandoffOp):
+            if producer.op.STAGE_BOUNDARY:
                 plan.stage_entry = True
 
     def _wire_token_loop(self, sample: _KernelPlan, embed: _KernelPlan) -> None:
@@ -225,7 +222,7 @@ class Synthesizer:
         producer_of = {id(f): p for p in self.plans.values() for f in p.outputs}
         need = [p for p in self.plans.values()
                 if any(f.meta_kind == "continuous_batching" for f in p.outputs)
-                and not isinstance(p.op, mk.SampleOp)]
+                and not p.op.TOKEN_SOURCE]
         seen: set[int] = set()
         while need:
             plan = need.pop()
@@ -247,14 +244,14 @@ class Synthesizer:
         except VerifyException as e:
             raise MeshrtError(str(e), self.program) from e
         for op in order:
-            roles, internal = kr.kernel_roles(op, self.kctx)
+            roles, internal = op.roles(self.kctx)
             for spec in internal:
                 self.flows[spec.name] = _Flow(spec, op.kernel_name, op.wafer_index)
             plan = _KernelPlan(op, roles, [], [], _output_cores(op, roles))
             self.plans[op] = plan
             self._wire_inputs(plan)
-        samples = [p for p in self.plans.values() if isinstance(p.op, mk.SampleOp)]
-        embeds = [p for p in self.plans.values() if isinstance(p.op, mk.EmbedOp)]
+        samples = [p for p in self.plans.values() if p.op.TOKEN_SOURCE]
+        embeds = [p for p in self.plans.values() if p.op.TOKEN_SINK]
         if samples and embeds:
             self._wire_token_loop(samples[-1], embeds[0])
         if "continuous_batching" in self.kctx.dynamism:
@@ -316,8 +313,8 @@ class Synthesizer:
     def _sub_schedule(self, plan: _KernelPlan, role: kr.Role, guard: ArrayAttr,
                       budget: Resources) -> ev.SubScheduleOp:
         op = plan.op
-        recv_kinds = kr.receives_dynamism(op, role.name, self.kctx, plan.stage_entry)
-        prod_kinds = kr.produces_dynamism(op, role.name, self.kctx)
+        recv_kinds = op.receives_dynamism(role.name, self.kctx, plan.stage_entry)
+        prod_kinds = op.produces_dynamism(role.name, self.kctx)
         events: list = []
         # The kernel's own events, inputs and outputs filled in
         sends: set[str] = set()
@@ -382,7 +379,7 @@ class Synthesizer:
             "after": guard,
             "demand": ResourceAttr(demand),
         }
-        if kr.is_collective(op):
+        if op.is_collective():
             props["collective"] = UnitAttr()
         sub = ev.SubScheduleOp.create(properties=props, regions=[Region([Block(events)])])
         sub.location = op.location
@@ -426,7 +423,7 @@ def kernel_info(op: mk.KernelOp) -> ev.KernelInfoOp:
         params["top_k"] = _int(op.results[0].type.top_k.data)
     info = ev.KernelInfoOp.create(properties={
         "sym_name": StringAttr(op.kernel_name),
-        "kind": StringAttr(op.name.split(".", 1)[1]),
+        "kind": StringAttr(op.kernel_kind()),
         "region": op.region,
         "inputs": ArrayAttr([SymbolRefAttr(v.owner.kernel_name) for v in op.operands
                              if isinstance(v.owner, mk.KernelOp)]),

@@ -81,11 +81,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
+from meshrt.kernels import registry
+from meshrt.kernels.interface import KernelOp
 from meshrt.routing import Box, RectSet, pattern_routers
 from meshrt.runtime.mesh_sim import WAVELET_BYTES, op_cycles
 
@@ -106,9 +108,14 @@ def wavelets(nbytes: int) -> int:
     return math.ceil(nbytes / WAVELET_BYTES)
 
 
+def kernels_where(program: sg.ProgramOp, test: Callable[[type[KernelOp]], bool]) -> set[str]:
+    """Names of the program's kernels whose kind passes `test` (from its `event.kernel` records)."""
+    return {k.kernel_name for k in program.kernels() if test(registry.kind(k.kind.data))}
+
+
 def kernels_of_kind(program: sg.ProgramOp, kind: str) -> set[str]:
-    """Names of the program's kernels of one kind (from its `event.kernel` records)."""
-    return {k.kernel_name for k in program.kernels() if k.kind.data == kind}
+    """Names of the program's kernels of kind `kind`."""
+    return kernels_where(program, lambda op: op.kernel_kind() == kind)
 
 
 # ---------------------------------------------------------------------------
@@ -329,7 +336,7 @@ class CostModel:
         cidx = {c.class_name: i for i, c in enumerate(classes)}
         pos = step_order(tables_of_program(prog))
         self.kernel_pos = pos
-        self.handoff_kernels = kernels_of_kind(prog, "handoff")
+        self.handoff_kernels = kernels_where(prog, lambda op: op.STAGE_BOUNDARY)
         primed = host_primed(prog, pos)
         senders: dict[int, list[int]] = defaultdict(list)
         for ci, c in enumerate(classes):

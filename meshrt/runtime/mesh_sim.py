@@ -27,9 +27,9 @@ cycles (at least 1): `speed` is a per-core factor drawn once from
 and the event order is total (time, sequence number), so a seed gives
 identical results. Base costs:
 
-- `event.compute "op" work N`: N * cost[op]; ops the target does not cost are
-  mapped by `OP_ALIASES` (e.g. qk / av / square_sum -> fmac) and anything
-  else costs `DEFAULT_OP_CYCLES` per element.
+- `event.compute "op" work N`: N * cost[key], key the cost key the kernel
+  kind declares for the op (`meshrt.kernels`; e.g. qk / av / square_sum ->
+  fmac).
 - `event.send` / `event.recv`: `send_wavelet` / `recv_wavelet` per 32-bit
   wavelet of data + metainfo (a recv pays per message it gathers).
 - `event.meta_resolve` / `event.meta_produce`: local work,
@@ -138,30 +138,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from meshrt.dialects import event as ev
-from meshrt.runtime.dataplane import DataLayoutError
+from meshrt.kernels.numerics import DataLayoutError
 from meshrt.dialects import segment as sg
+from meshrt.kernels import registry
 from meshrt.passes.color_routes import host_primed
 from meshrt.routing import RectSet, xy_path
-
-OP_ALIASES: dict[str, str] = {
-    "square_sum": "fmac",
-    "qk": "fmac",
-    "av": "fmac",
-    "combine": "fmac",
-    "scale": "mul",
-    "normalize": "mul",
-    "silu_mul": "exp",
-    "softmax_merge": "exp",
-    "argmax_merge": "argmax",
-    "topk": "argmax",
-    "eos_check": "add",
-    "route": "add",
-    "embed": "add",
-}
-"""Compute ops the targets do not cost, mapped to the closest costed op."""
-
-DEFAULT_OP_CYCLES = 1.0
-"""Cycles per element of a compute op that is neither costed nor aliased."""
 
 WAVELET_BYTES = 4
 
@@ -468,11 +449,8 @@ class _Core:
 
 
 def op_cycles(costs: dict[str, float], op: str) -> float:
-    """Cycles per element of compute op `op` (ops the target does not cost go by OP_ALIASES)."""
-    c = costs.get(op)
-    if c is None and op in OP_ALIASES:
-        c = costs.get(OP_ALIASES[op])
-    return float(c) if c is not None else DEFAULT_OP_CYCLES
+    """Cycles per element of compute op `op`: the target's cost of the op's cost key."""
+    return float(costs[registry.compute_op(op).cost])
 
 
 def _by_sender(m: _Msg) -> int:

@@ -33,7 +33,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from meshrt.runtime import reference as ref
-from meshrt.runtime.dataplane import DataPlane, Slot, SlotTable
+from meshrt.kernels import registry
+from meshrt.kernels.numerics import Slot, SlotTable
+from meshrt.runtime.dataplane import DataPlane
 from meshrt.runtime.cost_model import default_in_flight
 from meshrt.runtime.mesh_sim import MeshSim, SimResult
 from meshrt.runtime.workloads import Request
@@ -355,7 +357,7 @@ def recalibrator_for(program, target, profile, models, **kw):
     dbytes = float(hp["expert_dtype_bytes"].value.data) if "expert_dtype_bytes" in hp else 2.0
     placements, regions = {}, {}
     for k in program.kernels():
-        if k.kind.data == "expert_ffn":
+        if registry.kind(k.kind.data).PLACES_EXPERTS:
             layer = k.param("layer")
             placements[layer] = k.param("placement")
             regions[layer] = [r.rects.data[0].tuple[:4] for r in k.param("expert_regions")]

@@ -344,7 +344,7 @@ class Builder:
             CostModel,
             CostModelError,
             estimate,
-            kernels_of_kind,
+            kernels_where,
             measured_cycles_per_step,
         )
 
@@ -363,7 +363,7 @@ class Builder:
         b.stage_cycles = [s.cycles for s in est.latency.stages]
         b.stage_kernels = [(s.first_kernel, s.last_kernel) for s in est.latency.stages]
         b.critical_path = est.latency.critical_path
-        experts = kernels_of_kind(program, "expert_ffn")
+        experts = kernels_where(program, lambda op: op.PLACES_EXPERTS)
         if experts and not b.dynamism:
             b.no_ep_cycles = CostModel(program, self.target, kernel_scale=dict.fromkeys(
                 experts, float(max(self.top_k, 1)))).estimate(1).cycles_per_step

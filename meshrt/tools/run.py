@@ -108,7 +108,7 @@ def _serve(args, static: bool):
 def main(args: argparse.Namespace) -> int:
     from meshrt.diagnostics import MeshrtError
     from meshrt.frontend.errors import FrontendError
-    from meshrt.runtime.dataplane import DataLayoutError
+    from meshrt.kernels.numerics import DataLayoutError
     from meshrt.runtime.workloads import WorkloadError
 
     for flag, v, low in (("--requests", args.requests, 1), ("--queue", args.queue, 1),

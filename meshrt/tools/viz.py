@@ -44,27 +44,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshrt.kernels import registry
+
 WHATS = ("mapping", "classes", "routes", "load")
 DEFAULT_STEPS = 8
 ARROW_LIMIT = 200  # most flows drawn with a sender -> receiver arrow
 DPI = 150
 
-# Colour of each mesh kernel kind (event.KERNEL_KINDS), and which kind names a
-# region several kernels share (first in this order wins).
-KIND_COLORS = {
-    "expert_ffn": "#4daf4a",
-    "attention": "#ff7f00",
-    "gemv": "#377eb8",
-    "embed": "#a65628",
-    "sample": "#e41a1c",
-    "topk_gate": "#984ea3",
-    "dispatch": "#f781bf",
-    "combine": "#bcbd22",
-    "handoff": "#17becf",
-    "allreduce": "#9ecae1",
-    "elementwise": "#999999",
-}
-_KIND_RANK = {k: i for i, k in enumerate(KIND_COLORS)}
+
+
+def kind_colors() -> dict[str, str]:
+    """Colour of each mesh kernel kind (its VIZ_COLOR), in the order that decides which
+    kind names a region several kernels share (lowest VIZ_RANK first)."""
+    kinds = sorted(registry.kernels().items(), key=lambda kv: kv[1].VIZ_RANK)
+    return {name: op.VIZ_COLOR for name, op in kinds}
 
 
 class VizError(ValueError):
@@ -200,8 +193,8 @@ def mapping_boxes(module) -> list[Box]:
                 tiles = k.tiles()
             except VerifyException:  # not one dense rect per tile: draw the region's pieces
                 tiles = _dense_pieces(k.region)
-            placement = k.expert_placement if isinstance(k, mk.ExpertFFNOp) else None
-            add(k.kernel_name, k.name.split(".", 1)[1], k.wafer_index, k.stage_index, tiles, placement)
+            placement = k.expert_placement if k.PLACES_EXPERTS else None
+            add(k.kernel_name, k.kernel_kind(), k.wafer_index, k.stage_index, tiles, placement)
         return out
     kernels = [op for op in program.body.block.ops if isinstance(op, KernelInfoOp)]
     if not kernels:
@@ -209,12 +202,13 @@ def mapping_boxes(module) -> list[Box]:
                        "(graph IR is lowered first)")
     for k in kernels:
         regions = k.param("expert_regions")
-        if k.kind.data == "expert_ffn" and regions:
+        places = registry.kind(k.kind.data).PLACES_EXPERTS
+        if places and regions:
             tiles = [p for r in regions for p in _dense_pieces(r)]
         else:
             tiles = _dense_pieces(k.region)
         add(k.kernel_name, k.kind.data, int(k.param("wafer", 0)), int(k.param("stage", 0)), tiles,
-            k.param("placement") if k.kind.data == "expert_ffn" else None)
+            k.param("placement") if places else None)
     return out
 
 
@@ -502,9 +496,11 @@ def draw_mapping(program, boxes: Sequence[Box], wafers: Sequence[int], out: str)
     for b in boxes:  # kernels on the same cores are drawn once, named together
         if b.wafer in wafers:
             groups.setdefault((b.wafer, b.x, b.y, b.w, b.h), []).append(b)
-    shown = {g: min((b.kind for b in bs), key=lambda k: _KIND_RANK.get(k, 99)) for g, bs in groups.items()}
-    kinds = [k for k in KIND_COLORS if k in shown.values()]
-    legend = [Patch(facecolor=KIND_COLORS[k], edgecolor="#333333", linewidth=0.4, label=k) for k in kinds]
+    colors_of = kind_colors()
+    rank = {k: i for i, k in enumerate(colors_of)}
+    shown = {g: min((b.kind for b in bs), key=rank.__getitem__) for g, bs in groups.items()}
+    kinds = [k for k in colors_of if k in shown.values()]
+    legend = [Patch(facecolor=colors_of[k], edgecolor="#333333", linewidth=0.4, label=k) for k in kinds]
     legend.append(Patch(facecolor="none", edgecolor="black", linewidth=1.4, linestyle="--",
                         label="pipeline stage"))
     ncol = min(len(legend), 6)
@@ -513,14 +509,14 @@ def draw_mapping(program, boxes: Sequence[Box], wafers: Sequence[int], out: str)
     for ax, w in lay.panels:
         _wafer_frame(ax, width, height)
         order = sorted(((g, bs) for g, bs in groups.items() if g[0] == w), key=lambda kv: -kv[0][3] * kv[0][4])
-        colors = [KIND_COLORS.get(shown[g], "#cccccc") for g, _ in order]
+        colors = [colors_of[shown[g]] for g, _ in order]
         _collection(ax, [g[1:] for g, _ in order], facecolors=colors, edgecolors="#333333",
                     linewidths=0.3, alpha=0.9)
         for (_, x, y, bw, bh), bs in order:
             names = list(dict.fromkeys(b.label for b in bs))
             alts = [f"{names[0]} +{len(names) - 1}"] if len(names) > 1 else []
             experts = sorted({e for b in bs for e in b.experts})
-            if any(b.kind == "expert_ffn" for b in bs):
+            if any(registry.kind(b.kind).PLACES_EXPERTS for b in bs):
                 placed = "E" + ",".join(map(str, experts)) if experts else "no expert"
                 names = [f"{names[0]} {placed}"]
                 alts = [placed]

@@ -16,6 +16,7 @@ import pytest
 from xdsl.printer import Printer
 
 from meshrt.dialects import mesh_kernel as mk
+from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.passes.pipeline import lower_to
 from meshrt.routing import RectSet
 from meshrt.targets import load_target
@@ -71,7 +72,7 @@ def test_mapping_boxes_are_the_kernels_tiles():
     experts = [b for b in boxes if b.kind == "expert_ffn"]
     assert len(experts) == 16
     for k in prog.kernels():
-        if isinstance(k, mk.ExpertFFNOp):
+        if isinstance(k, ExpertFFNOp):
             mine = sorted((b for b in experts if b.label == k.kernel_name), key=lambda b: b.tile)
             assert [(b.x, b.y, b.w, b.h) for b in mine] == k.tiles()
             assert sorted(e for b in mine for e in b.experts) == list(range(len(k.expert_placement)))

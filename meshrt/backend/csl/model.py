@@ -17,6 +17,8 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
+from meshrt.kernels import registry
+from meshrt.kernels.interface import KernelOp
 from meshrt.passes.color_routes import host_primed
 from meshrt.routing import Box, RectSet, rect_boxes
 
@@ -149,9 +151,18 @@ class Program:
     hparams: dict[str, float]
     flows: dict[str, Flow]
     classes: list[CoreClass]
+    kinds: dict[str, type[KernelOp]]  # kernel name -> its kind
 
     def hp(self, key: str, default: float = 0) -> float:
         return self.hparams.get(key, default)
+
+    def kind_of(self, sub: Sub) -> type[KernelOp]:
+        """The kind of the kernel `sub` belongs to, from the program's `event.kernel` records."""
+        kind = self.kinds.get(sub.kernel)
+        if kind is None:
+            raise MeshrtError(f"sub-schedule of @{sub.kernel} has no event.kernel record: the CSL "
+                              "backend needs it to know the kernel's kind", sub.op)
+        return kind
 
     @property
     def slots(self) -> int:
@@ -265,14 +276,16 @@ def read_program(program: sg.ProgramOp) -> Program:
     # Metainfo that rides a send no producer names is forwarded: its kind is
     # the one the flow's receivers resolve, or the program's only kind.
     kinds = [k for k in program.dynamism_kinds if k in ("continuous_batching", "moe_routing")]
+    kernel_kinds = {k.kernel_name: registry.kind(k.kind.data) for k in program.kernels()}
     for f in flows.values():
         if f.meta_kind is None:
-            f.meta_kind = "moe_routing" if "moe" in f.kernel and "moe_routing" in kinds else (
+            routed = f.kernel in kernel_kinds and kernel_kinds[f.kernel].ROUTED_INPUTS
+            f.meta_kind = "moe_routing" if routed and "moe_routing" in kinds else (
                 "continuous_batching" if "continuous_batching" in kinds else (kinds[0] if kinds else None))
     w, h = program.mesh_size
     return Program(program, program.program_name, program.target.data, w, h, program.num_wafers,
                    program.micro_batch_size, program.num_stages, program.dynamism_kinds, hparams,
-                   flows, classes)
+                   flows, classes, kernel_kinds)
 
 
 def segment_programs(module: ModuleOp) -> list[sg.ProgramOp]:

@@ -49,9 +49,9 @@ from meshrt.backend.csl.metainfo import MetaCode
 from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment
 from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
 from meshrt.diagnostics import MeshrtError
+from meshrt.kernels import registry
 from meshrt.routing import Box
 
-X_READERS = ("fmac", "embed", "square_sum", "scale", "qk", "argmax")
 CHAIN_FLOWS = ("down", "up", "hop")  # kernel_roles' names for a kernel's own chain flows
 
 
@@ -195,8 +195,7 @@ class ProgramWriter:
             for sub in seg.subs:
                 if sub.state_bytes <= 0 or id(sub) in self.sub_region:
                     continue
-                dtype = self.p.hp("expert_dtype_bytes", 2) if "experts" in sub.kernel else (
-                    self.p.hp("kv_bytes", 2) if "attn" in sub.kernel else self.p.hp("dtype_bytes", 2))
+                dtype = self.p.hp(self.p.kind_of(sub).STATE_DTYPE, 2)
                 if dtype < 2:  # packed (e.g. 4-bit) weights: 16-bit words, dequantized on use
                     n = -(-sub.state_bytes // 2)
                     self.sub_region[id(sub)] = ("wq", wq_off, n)
@@ -423,7 +422,7 @@ class ProgramWriter:
                         got_x = True
                     written = target
                 elif e.kind == "compute":
-                    if e.name in X_READERS and not got_x and not promoted and written != "x":
+                    if registry.compute_op(e.name).reads_input and not got_x and not promoted and written != "x":
                         n = min(self.nx, self.ny)
                         self.state([f"@fmov{self.sh.sfx}({self.mem('x', n)}, {self.mem('y', n)});"], False,
                                    comment + "input is the previous kernel's output")
@@ -925,7 +924,7 @@ class ProgramWriter:
             add(f"var rt_expert = @zeros([{self.b * self.top_k}]u16); // routing table: expert per (token, choice)")
             add(f"var rt_weight = @zeros([{self.b * self.top_k}]f32); // gate weight per (token, choice)")
             add(f"var mine = @zeros([{self.b}]u16); // tokens whose expert lives in this core's region")
-        admits = self.cf and any(e.kind == "compute" and e.name == "embed"
+        admits = self.cf and any(e.kind == "compute" and registry.compute_op(e.name).admits_requests
                                  for seg in cls.segments for e in seg.events())
         emits_tokens = any(e.kind == "produce" and e.name == "continuous_batching"
                            for seg in cls.segments for e in seg.events())

@@ -39,7 +39,7 @@ event.schedule @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dyn
       event.send @out.x bytes 32 meta 0
     }
     event.sub @tail "local" after [@out] demand <sram = 3000> {
-      event.compute "norm" work 16
+      event.compute "rsqrt" work 16
     }
   }
   event.core_class @col wafer 0 cores <(3, 1, 1, 3)> {

@@ -5,7 +5,7 @@
 event.schedule @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   event.core_class @c12 wafer 0 cores <(0, 0, 2, 2)> {
     event.sub @l0.norm "tile" after [] demand <sram = 1024> {
-      event.compute "norm" work 8
+      event.compute "rsqrt" work 8
     }
     event.sub @l0.qkv "tile" after [@l0.norm] demand <sram = 9000> {
       event.compute "fmac" work 64
@@ -21,7 +21,7 @@ event.schedule @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dyn
 event.schedule @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   event.core_class @hub wafer 0 cores <(0, 0, 1, 1)> {
     event.sub @mix "relay" after [] demand <colors = 4, iq = 1> {
-      event.compute "copy" work 8
+      event.compute "add" work 8
     }
   }
 }

@@ -1,0 +1,112 @@
+"""What the attention kernel's events do to data in the interpreter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, part
+from meshrt.runtime import reference as ref
+
+
+class Attention(KernelExec):
+    """Heads split over the columns, the sequence over the rows (flash-decoding merge)."""
+
+    OPS = frozenset({"qk", "softmax_merge", "normalize"})
+
+    def __init__(self, info, plane):
+        super().__init__(info, plane)
+        p = info.param
+        self.heads, self.kvh, self.d = p("heads"), p("kv_heads"), p("head_dim")
+        self.max_seq, self.slots = p("max_seq"), p("slots")
+        _, _, w, _ = self.tiles[0]
+        if self.kvh % w:
+            raise DataLayoutError(
+                f"kernel @{self.name}: {w} columns do not hold whole KV heads ({self.kvh}); "
+                "head_dim split across columns has no numerics in the interpreter")
+
+    def _cache(self, cd, rows):
+        c = cd.kv.get(self.name)
+        if c is None:
+            _, _, _, w, _ = self.grid_pos(cd)
+            c = np.zeros((2, self.slots, rows, self.kvh // w, self.d), F32)
+            cd.kv[self.name] = c
+        return c
+
+    def compute(self, cd, op):
+        where = self.where(cd)
+        _, i, j, w, h = self.grid_pos(cd)
+        if op == "qk":
+            # the CF payload that rode in with the data, or (static build) the
+            # table the host installed for this batch
+            cb = cd.cb if self.plane.cb else self.plane.host.installed_table(cd.step)
+            if cb is None or cb.seq != cd.step:
+                got = "none" if cb is None else f"the one of step {cb.seq}"
+                raise DataLayoutError(f"{where}: step {cd.step} needs its continuous-batching "
+                                      f"table, holds {got}")
+            x = self.input(cd)
+            hd, kvd = self.heads * self.d, self.kvh * self.d
+            x = x.need(0, hd + 2 * kvd, where)
+            hq, hk = self.heads // w, self.kvh // w
+            q = x[:, i * hq * self.d:(i + 1) * hq * self.d].reshape(self.b, hq, self.d)
+            k = x[:, hd + i * hk * self.d:hd + (i + 1) * hk * self.d].reshape(self.b, hk, self.d)
+            v = x[:, hd + kvd + i * hk * self.d:hd + kvd + (i + 1) * hk * self.d].reshape(self.b, hk, self.d)
+            r0, r1 = part(self.max_seq, h, j)
+            cache = self._cache(cd, r1 - r0)
+            o = np.zeros((self.b, hq, self.d), F64)
+            m = np.full((self.b, hq), -np.inf)
+            s = np.zeros((self.b, hq), F64)
+            g = self.heads // self.kvh
+            for b, slot in enumerate(cb.slots):
+                if slot.rid < 0:
+                    continue
+                p = slot.pos
+                pos = np.asarray([p])
+                qr = ref.apply_rope(q[b][None], pos)[0]
+                kr = ref.apply_rope(k[b][None], pos)[0]
+                if r0 <= p < r1:
+                    cache[0, slot.kv, p - r0] = kr
+                    cache[1, slot.kv, p - r0] = v[b]
+                n = min(p + 1, r1) - r0  # keys of this request in this core's rows
+                if n <= 0:
+                    continue
+                keys, vals = cache[0, slot.kv, :n], cache[1, slot.kv, :n]
+                for hh in range(hq):
+                    kv_i = hh // g
+                    sc = (keys[:, kv_i].astype(F64) @ qr[hh].astype(F64) / math.sqrt(self.d)).astype(F32)
+                    mx = float(np.max(sc))
+                    e = np.exp(sc.astype(F64) - mx)
+                    m[b, hh], s[b, hh] = mx, e.sum()
+                    o[b, hh] = e @ vals[:, kv_i].astype(F64)
+            cd.acc[self.name] = (o, m, s)
+        elif op == "softmax_merge":
+            (got,) = self.take(cd, "down")
+            cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
+        elif op == "normalize":
+            o, m, s = cd.acc.pop(self.name)
+            hq = self.heads // w
+            out = np.zeros((self.b, hq, self.d), F32)
+            live = s > 0
+            out[live] = (o[live] / s[live][:, None]).astype(F32)
+            n = self.heads * self.d
+            c0 = i * hq * self.d
+            cd.values[self.name] = Vec.of(out.reshape(self.b, hq * self.d), c0, n)
+
+    def send(self, cd, flow):
+        if flow.endswith(".down"):
+            return cd.acc.pop(self.name)
+        return cd.values[self.name]
+
+
+
+def _merge_softmax(a, b):
+    """Combine two (out, max, sum) partials of the same heads (-inf max: no keys)."""
+    oa, ma, sa = a
+    ob, mb, sb = b
+    m = np.maximum(ma, mb)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        fa = np.where(np.isfinite(ma), np.exp(ma - safe), 0.0)
+        fb = np.where(np.isfinite(mb), np.exp(mb - safe), 0.0)
+    return oa * fa[..., None] + ob * fb[..., None], m, sa * fa + sb * fb

@@ -1,0 +1,126 @@
+"""Decode attention over KV tiles; per-slot sequence lengths come from the RDT."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import I64, IntegerAttr
+from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def
+
+from meshrt.dialects import graph
+from meshrt.dialects.base import int_value
+from meshrt.dialects.graph import ActType
+from meshrt.kernels.attention import csl
+from meshrt.kernels.attention.numerics import Attention
+from meshrt.kernels.compute import ComputeOp
+from meshrt.kernels.interface import (
+    ACT_BYTES,
+    UNARY_FORMAT,
+    Footprint,
+    KernelContext,
+    KernelOp,
+    ceil_div,
+    chain,
+)
+
+QK = ComputeOp("qk", "fmac", csl.qk, reads_input=True)
+"""Scores of this core's KV rows: q . K[r]."""
+EXP = ComputeOp("exp", "exp", csl.exp)
+"""exp(s - max) of the scores and their sum."""
+AV = ComputeOp("av", "fmac", csl.av)
+"""The scores' weighted sum of this core's V rows."""
+SOFTMAX_MERGE = ComputeOp("softmax_merge", "exp", csl.softmax_merge)
+"""Flash-decoding merge of a partner's (out, max, sum) into this core's."""
+NORMALIZE = ComputeOp("normalize", "mul", csl.normalize)
+"""Divide by the softmax sum at the root."""
+
+
+@irdl_op_definition
+class AttentionOp(KernelOp):
+    """Decode attention over KV tiles; per-slot sequence lengths come from the RDT."""
+
+    name = "mesh_kernel.attention"
+    heads = prop_def(IntegerAttr[I64])
+    kv_heads = prop_def(IntegerAttr[I64])
+    head_dim = prop_def(IntegerAttr[I64])
+    max_seq = prop_def(IntegerAttr[I64])
+    slots = prop_def(IntegerAttr[I64])
+    input = operand_def(ActType)
+    output = result_def(ActType)
+    assembly_format = UNARY_FORMAT
+
+    VIZ_COLOR: ClassVar[str] = "#ff7f00"
+    VIZ_RANK: ClassVar[int] = 1
+    COMPUTE: ClassVar[tuple] = (QK, EXP, AV, SOFTMAX_MERGE, NORMALIZE)
+    NUMERICS: ClassVar[type] = Attention
+    LOWERS: ClassVar[tuple] = (graph.AttentionOp,)
+    RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # per-slot KV lengths
+    CF_ON_INPUTS: ClassVar[bool] = True
+    STATE_DTYPE: ClassVar[str] = "kv_bytes"
+
+    def verify_kernel(self) -> None:
+        _, _, w, h = self.grid()
+        kv = int_value(self.kv_heads)
+        if int_value(self.slots) <= 0:
+            raise self.fail("slots must be > 0")
+        if kv <= 0 or int_value(self.heads) % kv:
+            raise self.fail("heads must be a positive multiple of kv_heads")
+        # KV positions are split over rows, KV heads x head_dim over columns.
+        if int_value(self.max_seq) < h:
+            raise self.fail(f"{int_value(self.max_seq)} KV positions cannot be tiled over {h} rows")
+        if kv * int_value(self.head_dim) < w:
+            raise self.fail(
+                f"{kv * int_value(self.head_dim)} KV columns cannot be tiled over {w} columns"
+            )
+
+    @staticmethod
+    def footprint(slots: int, max_seq: int, heads: int, kv_heads: int, head_dim: int,
+                  kv_bytes: float, micro_batch: int, w: int, h: int) -> Footprint:
+        """K and V rows max_seq/h of each slot's cache, the queries, the scores."""
+        rows = ceil_div(max_seq, h)
+        kv = slots * rows * ceil_div(kv_heads * head_dim, w) * 2 * kv_bytes
+        q = 2 * micro_batch * ceil_div(heads * head_dim, w) * ACT_BYTES
+        scores = micro_batch * ceil_div(heads, w) * rows * ACT_BYTES
+        return Footprint(kv, q + scores)
+
+    def roles(self, kctx: KernelContext):
+        _, _, w, h = self.grid()
+        heads, kv = int_value(self.heads), int_value(self.kv_heads)
+        d, seq = int_value(self.head_dim), int_value(self.max_seq)
+        b = kctx.micro_batch
+        rows = ceil_div(seq, h)
+        state = self.footprint(kctx.slots, seq, heads, kv, d, kctx.kv_bytes, b, w, h).state
+        local = [("compute", "qk", b * rows * ceil_div(heads * d, w)),
+                 ("compute", "exp", b * rows * ceil_div(heads, w)),
+                 ("compute", "av", b * rows * ceil_div(heads * d, w))]
+        msg = b * (ceil_div(heads * d, w) + 2 * ceil_div(heads, w)) * ACT_BYTES  # partial out + max/sum
+        roles, flows = chain(self, local, "softmax_merge", msg,
+                             [("compute", "normalize", b * ceil_div(heads * d, w))], int(state))
+        for r in roles:
+            r.ctrl = kctx.slots * 16  # request descriptor table: per-slot lengths
+        return roles, flows
+
+    def input_share(self, width: int) -> int:
+        return ceil_div(width, self.tiles()[0][2])
+
+    def output_layout(self) -> str:
+        return "cols"
+
+    def is_collective(self) -> bool:
+        return True
+
+    @classmethod
+    def lower(cls, op, operands, make):
+        model = op.parent_op()
+        assert isinstance(model, graph.ModelOp)
+        k = make(cls, op, operands, op.results[0].type, heads=op.heads, kv_heads=op.kv_heads,
+                 head_dim=op.head_dim, max_seq=op.max_seq, slots=inflight_slots(model))
+        return [k], k.results[0]
+
+
+def inflight_slots(model) -> int:
+    """Batch slots a stage keeps KV state for: micro-batch x stages when pipelined."""
+    b = int_value(model.micro_batch)
+    if "micro_batch_pipeline" in model.dynamism_kinds:
+        return b * int_value(model.stages)
+    return b

@@ -1,0 +1,108 @@
+"""Compute ops: what an `event.compute` names, its cost key, and its CSL body.
+
+Every compute op a kernel's roles run is declared once, by the kind that
+owns it (in its folder) or here when several kinds share it (`fmac`, `add`,
+`silu_mul`). The interpreter and the cost model charge `work x cycles of
+its cost key` (a key of the target's `[costs]`, `meshrt.targets.COST_KEYS`);
+the CSL backend prints its body. A compute op nobody declares is an error.
+
+A CSL body is a function of a `meshrt.backend.csl.kernels.ComputeBody`
+(`b` below): `b.w` is the program writer, `b.e` the event, `b.b` the
+micro-batch, `b.T` / `b.s` the element type and its DSD suffix, `b.src` the
+buffer holding the partner's partial in a chain ("p") or None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshrt.backend.csl.kernels import ComputeBody
+
+
+@dataclass(frozen=True)
+class ComputeOp:
+    name: str
+    cost: str  # the target cost key charged per element of work
+    csl: Callable[[ComputeBody], list[str]]
+    reads_input: bool = False  # reads the kernel's input buffer x (the CSL receives into it)
+    admits_requests: bool = False  # where the first stage admits waiting requests (CSL)
+
+
+def _fmac(b: ComputeBody) -> list[str]:
+    w = b.w
+    k = max(1, w.nx // b.b)
+    m = max(1, min(b.e.work // max(1, b.b * k), w.ny // b.b))
+    reg = w.region(b.sub)
+    if reg is None:
+        return [f"// no resident weights recorded for @{b.sub.kernel}: y = x", *b.passthrough()]
+    arr, off, length = reg
+    if k * m > length:
+        m = max(1, length // k)
+        k = min(k, length)
+    routed = w.moe and b.kind.PLACES_EXPERTS  # only the tokens routed to this region
+    if arr == "wq":  # packed weights: dequantize on the fly
+        guard = "mine[j] != 0 and " if routed else ""
+        return [
+            f"// y[b, {m}] = W[{k} x {m}]^T x[b, {k}]; W packed 4 bits per weight in wq",
+            f"for (@range(u16, {b.b})) |j| {{",
+            f"  for (@range(u16, {m})) |o| {{",
+            f"    y[j * {m} + o] = 0.0;",
+            f"    if ({guard}true) {{",
+            f"      var acc: {b.T} = 0.0;",
+            f"      for (@range(u16, {k})) |i| {{",
+            f"        const idx: u32 = {off * 4} + @as(u32, i) * {m} + @as(u32, o);",
+            "        const nib = (wq[idx >> 2] >> @as(u16, (idx & 3) * 4)) & 0xf;",
+            f"        acc += (@as({b.T}, nib) - 8.0) * x[j * {k} + i];",
+            "      }",
+            f"      y[j * {m} + o] = acc;",
+            "    }",
+            "  }",
+            "}",
+        ]
+    col = w.mem("w", m, off)
+    inner = [
+        f"  var wcol = {col};",
+        f"  for (@range(u16, {k})) |i| {{",
+        f"    @fmac{b.s}(yj, yj, wcol, x[j * {k} + i]);",
+        f"    wcol = @increment_dsd_offset(wcol, {m}, {b.T});",
+        "  }",
+    ]
+    if routed:
+        inner = ["  if (mine[j] != 0) {", *("  " + line for line in inner), "  }"]
+    return [
+        f"// y[b, {m}] = W[{k} x {m}]^T x[b, {k}]: one fmac{b.s} per input element",
+        f"for (@range(u16, {b.b})) |j| {{",
+        f"  const yj = @increment_dsd_offset({w.mem('y', m)}, j * {m}, {b.T});",
+        f"  @fmov{b.s}(yj, {b.zero()});",
+        *inner,
+        "}",
+    ]
+
+
+def _add(b: ComputeBody) -> list[str]:
+    n = b.reduce_n()
+    src = b.src or "x"
+    return [f"@fadd{b.s}({b.w.mem('y', n)}, {b.w.mem('y', n)}, {b.w.mem(src, n)});"]
+
+
+def _silu_mul(b: ComputeBody) -> list[str]:
+    b.w.uses_math = True
+    f = max(1, min(b.e.work, b.w.ny // 2))
+    return [
+        "// y[i] = silu(gate[i]) * up[i], gate and up side by side in y",
+        f"for (@range(u16, {f})) |i| {{",
+        "  const g = y[i];",
+        f"  y[i] = g / (1.0 + math.exp_{b.T}(-g)) * y[i + {f}];",
+        "}",
+    ]
+
+
+FMAC = ComputeOp("fmac", "fmac", _fmac, reads_input=True)
+"""Multiply-accumulate of the input against this core's resident weight tile."""
+ADD = ComputeOp("add", "add", _add)
+"""Elementwise sum into the output buffer (a chain's partials, a residual)."""
+SILU_MUL = ComputeOp("silu_mul", "exp", _silu_mul)
+"""silu(gate) * up of a fused gate|up projection (its cost is the exp)."""

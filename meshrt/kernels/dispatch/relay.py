@@ -1,0 +1,74 @@
+"""Roles of a relay corridor: dispatch runs it forwards, combine backwards."""
+
+from __future__ import annotations
+
+from meshrt.dialects.mesh import CoreSetAttr
+from meshrt.kernels.interface import (
+    ACT_BYTES,
+    INPUTS,
+    OUTPUTS,
+    Footprint,
+    FlowSpec,
+    KernelContext,
+    KernelOp,
+    Role,
+    ceil_div,
+    rect,
+)
+
+
+def relay_footprint(top_k: int, hidden: int, micro_batch: int, w: int, h: int) -> Footprint:
+    """A relay forwards top_k copies of each token's slice, double-buffered."""
+    return Footprint(0, 2 * micro_batch * top_k * ceil_div(hidden, h * w) * ACT_BYTES)
+
+
+def relay_roles(kernel: KernelOp, kctx: KernelContext, backwards: bool,
+                ) -> tuple[list[Role], list[FlowSpec]]:
+    """Dispatch / combine relays along the corridor's long axis.
+
+    Tokens enter at the head, and every relay core reads the routing
+    metainfo to pick a direction: onward along the corridor, or across into
+    the expert regions (dispatch); combine runs the same corridor backwards.
+    """
+    x, y, w, h = kernel.grid()
+    k = kernel.kernel_name
+    b = kctx.micro_batch
+    hidden = kernel.output.type.width.data
+    meta = kctx.route_bytes if "moe_routing" in kctx.dynamism else 0
+    msg = b * kctx.top_k * ceil_div(hidden, w * h) * ACT_BYTES  # each relay core carries its slice
+    along_y = h >= w
+    length = h if along_y else w
+
+    def cell(i: int, n: int = 1) -> CoreSetAttr:
+        return rect(x, y + i, w, n) if along_y else rect(x + i, y, n, h)
+
+    if length == 1:
+        return [Role("head", kernel.region, [INPUTS, ("compute", "route", b * kctx.top_k), OUTPUTS],
+                     0, ctrl=kctx.route_bytes, switches=2, sends_output=True)], []
+    step = -1 if backwards else 1
+    dx, dy = (0, step) if along_y else (step, 0)
+    hop = f"{k}.hop"
+    if backwards:  # combine: expert results enter all along, leave at the head (index 0)
+        src, dst = cell(1, length - 1), cell(0, length - 1)
+        head, body, tail = cell(0), cell(1, length - 2) if length > 2 else None, cell(length - 1)
+        flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy)]
+        roles = [Role("tail", tail, [INPUTS, ("compute", "combine", b * hidden), ("send", hop, msg, meta)],
+                      0, ctrl=kctx.route_bytes, switches=2)]
+        if body is not None:
+            roles.append(Role("relay", body, [INPUTS, ("recv", hop, msg, meta), ("compute", "combine", b * hidden),
+                                               ("send", hop, msg, meta)], 0, ctrl=kctx.route_bytes, switches=2))
+        roles.append(Role("head", head, [INPUTS, ("recv", hop, msg, meta), ("compute", "combine", b * hidden),
+                                         OUTPUTS], 0, ctrl=kctx.route_bytes, switches=2, sends_output=True))
+        return roles, flows
+    src, dst = cell(0, length - 1), cell(1, length - 1)
+    flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy)]
+    roles = [Role("head", cell(0), [INPUTS, ("compute", "route", b * kctx.top_k), ("send", hop, msg, meta), OUTPUTS],
+                  0, ctrl=kctx.route_bytes, switches=2, sends_output=True)]
+    if length > 2:
+        roles.append(Role("relay", cell(1, length - 2), [
+            ("recv", hop, msg, meta), ("compute", "route", b * kctx.top_k), ("send", hop, msg, meta), OUTPUTS,
+        ], 0, ctrl=kctx.route_bytes, switches=2, sends_output=True))
+    roles.append(Role("tail", cell(length - 1), [("recv", hop, msg, meta), ("compute", "route", b * kctx.top_k),
+                                                 OUTPUTS], 0, ctrl=kctx.route_bytes, switches=2,
+                      sends_output=True))
+    return roles, flows

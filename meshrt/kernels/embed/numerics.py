@@ -1,0 +1,26 @@
+"""What the embed kernel's events do to data in the interpreter."""
+
+from __future__ import annotations
+
+from meshrt.kernels.numerics import DataLayoutError, KernelExec, Vec, part
+
+
+class Embed(KernelExec):
+    OPS = frozenset({"embed"})
+
+    def compute(self, cd, op):
+        if op != "embed":
+            return
+        tokens = cd.values.get("tokens")
+        if tokens is None:
+            raise DataLayoutError(f"{self.where(cd)}: no tokens received")
+        _, i, j, w, h = self.grid_pos(cd)
+        emb = self.plane.weights.embed
+        vocab, hidden = emb.shape
+        r0, r1 = part(vocab, h, j)
+        c0, c1 = part(hidden, w, i)
+        out = Vec.empty(self.b, hidden)
+        for s, t in enumerate(tokens):
+            if r0 <= t < r1:  # this core holds the row
+                out.put(s, c0, emb[t, c0:c1])
+        cd.values[self.name] = out

@@ -1,0 +1,71 @@
+"""Embedding rows for the step's tokens; tokens arrive from the sampler."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import I64, IntegerAttr
+from xdsl.irdl import irdl_op_definition, prop_def, result_def
+
+from meshrt.dialects import graph
+from meshrt.dialects.base import int_value
+from meshrt.dialects.graph import ActType
+from meshrt.kernels.compute import ComputeOp
+from meshrt.kernels.embed import csl
+from meshrt.kernels.embed.numerics import Embed
+from meshrt.kernels.interface import (
+    ACT_BYTES,
+    INPUTS,
+    OUTPUTS,
+    Footprint,
+    KernelContext,
+    KernelOp,
+    Role,
+    ceil_div,
+)
+
+EMBED = ComputeOp("embed", "add", csl.embed, reads_input=True, admits_requests=True)
+"""Copy this core's part of each token's embedding row (costed as an add per element)."""
+
+
+@irdl_op_definition
+class EmbedOp(KernelOp):
+    """Embedding rows for the step's tokens; tokens arrive from the sampler."""
+
+    name = "mesh_kernel.embed"
+    vocab = prop_def(IntegerAttr[I64])
+    output = result_def(ActType)
+    assembly_format = "$sym_name `on` $region attr-dict `:` type($output)"
+
+    VIZ_COLOR: ClassVar[str] = "#a65628"
+    VIZ_RANK: ClassVar[int] = 3
+    COMPUTE: ClassVar[tuple] = (EMBED,)
+    NUMERICS: ClassVar[type] = Embed
+    LOWERS: ClassVar[tuple] = (graph.EmbedOp,)
+    RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # tokens and the CF payload from the sampler
+    TOKEN_SINK: ClassVar[bool] = True
+
+    @staticmethod
+    def footprint(vocab: int, hidden: int, weight_bytes: float, micro_batch: int, w: int, h: int) -> Footprint:
+        """Rows vocab/h of the table's column slice hidden/w, and the output rows."""
+        cols = ceil_div(hidden, w)
+        return Footprint(ceil_div(vocab, h) * cols * weight_bytes, micro_batch * cols * ACT_BYTES)
+
+    def roles(self, kctx: KernelContext):
+        _, _, w, h = self.grid()
+        hidden = self.output.type.width.data
+        state = self.footprint(int_value(self.vocab), hidden, kctx.weight_bytes, kctx.micro_batch, w, h).state
+        return [Role("token", self.region,
+                     [INPUTS, ("compute", "embed", kctx.micro_batch * ceil_div(hidden, w)), OUTPUTS],
+                     int(state), ctrl=kctx.slots * 16, sends_output=True)], []
+
+    def input_share(self, width: int) -> int:
+        return 1  # one token id per slot
+
+    def output_layout(self) -> str:
+        return "sparse"
+
+    @classmethod
+    def lower(cls, op, operands, make):
+        k = make(cls, op, [], op.results[0].type, vocab=op.vocab)
+        return [k], k.results[0]

@@ -1,0 +1,93 @@
+"""What the expert_ffn kernel's events do to data in the interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, part
+from meshrt.runtime import reference as ref
+
+
+class ExpertFFN(RoutesTokens):
+    """See meshrt.kernel_roles._expert_roles for the layout."""
+
+    OPS = frozenset({"fmac", "add", "silu_mul"})
+
+    def __init__(self, info, plane):
+        super().__init__(info, plane)
+        self.moe = plane.moe(self.layer)
+        self.placement = info.param("placement")
+        self.f = info.param("expert_ffn")
+        self.dynamic = plane.moe_routing
+        self._members: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def _experts(self, cd, tile):
+        placement = self.plane.placement(self.layer, cd.step, self.placement)
+        key = (placement, tile)
+        members = self._members.get(key)
+        if members is None:
+            members = self._members[key] = [e for e, r in enumerate(placement) if r == tile]
+        return members
+
+    def _tokens(self, cd, e):
+        """Slots routed to expert e (every slot in the static build)."""
+        if not self.dynamic:
+            return list(range(self.b))
+        route = cd.route
+        if route is None:
+            raise DataLayoutError(f"{self.where(cd)}: no routing metainfo received")
+        by_expert = route.by_expert
+        if by_expert is None:
+            by_expert = {}
+            for s, ids in enumerate(route.ids.tolist()):
+                for x in ids:
+                    by_expert.setdefault(x, []).append(s)
+            object.__setattr__(route, "by_expert", by_expert)
+        return by_expert.get(e, [])
+
+    def compute(self, cd, op):
+        t, i, j, w, h = self.grid_pos(cd)
+        where = self.where(cd)
+        hidden = self.moe.w_gate.shape[1]
+        f0, f1 = part(self.f, w, i)
+        if op == "fmac" and self.name + ".a" not in cd.acc:  # phase 1: x . W_gate|up
+            r0, r1 = part(hidden, h, j)
+            x = self.input(cd).need(r0, r1, where).astype(F64)
+            parts = {}
+            for e in self._experts(cd, t):
+                rows = self._tokens(cd, e)
+                if not rows:  # no token routed here this step: nothing to compute or send
+                    parts[e] = (rows, np.zeros((0, 2 * (f1 - f0))))
+                    continue
+                w13 = cd.tile((self.name, e, "gate_up"), lambda: np.concatenate(
+                    [self.moe.w_gate[e, r0:r1, f0:f1], self.moe.w_up[e, r0:r1, f0:f1]], axis=1))
+                parts[e] = (rows, x[rows] @ w13)
+            cd.acc[self.name] = parts
+            cd.acc[self.name + ".a"] = None
+            # the first step after a re-placement waits for the weights that move in
+            return self.plane.move_cycles(self.layer, cd.step, t)
+        elif op == "add":
+            (got,) = self.take(cd, "down")
+            own = cd.acc[self.name]
+            cd.acc[self.name] = {e: (own[e][0], own[e][1] + got[e][1]) for e in own}
+        elif op == "silu_mul":
+            parts = cd.acc.pop(self.name)
+            n = f1 - f0
+            cd.acc[self.name + ".a"] = {
+                e: (rows, (ref._silu(g[:, :n].astype(F32)) * g[:, n:].astype(F32)))
+                for e, (rows, g) in parts.items()}
+        elif op == "fmac":  # phase 2: a[f_i] . W_down[f_i, rows j], this core's partial
+            a = cd.acc.pop(self.name + ".a")
+            r0, r1 = part(hidden, h, j)
+            cd.acc[self.name] = {
+                e: (rows, r0, act.astype(F64) @ cd.tile((self.name, e, "down"),
+                                                        lambda e=e: self.moe.w_down[e, f0:f1, r0:r1]))
+                for e, (rows, act) in a.items()}
+
+    def send(self, cd, flow):
+        if flow.endswith(".up"):
+            return cd.acc[self.name + ".a"]
+        return cd.acc.pop(self.name)  # down partials, or this core's output partial
+
+    def relayed(self, cd, value):
+        cd.acc[self.name + ".a"] = value

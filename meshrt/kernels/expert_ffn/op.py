@@ -1,0 +1,161 @@
+"""SwiGLU FFNs of one MoE layer's experts, all expert regions in one kernel."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import I64, ArrayAttr, DenseArrayBase, IntegerAttr
+from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def
+
+from meshrt.dialects import graph
+from meshrt.dialects.base import int_value
+from meshrt.dialects.graph import ActType, RoutingType
+from meshrt.dialects.mesh import CoreSetAttr
+from meshrt.kernels.combine.op import CombineOp
+from meshrt.kernels.compute import ADD, FMAC, SILU_MUL
+from meshrt.kernels.dispatch.op import DispatchOp
+from meshrt.kernels.expert_ffn.numerics import ExpertFFN
+from meshrt.kernels.interface import (
+    ACT_BYTES,
+    OUTPUTS,
+    ROUTE_BYTES_PER_CHOICE,
+    Footprint,
+    KernelContext,
+    KernelOp,
+    ceil_div,
+    chain,
+)
+
+
+def _single_rect(op: KernelOp, cores: CoreSetAttr) -> tuple[int, int, int, int]:
+    rects = cores.rects.data
+    if len(rects) != 1 or not rects[0].is_unit_step():
+        raise op.fail(f"needs one dense rectangle per tile, got {cores}")
+    r = rects[0]
+    return r.x.data, r.y.data, r.w.data, r.h.data
+
+
+@irdl_op_definition
+class ExpertFFNOp(KernelOp):
+    """SwiGLU FFNs of one MoE layer's experts, all expert regions in one kernel.
+
+    Expert `e` runs on `expert_regions[placement[e]]`; every expert region has
+    the same shape, so the roles (and core classes) of all of them are shared:
+    IR size does not grow with the number of experts.
+    """
+
+    name = "mesh_kernel.expert_ffn"
+    expert_regions = prop_def(ArrayAttr[CoreSetAttr])
+    placement = prop_def(DenseArrayBase)
+    expert_ffn = prop_def(IntegerAttr[I64])
+    input = operand_def(ActType)
+    routing = operand_def(RoutingType)
+    output = result_def(ActType)
+    assembly_format = (
+        "$sym_name `(` $input `,` $routing `)` `on` $region attr-dict `:` "
+        "type($input) `,` type($routing) `->` type($output)"
+    )
+
+    VIZ_COLOR: ClassVar[str] = "#4daf4a"
+    VIZ_RANK: ClassVar[int] = 0
+    COMPUTE: ClassVar[tuple] = (FMAC, ADD, SILU_MUL)
+    NUMERICS: ClassVar[type] = ExpertFFN
+    LOWERS: ClassVar[tuple] = (graph.MoEExpertsOp,)
+    RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
+    ROUTED_INPUTS: ClassVar[bool] = True  # tokens turn from the corridor into the expert regions
+    PLACES_EXPERTS: ClassVar[bool] = True
+    STATE_DTYPE: ClassVar[str] = "expert_dtype_bytes"
+
+    @property
+    def expert_placement(self) -> tuple[int, ...]:
+        return tuple(self.placement.get_values())
+
+    def tiles(self) -> list[tuple[int, int, int, int]]:
+        """(x, y, w, h) of every expert region, all of one shape."""
+        return [_single_rect(self, r) for r in self.expert_regions.data]
+
+    def experts_per_region(self) -> int:
+        counts = [0] * len(self.expert_regions.data)
+        for r in self.expert_placement:
+            counts[r] += 1
+        return max(counts)
+
+    def verify_kernel(self) -> None:
+        rt = self.routing.type
+        assert isinstance(rt, RoutingType)
+        place = self.expert_placement
+        regions = self.expert_regions.data
+        if len(place) != rt.experts.data:
+            raise self.fail(f"placement lists {len(place)} experts, routing selects among {rt.experts.data}")
+        bad = [r for r in place if not 0 <= r < len(regions)]
+        if bad:
+            raise self.fail(f"placement names expert regions {sorted(set(bad))}, but only {len(regions)} exist")
+        shapes = {t[2:] for t in self.tiles()}
+        if len(shapes) > 1:
+            raise self.fail(f"expert regions must share one shape, got {sorted(shapes)}")
+        if self.region.count != sum(r.count for r in regions) or not self.region.covers(
+            CoreSetAttr([r for cs in regions for r in cs.rects.data])
+        ):
+            raise self.fail("region must be the union of the expert regions")
+
+    @staticmethod
+    def footprint(group: int, hidden: int, expert_ffn: int, weight_bytes: float, tokens: int,
+                  w: int, h: int) -> Footprint:
+        """Core (i, j) holds rows j of W_gate and W_up for column i's slice of the
+        expert width, and W_down[slice i, rows j], for each of the `group`
+        experts of its region; buffers for `tokens` tokens."""
+        fi, hj = ceil_div(expert_ffn, w), ceil_div(hidden, h)
+        return Footprint(group * 3 * hj * fi * weight_bytes, tokens * (2 * hj + 3 * fi) * ACT_BYTES)
+
+    def roles(self, kctx: KernelContext):
+        """A SwiGLU expert on every w x h expert region.
+
+        Phase 1 sums x . W_gate|up down each column; the root applies
+        silu(gate) * up and relays a[f_i] back up. Phase 2 is local:
+        a[f_i] . W_down[f_i, rows j] is this core's partial of output rows j.
+        Every core sends its partial on; combine, which sums the weighted
+        expert outputs anyway, sums the columns too, so no core needs a
+        fourth queue for a reduction along the rows.
+        """
+        _, _, w, h = self.tiles()[0]
+        hidden, f = self.input.type.width.data, int_value(self.expert_ffn)
+        n = self.experts_per_region()
+        b = kctx.micro_batch
+        fi, hj = ceil_div(f, w), ceil_div(hidden, h)
+        # With routing a region sees only the tokens routed to it; without it
+        # (the static build) every expert computes every token.
+        tokens = b * min(n, kctx.top_k) if "moe_routing" in kctx.dynamism else b * n
+        state = self.footprint(n, hidden, f, kctx.expert_weight_bytes, tokens, w, h).state
+        up = [("compute", "fmac", tokens * hj * 2 * fi)]
+        roles, flows = chain(self, up, "add", tokens * 2 * fi * ACT_BYTES,
+                             [("compute", "silu_mul", tokens * fi)], int(state), outputs_from_root=False)
+        for r in roles:
+            r.events = [e for e in r.events if e != OUTPUTS] + [("compute", "fmac", tokens * fi * hj), OUTPUTS]
+            r.sends_output = True
+            r.ctrl = b * kctx.top_k * ROUTE_BYTES_PER_CHOICE  # which tokens are ours
+        return roles, flows
+
+    def input_share(self, width: int) -> int:
+        return ceil_div(width, self.tiles()[0][3])
+
+    def output_layout(self) -> str:
+        return "partial"  # rows j of the output, one partial per column
+
+    def is_collective(self) -> bool:
+        return True
+
+    @classmethod
+    def lower(cls, op, operands, make):
+        """graph.moe_experts -> dispatch + expert_ffn (all expert regions) + combine."""
+        act, routing = operands
+        rt = op.results[0].type
+        dispatch = make(DispatchOp, op, [act, routing], rt, name=f"{op.kernel_name}.dispatch",
+                        expert_regions=op.expert_regions)
+        union = CoreSetAttr([r for cs in op.expert_regions.data for r in cs.rects.data])
+        experts = make(cls, op, [dispatch.results[0], routing], rt,
+                       name=f"{op.kernel_name}.experts", region=union,
+                       expert_regions=op.expert_regions, placement=op.placement,
+                       expert_ffn=op.expert_ffn)
+        combine = make(CombineOp, op, [experts.results[0], routing], rt,
+                       name=f"{op.kernel_name}.combine")
+        return [dispatch, experts, combine], combine.results[0]

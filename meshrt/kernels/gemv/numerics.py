@@ -1,0 +1,27 @@
+"""What the gemv kernel's events do to data in the interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshrt.kernels.numerics import F64, KernelExec, part
+
+
+class Gemv(KernelExec):
+    OPS = frozenset({"fmac"})
+
+    def __init__(self, info, plane):
+        super().__init__(info, plane)
+        self.weight = plane.matrix(self.name, self.layer, grid=self.tiles[0])
+
+    def compute(self, cd, op):
+        if op != "fmac":
+            return
+        _, i, j, w, h = self.grid_pos(cd)
+        n_in, n_out = self.weight.shape
+        r0, r1 = part(n_in, h, j)
+        c0, c1 = part(n_out, w, i)
+        x = self.input(cd).need(r0, r1, self.where(cd))
+        partial = np.zeros((self.b, n_out), F64)
+        partial[:, c0:c1] = x.astype(F64) @ cd.tile(self.name, lambda: self.weight[r0:r1, c0:c1])
+        cd.values[self.name] = ("partial", c0, c1, partial)

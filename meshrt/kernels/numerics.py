@@ -1,0 +1,250 @@
+"""Numerics in the messages: the per-core values and the hooks a kind's numerics fill in.
+
+What a kernel kind computes in the interpreter is a `KernelExec` subclass in
+its folder (`numerics.py`); the data plane (`meshrt.runtime.dataplane`)
+calls its hooks when a core runs an event of the kind. A value is a `Vec`:
+the full-width array of a micro-batch with a mask of the entries this core
+holds, so gathers from several senders merge by mask, and a compute that
+needs an entry the core does not hold raises a `DataLayoutError` naming the
+kernel, the core and the missing range: a wrong table, flow or layout fails
+loudly instead of producing numbers. Layouts follow `meshrt.kernels.interface`.
+
+Numerics mirror `meshrt.runtime.reference`: float32 at kernel boundaries,
+float64 partial sums rounded once, so the tokens match the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from meshrt.dialects import event as ev
+    from meshrt.runtime.dataplane import DataPlane
+
+F32, F64 = np.float32, np.float64
+
+
+class DataLayoutError(Exception):
+    """A core needs data it does not hold (a schedule or layout bug)."""
+
+
+def part(n: int, parts: int, i: int) -> tuple[int, int]:
+    """Range of part i when n elements are split into `parts` (ceil split)."""
+    c = -(-n // max(parts, 1))
+    return min(n, i * c), min(n, (i + 1) * c)
+
+
+# --------------------------------------------------------------------------
+# values and metainfo
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Vec:
+    """Part of a micro-batch of vectors: data (b, n) and which entries are held."""
+
+    data: np.ndarray
+    mask: np.ndarray
+
+    @classmethod
+    def empty(cls, b: int, n: int) -> Vec:
+        return cls(np.zeros((b, n), F32), np.zeros((b, n), bool))
+
+    @classmethod
+    def of(cls, data: np.ndarray, lo: int = 0, n: int | None = None) -> Vec:
+        """`data` (b, k) held at columns lo..lo+k of a width-n vector."""
+        n = n if n is not None else data.shape[1]
+        v = cls.empty(data.shape[0], n)
+        v.data[:, lo:lo + data.shape[1]] = data
+        v.mask[:, lo:lo + data.shape[1]] = True
+        return v
+
+    def put(self, slot: int, lo: int, values: np.ndarray) -> None:
+        self.data[slot, lo:lo + len(values)] = values
+        self.mask[slot, lo:lo + len(values)] = True
+
+    def restrict(self, lo: int, hi: int) -> Vec:
+        m = np.zeros_like(self.mask)
+        m[:, lo:hi] = self.mask[:, lo:hi]
+        return Vec(self.data, m)
+
+    def merge(self, other: Vec, where) -> None:
+        """Take `other`'s entries in place (replicas of an entry must agree)."""
+        m = other.mask
+        both = self.mask & m
+        if both.any() and not np.array_equal(self.data[both], other.data[both]):
+            raise DataLayoutError(f"{where}: two senders disagree on the same entries")
+        self.data[m] = other.data[m]
+        self.mask |= m
+
+    def need(self, lo: int, hi: int, where: str) -> np.ndarray:
+        if not self.mask[:, lo:hi].all():
+            missing = np.nonzero(~self.mask[:, lo:hi].all(axis=0))[0]
+            raise DataLayoutError(f"{where}: entries {lo + missing[0]}..{lo + missing[-1]} "
+                                  f"of the value are not held here")
+        return self.data[:, lo:hi]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One micro-batch slot in the continuous-batching payload."""
+
+    rid: int  # request id, -1 when the slot is idle
+    pos: int  # position of the token fed this step
+    kv: int  # KV slot the request's cache lives in
+
+
+@dataclass(frozen=True)
+class SlotTable:
+    seq: int  # the micro-batch step it describes (every core counts the same steps)
+    slots: tuple[Slot, ...]
+
+
+@dataclass(frozen=True)
+class Routing:
+    ids: np.ndarray  # (b, k) expert ids
+    weights: np.ndarray  # (b, k) float32
+    by_expert: dict[int, list[int]] | None = field(default=None, compare=False)  # cache: slots per expert
+
+
+@dataclass
+class Payload:
+    src: str  # kernel whose value (or partial) this is
+    value: object = None
+    cb: SlotTable | None = None
+    route: Routing | None = None
+
+
+# --------------------------------------------------------------------------
+# per-core state
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class CoreData:
+    pos: tuple[int, int, int]  # (wafer, x, y)
+    values: dict[str, object] = field(default_factory=dict)
+    recvd: dict[tuple[str, str], Vec] = field(default_factory=dict)
+    acc: dict[str, object] = field(default_factory=dict)  # chain partials per kernel
+    inbox: dict[str, list] = field(default_factory=dict)  # internal-flow payloads
+    kv: dict[str, np.ndarray] = field(default_factory=dict)
+    cb: SlotTable | None = None
+    route: Routing | None = None
+    kernel: KernelExec | None = None
+    step: int = 0
+    tiles: dict = field(default_factory=dict)  # resident weight tiles (float64 for accumulation)
+
+    def tile(self, key, make) -> np.ndarray:
+        """This core's resident tile `key`, loaded once (as the host does before the run)."""
+        t = self.tiles.get(key)
+        if t is None:
+            t = self.tiles[key] = np.asarray(make(), F64)
+        return t
+
+
+class _Where:
+    """Names kernel and core in an error; formatted only when one is raised."""
+
+    __slots__ = ("kernel", "pos")
+
+    def __init__(self, kernel: str, pos: tuple[int, int, int]):
+        self.kernel, self.pos = kernel, pos
+
+    def __str__(self) -> str:
+        return f"kernel @{self.kernel} on core ({self.pos[1]}, {self.pos[2]})"
+
+
+class KernelExec:
+    """What the events of one kernel do on one core (subclasses per kind)."""
+
+    # compute ops with numeric effect (the simulator skips the hook for others)
+    OPS: frozenset[str] = frozenset()
+    # inputs arrive as the producer's own structure (not a Vec) and go to recv()
+    RAW_INPUTS = False
+
+    def __init__(self, info: ev.KernelInfoOp, plane: DataPlane):
+        self.info = info
+        self.name = info.kernel_name
+        self.plane = plane
+        self.b = plane.b
+        self.tiles = [r.tuple[:4] for r in info.region.rects.data]
+        self.inputs = info.input_names
+        self.layer = info.param("layer", -1)
+        self._grid: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {}
+
+    def grid_pos(self, cd: CoreData) -> tuple[int, int, int, int, int]:
+        """(tile index, i, j, w, h) of the core in the kernel's tiles."""
+        gp = self._grid.get(cd.pos)
+        if gp is None:
+            _, x, y = cd.pos
+            for t, (tx, ty, tw, th) in enumerate(self.tiles):
+                if tx <= x < tx + tw and ty <= y < ty + th:
+                    gp = self._grid[cd.pos] = (t, x - tx, y - ty, tw, th)
+                    return gp
+            raise DataLayoutError(f"kernel @{self.name}: core {cd.pos[1:]} is outside its region")
+        return gp
+
+    def where(self, cd: CoreData) -> _Where:
+        return _Where(self.name, cd.pos)
+
+    def input(self, cd: CoreData, k: int = 0) -> Vec:
+        """Operand k as this core holds it: its own copy of the producer's value
+        plus whatever arrived on the input flow."""
+        prod = self.inputs[k]
+        local = cd.values.get(prod)
+        got = cd.recvd.get((self.name, prod))
+        if local is None and got is None:
+            raise DataLayoutError(f"{self.where(cd)}: holds no part of the value of @{prod}")
+        if not isinstance(local, Vec):
+            local = None
+        if local is None:
+            return got
+        if got is None:
+            return local
+        v = Vec(local.data.copy(), local.mask.copy())
+        v.merge(got, self.where(cd))
+        return v
+
+    # event hooks (defaults: nothing to do)
+    def compute(self, cd: CoreData, op: str) -> None:
+        pass
+
+    def send(self, cd: CoreData, flow: str) -> object:
+        return cd.values.get(self.name)
+
+    def recv(self, cd: CoreData, flow: str, items: list) -> None:
+        if flow.endswith(".up"):
+            self.relayed(cd, items[0])
+        else:
+            cd.inbox[flow] = items
+
+    def relayed(self, cd: CoreData, value) -> None:
+        """The result a reduction's root relays back up the chain."""
+        cd.values[self.name] = value
+
+    def payload_src(self, flow: str) -> str:
+        """The kernel whose value a send on `flow` carries."""
+        return self.name
+
+    def metainfo(self, cd: CoreData, flow: str, meta: int) -> tuple[SlotTable | None, Routing | None]:
+        """(CF table, routing) riding a send: what the core holds, where the table
+        gives the send metainfo bytes."""
+        return (cd.cb, cd.route) if meta else (None, None)
+
+    def take(self, cd: CoreData, suffix: str) -> list:
+        items = cd.inbox.pop(f"{self.name}.{suffix}", None)
+        if items is None:
+            raise DataLayoutError(f"{self.where(cd)}: nothing received on @{self.name}.{suffix}")
+        return items
+
+
+class RoutesTokens(KernelExec):
+    """Gate, dispatch and experts: without routing metainfo (the static build)
+    the gate's weights still travel with the tokens, as data."""
+
+    def metainfo(self, cd, flow, meta):
+        cb, route = super().metainfo(cd, flow, meta)
+        return cb, route if self.plane.moe_routing else cd.route

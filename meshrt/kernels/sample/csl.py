@@ -1,0 +1,49 @@
+"""CSL bodies of the sample kernel's own compute ops (see meshrt.kernels.compute)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshrt.backend.csl.kernels import ComputeBody
+
+
+def argmax(b: ComputeBody) -> list[str]:
+    v = max(1, min(b.e.work // b.b, b.w.nx // b.b))
+    return [
+        f"// (value, index) of the largest of this core's {v} logits per slot",
+        f"for (@range(u16, {b.b})) |j| {{",
+        f"  var bv: {b.T} = x[j * {v}];",
+        "  var bi: u16 = 0;",
+        f"  for (@range(u16, {v})) |i| {{",
+        f"    if (x[j * {v} + i] > bv) {{",
+        f"      bv = x[j * {v} + i];",
+        "      bi = i;",
+        "    }",
+        "  }",
+        "  y[j * 2] = bv;",
+        f"  y[j * 2 + 1] = @as({b.T}, bi) + @as({b.T}, px) * {float(v)}; // index in the vocabulary",
+        "}",
+    ]
+
+
+def argmax_merge(b: ComputeBody) -> list[str]:
+    src = b.src or "x"
+    return [
+        "// keep the larger (value, index) pair per slot",
+        f"for (@range(u16, {b.b})) |j| {{",
+        f"  if ({src}[j * 2] > y[j * 2]) {{",
+        f"    y[j * 2] = {src}[j * 2];",
+        f"    y[j * 2 + 1] = {src}[j * 2 + 1];",
+        "  }",
+        "}",
+    ]
+
+
+def eos_check(b: ComputeBody) -> list[str]:
+    eos = int(b.w.p.hp("eos_token", 0))
+    return [
+        f"for (@range(u16, {b.b})) |j| {{",
+        f"  done[j] = if (@as(u16, y[j * 2 + 1]) == {eos}) 1 else 0;",
+        "}",
+    ]

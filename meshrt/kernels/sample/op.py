@@ -1,0 +1,68 @@
+"""Argmax over vocabulary tiles, EOS detection; produces the CF payload."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import I64, IntegerAttr
+from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def
+
+from meshrt.dialects import graph
+from meshrt.dialects.graph import ActType, TokensType
+from meshrt.kernels.compute import ComputeOp
+from meshrt.kernels.interface import ACT_BYTES, UNARY_FORMAT, KernelContext, KernelOp, ceil_div, chain
+from meshrt.kernels.sample import csl
+from meshrt.kernels.sample.numerics import Sample
+
+ARGMAX = ComputeOp("argmax", "argmax", csl.argmax, reads_input=True)
+"""(value, index) of the largest of this core's logits."""
+ARGMAX_MERGE = ComputeOp("argmax_merge", "argmax", csl.argmax_merge)
+"""Keep the larger of two (value, index) candidates."""
+EOS_CHECK = ComputeOp("eos_check", "add", csl.eos_check)
+"""Whether each slot's token ends its request."""
+
+
+@irdl_op_definition
+class SampleOp(KernelOp):
+    """Argmax over vocabulary tiles, EOS detection; produces the CF payload."""
+
+    name = "mesh_kernel.sample"
+    eos = prop_def(IntegerAttr[I64])
+    input = operand_def(ActType)
+    output = result_def(TokensType)
+    assembly_format = UNARY_FORMAT
+
+    VIZ_COLOR: ClassVar[str] = "#e41a1c"
+    VIZ_RANK: ClassVar[int] = 4
+    COMPUTE: ClassVar[tuple] = (ARGMAX, ARGMAX_MERGE, EOS_CHECK)
+    NUMERICS: ClassVar[type] = Sample
+    LOWERS: ClassVar[tuple] = (graph.SampleOp,)
+    PRODUCES_AT_ROOT: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})
+    TOKEN_SOURCE: ClassVar[bool] = True
+
+    def roles(self, kctx: KernelContext):
+        # The logits are split over the columns (the same in every row):
+        # the bottom row merges its columns' candidates left to right.
+        x, y, w, h = self.grid()
+        vocab = self.input.type.width.data
+        b = kctx.micro_batch
+        return chain(self, [("compute", "argmax", b * ceil_div(vocab, w))], "argmax_merge",
+                     b * 2 * ACT_BYTES, [("compute", "eos_check", b)], 0, axis="row",
+                     tiles=[(x, y + h - 1, w, 1)], relay_back=False)
+
+    def input_share(self, width: int) -> int:
+        return ceil_div(width, self.tiles()[0][2])
+
+    def input_layout(self) -> str:
+        return "cols"
+
+    def output_layout(self) -> str:
+        return "full"
+
+    def is_collective(self) -> bool:
+        return True
+
+    @classmethod
+    def lower(cls, op, operands, make):
+        k = make(cls, op, operands, op.results[0].type, eos=op.eos)
+        return [k], k.results[0]

@@ -1,0 +1,53 @@
+"""What the topk_gate kernel's events do to data in the interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, Routing, part
+from meshrt.runtime import reference as ref
+
+
+class TopKGate(RoutesTokens):
+    OPS = frozenset({"fmac", "add", "topk"})
+
+    def __init__(self, info, plane):
+        super().__init__(info, plane)
+        self.router = plane.moe(self.layer).router
+        self.top_k = info.param("top_k")
+        if self.tiles[0][2] != 1:
+            raise DataLayoutError(f"kernel @{self.name}: a gate over {self.tiles[0][2]} columns "
+                                  "needs a merge across columns the tables do not have")
+
+    def compute(self, cd, op):
+        _, i, j, w, h = self.grid_pos(cd)
+        if op == "fmac":
+            n_in = self.router.shape[0]
+            r0, r1 = part(n_in, h, j)
+            x = self.input(cd).need(r0, r1, self.where(cd))
+            cd.acc[self.name] = x.astype(F64) @ cd.tile(self.name, lambda: self.router[r0:r1])
+        elif op == "add":
+            (got,) = self.take(cd, "down")
+            cd.acc[self.name] = got + cd.acc[self.name]
+        elif op == "topk":
+            logits = cd.acc.pop(self.name).astype(F32)
+            probs = ref.softmax(logits, axis=-1)
+            ids = np.argsort(-probs, axis=-1, kind="stable")[:, :self.top_k]
+            wts = np.take_along_axis(probs, ids, axis=-1)
+            cd.route = Routing(ids, (wts / np.sum(wts, axis=-1, keepdims=True)).astype(F32))
+            self.plane.count_routing(self.layer, ids, cd)
+
+    def send(self, cd, flow):
+        if flow.endswith(".down"):
+            return cd.acc.pop(self.name)
+        if flow.endswith(".up"):
+            return cd.route
+        # the tokens it gated go on to dispatch (with the routing as metainfo)
+        return self.input(cd)
+
+    def payload_src(self, flow: str) -> str:
+        # what goes on to dispatch is the tokens it gated, i.e. its input's value
+        return self.inputs[0] if not flow.startswith(self.name + ".") else self.name
+
+    def relayed(self, cd, value):
+        cd.route = value

@@ -1,0 +1,65 @@
+"""Router logits and top-k expert selection; produces routing metainfo."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.irdl import irdl_op_definition, operand_def, result_def
+
+from meshrt.dialects import graph
+from meshrt.dialects.graph import ActType, RoutingType
+from meshrt.kernels.compute import ADD, FMAC, ComputeOp
+from meshrt.kernels.gemv.op import GemvOp
+from meshrt.kernels.interface import ACT_BYTES, UNARY_FORMAT, KernelContext, KernelOp, ceil_div, chain
+from meshrt.kernels.topk_gate import csl
+from meshrt.kernels.topk_gate.numerics import TopKGate
+
+TOPK = ComputeOp("topk", "argmax", csl.topk)
+"""The top-k of each token's router logits into the routing table (an argmax scan per choice)."""
+
+
+@irdl_op_definition
+class TopKGateOp(KernelOp):
+    """Router logits and top-k expert selection; produces routing metainfo."""
+
+    name = "mesh_kernel.topk_gate"
+    input = operand_def(ActType)
+    output = result_def(RoutingType)
+    assembly_format = UNARY_FORMAT
+
+    VIZ_COLOR: ClassVar[str] = "#984ea3"
+    VIZ_RANK: ClassVar[int] = 5
+    COMPUTE: ClassVar[tuple] = (FMAC, ADD, TOPK)
+    NUMERICS: ClassVar[type] = TopKGate
+    LOWERS: ClassVar[tuple] = (graph.GateTopKOp,)
+    PRODUCES_AT_ROOT: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
+
+    def roles(self, kctx: KernelContext):
+        _, _, w, h = self.grid()
+        n_in = self.input.type.width.data
+        experts = self.output.type.experts.data
+        b = kctx.micro_batch
+        # The router matrix is tiled as a gemv's weights are.
+        state = GemvOp.footprint(n_in, experts, kctx.weight_bytes, b, w, h).state
+        # Every core forwards its rows of the tokens it gated (dispatch
+        # needs whole tokens), once the routing has been relayed back up.
+        return chain(self, [("compute", "fmac", b * ceil_div(n_in, h) * ceil_div(experts, w))], "add",
+                     b * ceil_div(experts, w) * ACT_BYTES, [("compute", "topk", b * experts)], int(state),
+                     outputs_from_root=False)
+
+    def input_share(self, width: int) -> int:
+        return ceil_div(width, self.tiles()[0][3])
+
+    def input_layout(self) -> str:
+        return "rows"
+
+    def output_layout(self) -> str:
+        return "full"
+
+    def is_collective(self) -> bool:
+        return True
+
+    @classmethod
+    def lower(cls, op, operands, make):
+        k = make(cls, op, operands, op.results[0].type)
+        return [k], k.results[0]
