@@ -39,6 +39,10 @@ class ComputeBody:
         return registry.compute_op(self.e.name, self.kind.kernel_kind()).csl(self)
 
     # helpers the bodies share
+    def param(self, key: str):
+        """A shape parameter of the event's kernel (its `event.kernel` record)."""
+        return self.w.p.record(self.sub).param(key)
+
     def n(self, cap: int) -> int:
         return max(1, min(self.e.work or 1, cap))
 

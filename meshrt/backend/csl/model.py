@@ -151,18 +151,22 @@ class Program:
     hparams: dict[str, float]
     flows: dict[str, Flow]
     classes: list[CoreClass]
-    kinds: dict[str, type[KernelOp]]  # kernel name -> its kind
+    records: dict[str, ev.KernelInfoOp]  # kernel name -> its event.kernel record
 
     def hp(self, key: str, default: float = 0) -> float:
         return self.hparams.get(key, default)
 
-    def kind_of(self, sub: Sub) -> type[KernelOp]:
-        """The kind of the kernel `sub` belongs to, from the program's `event.kernel` records."""
-        kind = self.kinds.get(sub.kernel)
-        if kind is None:
+    def record(self, sub: Sub) -> ev.KernelInfoOp:
+        """The `event.kernel` record of the kernel `sub` belongs to."""
+        info = self.records.get(sub.kernel)
+        if info is None:
             raise MeshrtError(f"sub-schedule of @{sub.kernel} has no event.kernel record: the CSL "
                               "backend needs it to know the kernel's kind", sub.op)
-        return kind
+        return info
+
+    def kind_of(self, sub: Sub) -> type[KernelOp]:
+        """The kind of the kernel `sub` belongs to."""
+        return registry.kind(self.record(sub).kind.data)
 
     @property
     def slots(self) -> int:
@@ -276,16 +280,16 @@ def read_program(program: sg.ProgramOp) -> Program:
     # Metainfo that rides a send no producer names is forwarded: its kind is
     # the one the flow's receivers resolve, or the program's only kind.
     kinds = [k for k in program.dynamism_kinds if k in ("continuous_batching", "moe_routing")]
-    kernel_kinds = {k.kernel_name: registry.kind(k.kind.data) for k in program.kernels()}
+    records = {k.kernel_name: k for k in program.kernels()}
     for f in flows.values():
         if f.meta_kind is None:
-            routed = f.kernel in kernel_kinds and kernel_kinds[f.kernel].ROUTED_INPUTS
+            routed = f.kernel in records and registry.kind(records[f.kernel].kind.data).ROUTED_INPUTS
             f.meta_kind = "moe_routing" if routed and "moe_routing" in kinds else (
                 "continuous_batching" if "continuous_batching" in kinds else (kinds[0] if kinds else None))
     w, h = program.mesh_size
     return Program(program, program.program_name, program.target.data, w, h, program.num_wafers,
                    program.micro_batch_size, program.num_stages, program.dynamism_kinds, hparams,
-                   flows, classes, kernel_kinds)
+                   flows, classes, records)
 
 
 def segment_programs(module: ModuleOp) -> list[sg.ProgramOp]:
