@@ -1,7 +1,7 @@
 """`insert-route-handshakes`: make color-routes' liveness true on an asynchronous mesh.
 
 `color-routes` decides which flows a router holds in which segment of its
-class by step *positions* (see `meshrt.passes.color_routes`): as if all
+class by step *positions* (see `meshrt.analysis.liveness`): as if all
 classes switched segments in lockstep. On a GALS mesh they do not: a class
 may enter the segment that sends on a flow while a router of another class
 on the flow's route is still in its previous segment (the colour is not
@@ -43,7 +43,7 @@ from xdsl.passes import ModulePass
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
 from meshrt.dialects.base import require_programs
-from meshrt.passes.color_routes import Liveness, liveness_of_program
+from meshrt.analysis.liveness import Liveness, liveness_of_program
 
 
 @dataclass

@@ -323,7 +323,7 @@ class CostModel:
 
     # -- construction ----------------------------------------------------
     def _build(self) -> None:
-        from meshrt.passes.color_routes import host_primed, step_order, tables_of_program
+        from meshrt.analysis.liveness import host_primed, step_order, tables_of_program
 
         prog = self.program
         flows = prog.flows()

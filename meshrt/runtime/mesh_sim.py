@@ -113,7 +113,7 @@ that the checks can fail.
 
 Loop-carried flows (the sampler -> embed token flow): a receiver whose recv
 comes before the flow's first send in the step order (see
-`meshrt.passes.color_routes.step_order`) gets its first step's messages from
+`meshrt.analysis.liveness.step_order`) gets its first step's messages from
 the host at cycle 0; from then on step s + 1 consumes what step s sent.
 
 Failures are reported, never hung on: no pending event while some core has
@@ -140,8 +140,8 @@ from dataclasses import dataclass, field
 from meshrt.dialects import event as ev
 from meshrt.kernels.numerics import DataLayoutError
 from meshrt.dialects import segment as sg
+from meshrt.analysis.liveness import host_primed
 from meshrt.kernels import registry
-from meshrt.passes.color_routes import host_primed
 from meshrt.routing import RectSet, xy_path
 
 WAVELET_BYTES = 4

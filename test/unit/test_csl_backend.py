@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin
 
-from meshrt.backend.csl import FILE_MARK, emit_csl, percore
+from meshrt.backend.csl import emit_csl, percore
 from meshrt.backend.csl import alloc as al
 from meshrt.backend.csl.check import agreement
 from meshrt.backend.csl.model import read_program, segment_programs
+from meshrt.backend.csl.output import FILE_MARK
 from meshrt.backend.csl.routes import reference_pairs
 from meshrt.backend.csl_lint import check_csl
 from meshrt.diagnostics import MeshrtError, parse_module

@@ -16,7 +16,7 @@ import pytest
 
 from meshrt.backend.csl import emit_csl
 from meshrt.backend.csl.model import read_program, segment_programs
-from meshrt.passes.color_routes import host_primed
+from meshrt.analysis.liveness import host_primed
 from meshrt.passes.pipeline import lower_to
 from meshrt.tools.cli import compile_model
 

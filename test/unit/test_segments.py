@@ -16,17 +16,16 @@ from xdsl.passes import PassPipeline
 from meshrt.diagnostics import MeshrtError, parse_module
 from meshrt.dialects import segment as sg
 from meshrt.dialects.mesh import Resources
-from meshrt.passes.check_segments import check_segments
-from meshrt.passes.color_routes import (
+from meshrt.analysis.coloring import dsatur, exact_colouring
+from meshrt.analysis.liveness import (
     arc_positions,
     arcs_meet,
-    dsatur,
-    exact_colouring,
     flow_window,
     hold_arcs,
     liveness_of_program,
 )
-from meshrt.passes.materialize_segments import accumulate
+from meshrt.analysis.segmenting import accumulate
+from meshrt.passes.check_segments import check_segments
 from meshrt.routing import RectSet
 from meshrt.tools.meshrt_opt import MeshrtOptMain
 

@@ -9,37 +9,23 @@ Modules: model (IR -> plain plan), routes (per-router configurations as
 boxes), streams (how each flow's wavelets travel: trees, shifts, switch
 chains, relays), handshakes (drains / installs as teardown), alloc
 (colours, queues, task IDs, DSRs within the target's limits), sync (marker
-counts), program / layout / host (the text).
+counts), program / layout / host (the text), output (the files emitted).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.target import Target
 
+from meshrt.backend.csl.output import CslOutput
 from meshrt.diagnostics import MeshrtError
 
 ARCHS = ("wse2", "wse3")
-FILE_MARK = "// ----- FILE: "
-
-
-@dataclass
-class CslOutput:
-    files: dict[str, str] = field(default_factory=dict)  # relative path -> text
-    report: str = ""
-    table: list[str] = field(default_factory=list)
-
-    def as_text(self) -> str:
-        """All files, each behind a `// ----- FILE: <name>` line."""
-        parts = []
-        for name, text in self.files.items():
-            parts.append(f"{FILE_MARK}{name}\n{text}")
-        return "".join(parts)
 
 
 def resolve_arch(arch: str | None, target_name: str, where) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from meshrt.backend.csl import CslOutput
+from meshrt.backend.csl.output import CslOutput
 from meshrt.backend.csl.model import Program, read_program, segment_programs
 
 _EXTENT = re.compile(r"const (f[io][mc]?_\w+) = @get_dsd\(fab(?:in|out)_dsd, \.\{ \.extent = (\d+)")

@@ -17,9 +17,9 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
+from meshrt.analysis.liveness import host_primed
 from meshrt.kernels import registry
 from meshrt.kernels.interface import KernelOp
-from meshrt.passes.color_routes import host_primed
 from meshrt.routing import Box, RectSet, rect_boxes
 
 WAVELET_BYTES = 4
@@ -61,7 +61,7 @@ class Event:
     name: str = ""  # compute op, or dynamism kind
     work: int = 0
     # a receive (or its metainfo resolver) whose first step's messages the host
-    # loads: a loop-carried flow (color_routes.host_primed)
+    # loads: a loop-carried flow (liveness.host_primed)
     primed: bool = False
 
     @property

@@ -1,0 +1,140 @@
+"""Colouring the interference graph of `meshrt.analysis.liveness`.
+
+DSatur over the interference graph, with an exact backtracking search per
+connected component when DSatur runs out of colours (see `colour_flows`).
+The `color-routes` pass turns the result into `segment.route`s, or splits a
+segment when no colouring exists.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from meshrt.analysis.liveness import Liveness, Witness
+
+class _Budget(Exception):
+    pass
+
+
+def dsatur(nodes: Sequence[int], adj: dict[int, set[int]], palette: Sequence[int],
+           order: dict[int, int]) -> tuple[dict[int, int], int | None]:
+    """Greedy DSatur: (colouring, first node that could not be coloured or None).
+
+    Picks the node with the most distinct neighbour colours (then the most
+    neighbours, then the earliest) and gives it the lowest free colour.
+    """
+    colour: dict[int, int] = {}
+    sat: dict[int, set[int]] = {v: set() for v in nodes}
+    heap = [(0, -len(adj[v]), order[v], v) for v in nodes]
+    heapq.heapify(heap)
+    while heap:
+        neg_sat, _, _, v = heapq.heappop(heap)
+        if v in colour or -neg_sat != len(sat[v]):
+            continue  # coloured already, or a stale entry
+        free = [c for c in palette if c not in sat[v]]
+        if not free:
+            return colour, v
+        c = free[0]
+        colour[v] = c
+        for u in adj[v]:
+            if u not in colour and c not in sat[u]:
+                sat[u].add(c)
+                heapq.heappush(heap, (-len(sat[u]), -len(adj[u]), order[u], u))
+    return colour, None
+
+
+def exact_colouring(nodes: Sequence[int], adj: dict[int, set[int]], palette: Sequence[int],
+                    order: dict[int, int], limit: int = 20_000) -> dict[int, int] | None:
+    """A proper colouring of `nodes` by backtracking, or None (none found within `limit` steps).
+
+    Colours are palette indices opened in order (a node may take a used index
+    or the next unused one), which removes the symmetric search branches.
+    """
+    if len(nodes) > 500:  # deeper than the search (and Python's stack) should go
+        return None
+    col: dict[int, int] = {}
+    steps = 0
+    p = len(palette)
+
+    def pick() -> int | None:
+        best, key = None, None
+        for v in nodes:
+            if v in col:
+                continue
+            used = {col[u] for u in adj[v] if u in col}
+            k = (len(used), len(adj[v]), -order[v])
+            if key is None or k > key:
+                best, key = v, k
+        return best
+
+    def go() -> bool:
+        nonlocal steps
+        steps += 1
+        if steps > limit:
+            raise _Budget
+        v = pick()
+        if v is None:
+            return True
+        used = {col[u] for u in adj[v] if u in col}
+        top = max(col.values(), default=-1)
+        for c in range(min(top + 2, p)):
+            if c in used:
+                continue
+            col[v] = c
+            if go():
+                return True
+            del col[v]
+        return False
+
+    try:
+        return {v: palette[c] for v, c in col.items()} if go() else None
+    except _Budget:
+        return None
+
+
+@dataclass
+class ColourResult:
+    colours: dict[int, int] = field(default_factory=dict)
+    failed: int | None = None  # flow index that could not be coloured
+    component: list[int] = field(default_factory=list)
+
+
+def colour_flows(live: Liveness, edges: dict[tuple[int, int], list[Witness]],
+                 palette: Sequence[int]) -> ColourResult:
+    nodes = [i for i, f in enumerate(live.flows) if f.routed]
+    adj: dict[int, set[int]] = {v: set() for v in nodes}
+    for i, j in edges:
+        adj[i].add(j)
+        adj[j].add(i)
+    order = {v: v for v in nodes}
+    # connected components, coloured one by one
+    seen: set[int] = set()
+    result = ColourResult()
+    for v in nodes:
+        if v in seen:
+            continue
+        comp, stack = [], [v]
+        seen.add(v)
+        while stack:
+            u = stack.pop()
+            comp.append(u)
+            for w in adj[u]:
+                if w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        comp.sort()
+        col, failed = dsatur(comp, adj, palette, order)
+        if failed is not None:
+            # A router where more flows meet than there are colours settles it;
+            # otherwise search exhaustively (within a step budget).
+            clique = live.densest(failed, edges, comp)
+            exact = None if len(clique.flows) > len(palette) else exact_colouring(comp, adj, palette, order)
+            if exact is None:
+                result.failed, result.component = failed, comp
+                return result
+            col = exact
+        result.colours.update(col)
+    return result
+
