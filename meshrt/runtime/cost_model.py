@@ -5,8 +5,9 @@ Why
 The interpreter (`meshrt.runtime.mesh_sim`) runs every core, so it is only
 practical on the test targets; a model on full WSE-3 has ~900k cores. The
 IR is per core *class*, and so is this model: it reads the same coloured
-segment IR and the same target file as the interpreter, costs each class's
-event table once with the interpreter's rules, and composes the classes into
+segment IR and the same target file as the interpreter, runs each class's
+table (`meshrt.runtime.schedule.flatten`, the one the interpreter's cores
+run, with its base costs) once, and composes the classes into
 the critical path of a decode step, the time of every pipeline stage and the
 pipeline bottleneck. Work grows with classes x events x steps, never with
 cores, so a whole-wafer model costs seconds. `test/unit/test_cost_model.py`
@@ -18,7 +19,7 @@ What it computes
 A deterministic discrete-event run at class level. Each class is one virtual
 core standing for the *latest* of its cores: its clock after an event is the
 time the last of its cores finishes that event. Costs (the interpreter's,
-see its module docstring; compute op aliases are imported from it):
+see its module docstring; the base costs come with the schedule):
 
 - compute `work N` of op o: N * cost[o]; metainfo resolve / produce:
   `meta_*_slot` * micro-batch slots; `task_switch` per sub; send / recv:
@@ -84,28 +85,40 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
 from meshrt.kernels import registry
 from meshrt.kernels.interface import KernelOp
 from meshrt.routing import Box, RectSet, pattern_routers
-from meshrt.runtime.mesh_sim import WAVELET_BYTES, op_cycles
+from meshrt.runtime.schedule import (
+    AwaitCredits,
+    ClassSchedule,
+    Compute,
+    EnterSegment,
+    Instr,
+    MarkerSync,
+    MetaProduce,
+    MetaResolve,
+    Notify,
+    Reconfigure,
+    Recv,
+    RouteDrain,
+    Send,
+    Sub,
+    Switch,
+    extent,
+    flatten,
+)
 
 CATEGORIES = ("compute", "metainfo", "send_recv", "network", "task_switch", "reconfigure",
               "marker", "handshake")
 """What the critical path of a step is spent on."""
 
-# Instruction kinds of a class table (mirrors the interpreter's flattening).
-(K_SUB, K_COMPUTE, K_SEND, K_RECV, K_AWAIT, K_MARKER, K_RDRAIN, K_RECONF, K_NOTIFY,
- K_END) = range(10)
+_LOCAL = (Sub, Compute, MetaResolve, MetaProduce)
+"""Instructions of local work: what a chain core does between its recv and its send."""
 
 
 class CostModelError(Exception):
     """The class-level run cannot make progress: the IR deadlocks even at class level."""
-
-
-def wavelets(nbytes: int) -> int:
-    return math.ceil(nbytes / WAVELET_BYTES)
 
 
 def kernels_where(program: sg.ProgramOp, test: Callable[[type[KernelOp]], bool]) -> set[str]:
@@ -234,11 +247,6 @@ def _bands(rs: RectSet, pattern: str) -> RectSet:
     return RectSet((b[0], -big, b[2], big) for b in rs)
 
 
-def _extent(rs: RectSet) -> Box:
-    b = list(rs)
-    return min(x[0] for x in b), min(x[1] for x in b), max(x[2] for x in b), max(x[3] for x in b)
-
-
 # ---------------------------------------------------------------------------
 # Class tables
 # ---------------------------------------------------------------------------
@@ -267,10 +275,16 @@ class _Recv:
 
 @dataclass
 class _Class:
+    """A class's schedule as the cost model runs it (segment entries and router
+    switches are not timed at class level) with the expected cycles of each
+    instruction's own work (a marker sync: its flush latency) and the recvs' specs."""
+
     name: str
     wafer: int
     cores: RectSet
-    instrs: list[tuple] = field(default_factory=list)
+    instrs: list[Instr] = field(default_factory=list)
+    cycles: list[float] = field(default_factory=list)
+    recvs: dict[int, _Recv] = field(default_factory=dict)  # index of a Recv -> its spec
 
 
 @dataclass(frozen=True)
@@ -323,120 +337,81 @@ class CostModel:
 
     # -- construction ----------------------------------------------------
     def _build(self) -> None:
-        from meshrt.analysis.liveness import host_primed, step_order, tables_of_program
+        from meshrt.analysis.liveness import step_order, tables_of_program
 
         prog = self.program
         flows = prog.flows()
         self.flow_ops = flows
-        self.flow_names = [f.flow_name for f in flows]
-        fidx = {n: i for i, n in enumerate(self.flow_names)}
-        self.fidx = fidx
-        classes = prog.core_classes()
-        self.classes = [_Class(c.class_name, c.wafer_index, RectSet.from_cores(c.cores)) for c in classes]
-        cidx = {c.class_name: i for i, c in enumerate(classes)}
         pos = step_order(tables_of_program(prog))
         self.kernel_pos = pos
         self.handoff_kernels = kernels_where(prog, lambda op: op.STAGE_BOUNDARY)
-        primed = host_primed(prog, pos)
+        sched = flatten(prog, self.target, pos=pos)
+        self.flow_names = list(sched.flows)
+        self.classes = [_Class(c.name, c.wafer, c.cores) for c in sched.classes]
         senders: dict[int, list[int]] = defaultdict(list)
-        for ci, c in enumerate(classes):
-            for seg in c.segments():
-                for sub in seg.subs():
-                    for e in sub.events():
-                        if isinstance(e, ev.SendOp) and ci not in senders[fidx[e.flow_name]]:
-                            senders[fidx[e.flow_name]].append(ci)
+        for c in sched.classes:
+            for ins in c.instrs:
+                if type(ins) is Send and c.index not in senders[ins.flow]:
+                    senders[ins.flow].append(c.index)
         self.senders = senders
         self.src = [RectSet.from_cores(f.src) for f in flows]
         self.dst = [RectSet.from_cores(f.dst) for f in flows]
-        via = {r.flow_name: RectSet.from_cores(r.via) for r in prog.routes()}
-        self.via = [via.get(n, RectSet()) for n in self.flow_names]
         self.loads: dict[tuple[int, int], int] = {}
         self.crossers: dict[tuple[int, int], list[int]] = {}  # (class, flow) -> senders crossing it
         self.sends_per_step: dict[tuple[int, int], int] = {}
         self.grants: dict[tuple[int, int], int] = {}
         self.loop_flows: set[int] = set()
         self.marker_flows: set[int] = set()  # flows whose messages some marker sync waits for
-        for ci, c in enumerate(classes):
-            self._build_table(ci, c, fidx, cidx, primed)
+        for c in sched.classes:
+            self._build_table(c)
         # latest delivery of a class's message of a flow, over its receivers (markers, drains)
         self.lat_max = {(s, f): max((p.latency for _, p in self._peers_of(f, sender=s)), default=0.0)
                         for f, ss in senders.items() for s in ss}
 
-    def _build_table(self, ci: int, c: sg.CoreClassOp, fidx, cidx, host_primed_recvs) -> None:
-        out = self.classes[ci].instrs
-        bounds = {b[0]: b for b in c.boundaries()}
-        sends_after: dict[int, list[int]] = defaultdict(list)  # flow -> instr indices of sends
-        recvs: list[tuple[int, int]] = []  # (instr index, flow)
-        for seg in c.segments():
-            s = seg.index_value
-            awaiting: dict[int, set[int]] = defaultdict(set)
-            for cname, fname in seg.await_pairs():
-                awaiting[fidx[fname]].add(cidx[cname])
-            if s == 0:
-                for n in seg.grant_names():
-                    self.grants[(ci, fidx[n])] = 1
-            for sub in seg.subs():
-                k = self.kernel_scale.get(sub.kernel_name, 1.0)
-
-                def cost(base: float, k: float = k) -> float:
-                    return self.expected(k * base)
-
-                out.append((K_SUB, cost(self.costs["task_switch"]), sub.kernel_name, sub.role_name))
-                for e in sub.events():
-                    if isinstance(e, ev.ComputeOp):
-                        base = e.work.value.data * op_cycles(self.costs, e.op.data)
-                        out.append((K_COMPUTE, cost(base), "compute"))
-                    elif isinstance(e, ev.SendOp):
-                        f = fidx[e.flow_name]
-                        nb = e.num_bytes + e.meta.value.data
-                        if f in awaiting:
-                            out.append((K_AWAIT, f, tuple(sorted(awaiting.pop(f)))))
-                        sends_after[f].append(len(out))
-                        out.append((K_SEND, f, nb, cost(wavelets(nb) * self.costs["send_wavelet"])))
-                    elif isinstance(e, ev.RecvOp):
-                        f = fidx[e.flow_name]
-                        nb = e.num_bytes + e.meta.value.data
-                        primed = 1 if (sub.kernel_name, e.flow_name) in host_primed_recvs else 0
-                        if primed:
-                            self.loop_flows.add(f)
-                        recvs.append((len(out), f))
-                        out.append((K_RECV, f, cost(wavelets(nb) * self.costs["recv_wavelet"]), primed))
-                    elif isinstance(e, ev.MetaResolveOp):
-                        out.append((K_COMPUTE, cost(self.costs["meta_resolve_slot"] * self.slots),
-                                    "metainfo"))
-                    elif isinstance(e, ev.MetaProduceOp):
-                        out.append((K_COMPUTE, cost(self.costs["meta_produce_slot"] * self.slots),
-                                    "metainfo"))
-            b = bounds.get(s)
-            if b is None:
+    def _build_table(self, c: ClassSchedule) -> None:
+        """Cost class c's schedule: expected cycles, marker latencies, recv specs."""
+        ci = c.index
+        cl = self.classes[ci]
+        for f in c.grants:
+            self.grants[(ci, f)] = 1
+        sends_after: dict[int, list[int]] = defaultdict(list)  # flow -> indices of sends
+        recvs: list[int] = []  # indices of recvs
+        k = 1.0  # the current sub's kernel scale
+        for ins in c.instrs:
+            kind = type(ins)
+            if kind is EnterSegment or kind is Switch:
                 continue
-            _, _, sync, reconf = b
-            if sync is not None:
-                region = RectSet.from_cores(sync.over)
-                touching = tuple(f for f, v in enumerate(self.via) if v.intersects(region))
-                self.marker_flows.update(touching)
-                lat = int(self.costs["marker_hop"] * self._corner_distance(self.classes[ci].cores, region)) + 1
-                out.append((K_MARKER, touching, lat))
-            dr = tuple(fidx[x] for x in reconf.drain_names())
-            if dr:
-                out.append((K_RDRAIN, dr))
-            n = len(reconf.release.data) + len(reconf.install.data)
-            out.append((K_RECONF, self.expected(self.costs["reconfigure"] + self.costs["reconfigure_route"] * n)))
-            nt = tuple(fidx[x] for x in reconf.notify_names())
-            if nt:
-                out.append((K_NOTIFY, nt))
-        out.append((K_END,))
+            at = len(cl.instrs)
+            cycles = 0.0
+            if kind is Sub:
+                k = self.kernel_scale.get(ins.kernel, 1.0)
+                cycles = self.expected(k * ins.cycles)
+            elif kind in _LOCAL:
+                cycles = self.expected(k * ins.cycles)
+            elif kind is Send:
+                sends_after[ins.flow].append(at)
+                cycles = self.expected(k * ins.cycles)
+            elif kind is Recv:
+                if ins.primed:
+                    self.loop_flows.add(ins.flow)
+                recvs.append(at)
+                cycles = self.expected(k * ins.cycles)
+            elif kind is MarkerSync:
+                self.marker_flows.update(ins.touching)
+                cycles = int(self.costs["marker_hop"] * self._corner_distance(cl.cores, ins.box)) + 1
+            elif kind is Reconfigure:
+                cycles = self.expected(ins.cycles)
+            cl.instrs.append(ins)
+            cl.cycles.append(cycles)
         # recvs: resolve peers, chains and per-message costs now that the table is known
-        primed_count: dict[int, int] = defaultdict(int)
-        for i, f in recvs:
-            primed_count[f] += out[i][3]
-        for i, f in recvs:
-            out[i] = (K_RECV, self._recv_spec(ci, f, out[i][2], primed_count[f], i, sends_after))
+        for at in recvs:
+            f = cl.instrs[at].flow
+            cl.recvs[at] = self._recv_spec(ci, f, cl.cycles[at], c.primed.get(f, 0), at, sends_after)
 
-    def _corner_distance(self, cores: RectSet, region: RectSet) -> int:
-        """Largest distance from a core of the class to the furthest corner of the region."""
-        x0, y0, x1, y1 = _extent(region)
-        cx0, cy0, cx1, cy1 = _extent(cores)
+    def _corner_distance(self, cores: RectSet, box: Box) -> int:
+        """Largest distance from a core of the class to the furthest corner of the box."""
+        x0, y0, x1, y1 = box
+        cx0, cy0, cx1, cy1 = extent(cores)
         return _span(cx0, cx1, x0, x1) + _span(cy0, cy1, y0, y1)
 
     def _peers_of(self, f: int, receiver: int | None = None, sender: int | None = None):
@@ -503,8 +478,8 @@ class CostModel:
                 # a chain through the class's own cores: closed form
                 dx, dy = fo.offset
                 spec.chain = max(1, run_length(self.classes[ci].cores & self.dst[f], dx, dy))
-                between = self.classes[ci].instrs[at + 1:later[0]]
-                work = sum(x[1] for x in between if x[0] in (K_SUB, K_COMPUTE))
+                cl = self.classes[ci]
+                work = sum(cl.cycles[i] for i in range(at + 1, later[0]) if type(cl.instrs[i]) in _LOCAL)
                 net = p.latency
                 spec.chain_step = work + net + c1
                 spec.chain_parts = {"compute": work, "network": net, "send_recv": c1}
@@ -603,39 +578,44 @@ class _Run:
     def _advance(self, c: int) -> float | None:
         """Run class c's next instruction; its next time, None if blocked, -1 when done."""
         m = self.m
-        ins = m.classes[c].instrs[self.pc[c]]
-        k = ins[0]
+        cl = m.classes[c]
+        pc = self.pc[c]
+        ins = cl.instrs[pc]
+        k = type(ins)
         t = self.t[c]
         end: float | None
-        if k == K_SUB:
-            end = t + ins[1]
-            self.cur[c] = (ins[2], ins[3])
+        if k is Sub:
+            end = t + cl.cycles[pc]
+            self.cur[c] = (ins.kernel, ins.role)
             self._rec(c, t, end, "task_switch")
-        elif k == K_COMPUTE:
-            end = t + ins[1]
-            self._rec(c, t, end, ins[2])
-        elif k == K_SEND:
-            end = self._send(c, ins, t)
-        elif k == K_RECV:
-            end = self._recv(c, ins[1], t)
-        elif k == K_AWAIT:
-            end = self._await(c, ins, t)
-        elif k == K_MARKER:
-            end = self._marker(c, ins, t)
-        elif k == K_RDRAIN:
-            end = self._rdrain(c, ins, t)
-        elif k == K_RECONF:
+        elif k is Compute:
+            end = t + cl.cycles[pc]
+            self._rec(c, t, end, "compute")
+        elif k is MetaResolve or k is MetaProduce:
+            end = t + cl.cycles[pc]
+            self._rec(c, t, end, "metainfo")
+        elif k is Send:
+            end = self._send(c, ins.flow, ins.nbytes, cl.cycles[pc], t)
+        elif k is Recv:
+            end = self._recv(c, cl.recvs[pc], t)
+        elif k is AwaitCredits:
+            end = self._await(c, ins.flow, ins.classes, t)
+        elif k is MarkerSync:
+            end = self._marker(c, ins.touching, cl.cycles[pc], t)
+        elif k is RouteDrain:
+            end = self._rdrain(c, ins.flows, t)
+        elif k is Reconfigure:
             start = max(t, self.own_last[c])
-            end = start + ins[1]
+            end = start + cl.cycles[pc]
             if start > t:
                 self._rec(c, t, start, "reconfigure")
             self._rec(c, start, end, "reconfigure")
-        elif k == K_NOTIFY:
-            for f in ins[1]:
+        elif k is Notify:
+            for f in ins.flows:
                 self.credits.setdefault((c, f), []).append(t)
                 self._wake(("credit", c, f), t)
             end = t
-        else:  # K_END
+        else:  # EndStep
             s = self.step[c]
             self.step_end[s] = max(self.step_end[s], t)
             self.step[c] = s + 1
@@ -648,9 +628,8 @@ class _Run:
         return end
 
     # -- sends and recvs -------------------------------------------------------
-    def _send(self, c: int, ins: tuple, t: float) -> float:
+    def _send(self, c: int, f: int, nb: int, cost: float, t: float) -> float:
         m = self.m
-        _, f, nb, cost = ins
         out = self.outstanding[c] = [a for a in self.outstanding[c] if a > t]
         if len(out) >= m.out_cap:  # out queue full: wait for the oldest delivery
             t2 = sorted(out)[len(out) - m.out_cap]
@@ -709,9 +688,8 @@ class _Run:
         return end
 
     # -- handshakes, markers ---------------------------------------------------
-    def _await(self, c: int, ins: tuple, t: float) -> float | None:
+    def _await(self, c: int, f: int, spec: tuple[int, ...], t: float) -> float | None:
         m = self.m
-        _, f, spec = ins
         need = self.step[c]
         ready = t
         for tcls in spec:
@@ -726,11 +704,11 @@ class _Run:
             self._rec(c, t, ready, "handshake")
         return ready
 
-    def _rdrain(self, c: int, ins: tuple, t: float) -> float | None:
+    def _rdrain(self, c: int, flows: tuple[int, ...], t: float) -> float | None:
         """Wait until the last message of each drained flow of the credited step has passed."""
         m = self.m
         ready = t
-        for f in ins[1]:
+        for f in flows:
             credited = len(self.credits.get((c, f), ()))
             if credited == 0:
                 continue
@@ -771,11 +749,10 @@ class _Run:
         m = self.m
         key = (s, f)
         if key not in m.sends_per_step:
-            m.sends_per_step[key] = sum(1 for x in m.classes[s].instrs if x[0] == K_SEND and x[1] == f)
+            m.sends_per_step[key] = sum(1 for x in m.classes[s].instrs if type(x) is Send and x.flow == f)
         return m.sends_per_step[key]
 
-    def _marker(self, c: int, ins: tuple, t: float) -> float:
-        _, touching, lat = ins
+    def _marker(self, c: int, touching: frozenset[int], lat: float, t: float) -> float:
         last = t
         for f in touching:
             live = self.inflight.get(f)

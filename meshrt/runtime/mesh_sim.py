@@ -15,7 +15,8 @@ test16).
 Model
 -----
 Cores. Every core class is expanded to its cores. Each core runs its class's
-table: the events of each segment's subs in order, then the boundary's
+table (`meshrt.runtime.schedule.flatten`, which the cost model runs too): the
+events of each segment's subs in order, then the boundary's
 marker sync (if compiled) and reconfigure, and after the last segment the
 table loops (back to segment 0 on multi-segment classes); one pass over the
 table is one decode step. Subs run in table order, so a sub's `after`
@@ -130,25 +131,33 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 import time as _time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from meshrt.dialects import event as ev
 from meshrt.kernels.numerics import DataLayoutError
 from meshrt.dialects import segment as sg
-from meshrt.analysis.liveness import host_primed
-from meshrt.kernels import registry
 from meshrt.routing import RectSet, xy_path
+from meshrt.runtime.schedule import (
+    AwaitCredits,
+    Compute,
+    EnterSegment,
+    Instr,
+    MarkerSync,
+    MetaProduce,
+    MetaResolve,
+    Notify,
+    Reconfigure,
+    Recv,
+    RouteDrain,
+    Send,
+    Sub,
+    Switch,
+    flatten,
+)
 
-WAVELET_BYTES = 4
-
-# Instruction kinds of a flattened class table.
-(I_SEG, I_SUB, I_COMPUTE, I_SEND, I_RECV, I_MARKER, I_RECONF, I_SWITCH, I_END,
- I_AWAIT, I_NOTIFY, I_RDRAIN) = range(12)
 # Core states.
 RUN, W_RECV, W_SEND, W_MARKER, W_DRAIN, DONE, W_CREDIT, W_RDRAIN = range(8)
 STATE_NAMES = ("run", "recv", "send", "marker", "drain", "done", "credit", "route-drain")
@@ -438,7 +447,7 @@ class _Core:
         self.marker_lat = 0
         self.stall = [0, 0, 0, 0, 0, 0]  # recv, send, marker, drain, credit, route drain
         self.credit: dict[tuple[int, int], int] = {}  # (flow, router) -> install credits received
-        self.await_rs: dict[tuple[int, int], tuple[int, ...]] = {}  # (flow, await id) -> routers
+        self.await_rs: dict[int, tuple[int, ...]] = {}  # pc of an AwaitCredits -> routers awaited
         self.await_want: tuple[int, set[int]] | None = None  # (flow, routers) while W_CREDIT
         self.passing: list[tuple[int, _Msg]] | None = None
         self.senders: dict[int, tuple[int, ...]] = {}
@@ -446,11 +455,6 @@ class _Core:
         self.sub_start = 0
         self.cd = None  # per-core data (numerics mode)
         self.got: list = []  # messages gathered by the current recv
-
-
-def op_cycles(costs: dict[str, float], op: str) -> float:
-    """Cycles per element of compute op `op`: the target's cost of the op's cost key."""
-    return float(costs[registry.compute_op(op).cost])
 
 
 def _by_sender(m: _Msg) -> int:
@@ -496,7 +500,6 @@ class MeshSim:
 
     def _build(self) -> None:
         prog = self.program
-        costs = self.costs
         flows = prog.flows()
         self.flow_names = [f.flow_name for f in flows]
         fidx = {n: i for i, n in enumerate(self.flow_names)}
@@ -507,102 +510,18 @@ class MeshSim:
                          for n in self.flow_names]
         classes = prog.core_classes()
         self.class_names = [c.class_name for c in classes]
-        cidx = {n: i for i, n in enumerate(self.class_names)}
         # Routers are keyed by id (wafer, y, x) -> int; only routers that hold a
         # core or a route are stored, so a large mesh costs nothing extra.
         self.router_class: dict[int, int] = {}
         self.router_core: dict[int, _Core] = {}
 
-        primed_recvs = host_primed(prog)  # loop-carried flows
-
-        # flattened tables
-        self.class_progs: list[list[tuple]] = []
-        prime: list[dict[int, int]] = []  # class -> flow -> host-primed recvs per step
-        self.regions: list[tuple[RectSet, tuple[int, int, int, int], list[bool]]] = []
-        # Route handshakes (safe build only): await specs (flow, awaited class
-        # indices), and per class the flows granted at program start.
-        self.await_specs: list[tuple[int, frozenset[int]]] = []
-        grants: list[tuple[int, ...]] = []
-        drains: list[set[int]] = []
-        ts = costs["task_switch"]
-        for c in classes:
-            instrs: list[tuple] = []
-            primed: dict[int, int] = defaultdict(int)
-            segs = c.segments()
-            bounds = {b[0]: b for b in c.boundaries()}
-            grant: tuple[int, ...] = ()
-            drain: set[int] = set()
-            for seg in segs:
-                s = seg.index_value
-                instrs.append((I_SEG, s))
-                awaiting: dict[int, set[int]] = defaultdict(set)
-                if self.safe:
-                    for cname, fname in seg.await_pairs():
-                        awaiting[fidx[fname]].add(cidx[cname])
-                    if s == 0:
-                        grant = tuple(fidx[n] for n in seg.grant_names())
-                for sub in seg.subs():
-                    instrs.append((I_SUB, f"{sub.kernel_name} {sub.role_name}", ts, sub.kernel_name))
-                    for e in sub.events():
-                        if isinstance(e, ev.ComputeOp):
-                            numeric = self.data is not None and self.data.computes(sub.kernel_name, e.op.data)
-                            instrs.append((I_COMPUTE, e.op.data,
-                                           e.work.value.data * op_cycles(costs, e.op.data), numeric))
-                        elif isinstance(e, ev.SendOp):
-                            f = fidx[e.flow_name]
-                            nb = e.num_bytes + e.meta.value.data
-                            if f in awaiting:
-                                instrs.append((I_AWAIT, f, len(self.await_specs)))
-                                self.await_specs.append((f, frozenset(awaiting.pop(f))))
-                            instrs.append((I_SEND, f, nb,
-                                           math.ceil(nb / WAVELET_BYTES) * costs["send_wavelet"], False,
-                                           e.meta.value.data))
-                        elif isinstance(e, ev.RecvOp):
-                            f = fidx[e.flow_name]
-                            nb = e.num_bytes + e.meta.value.data
-                            instrs.append((I_RECV, f,
-                                           math.ceil(nb / WAVELET_BYTES) * costs["recv_wavelet"]))
-                            if (sub.kernel_name, e.flow_name) in primed_recvs:
-                                primed[f] += 1
-                        elif isinstance(e, ev.MetaResolveOp):
-                            instrs.append((I_COMPUTE, "meta_resolve",
-                                           costs["meta_resolve_slot"] * self.slots, False))
-                        elif isinstance(e, ev.MetaProduceOp):
-                            instrs.append((I_COMPUTE, "meta_produce",
-                                           costs["meta_produce_slot"] * self.slots, False))
-                b = bounds.get(s)
-                if b is not None:
-                    src, dst, sync, reconf = b
-                    if sync is not None:
-                        region = RectSet.from_cores(sync.over)
-                        instrs.append((I_MARKER, src, dst, len(self.regions)))
-                        self.regions.append((region, self._extent(region), []))
-                    n = len(reconf.release.data) + len(reconf.install.data)
-                    dr = tuple(fidx[x] for x in reconf.drain_names()) if self.safe else ()
-                    if dr:
-                        instrs.append((I_RDRAIN, dr))
-                        drain.update(dr)
-                    instrs.append((I_RECONF, src, dst,
-                                   costs["reconfigure"] + costs["reconfigure_route"] * n))
-                    instrs.append((I_SWITCH, dst))
-                    nt = tuple(fidx[x] for x in reconf.notify_names()) if self.safe else ()
-                    if nt:
-                        instrs.append((I_NOTIFY, nt))
-            instrs.append((I_END,))
-            # senders mark their last message of each flow in the step (end of flow)
-            last: dict[int, int] = {}
-            for i, ins in enumerate(instrs):
-                if ins[0] == I_SEND:
-                    last[ins[1]] = i
-            for i in last.values():
-                instrs[i] = instrs[i][:4] + (True,) + instrs[i][5:]
-            self.class_progs.append(instrs)
-            prime.append(primed)
-            grants.append(grant)
-            drains.append(drain)
-        # which flows' routes touch each marker region
-        for region, _, touch in self.regions:
-            touch.extend(self.flow_via[f].intersects(region) for f in range(len(flows)))
+        # the class tables (route handshakes in the safe build only)
+        sched = flatten(prog, self.target, handshakes=self.safe)
+        self.class_progs: list[tuple[Instr, ...]] = [cs.instrs for cs in sched.classes]
+        prime = [cs.primed for cs in sched.classes]  # class -> flow -> host-primed recvs per step
+        grants = [cs.grants for cs in sched.classes]
+        drains = [{f for ins in cs.instrs if type(ins) is RouteDrain for f in ins.flows}
+                  for cs in sched.classes]
 
         # cores
         self.cores: list[_Core] = []
@@ -709,12 +628,11 @@ class MeshSim:
                 for r in nodes:
                     self.crossers[(r, f)].append(self.router_core[src])
             for core in self.cores:
-                for ins in core.prog:
-                    if ins[0] == I_AWAIT:
-                        f, spec = self.await_specs[ins[2]]
-                        nodes = nodes_of.get((core.rid, f), ())
-                        core.await_rs[(f, ins[2])] = tuple(sorted(
-                            r for r in nodes if self.router_class.get(r) in spec))
+                for pc, ins in enumerate(core.prog):
+                    if type(ins) is AwaitCredits:
+                        nodes = nodes_of.get((core.rid, ins.flow), ())
+                        core.await_rs[pc] = tuple(sorted(
+                            r for r in nodes if self.router_class.get(r) in ins.classes))
                 for f in drains[core.cls]:
                     self.eof_watch[(core.rid, f)] = [0, 0]
                 for f in grants[core.cls]:
@@ -731,11 +649,6 @@ class MeshSim:
                         core.inq.setdefault(f, []).append(m)
                 core.cap[f] = max(core.cap.get(f, 0),
                                   max(self.queue_depth, n * self.inflight) * len(core.senders.get(f, ())))
-
-    def _extent(self, region: RectSet) -> tuple[int, int, int, int]:
-        xs = [b[0] for b in region] + [b[2] - 1 for b in region]
-        ys = [b[1] for b in region] + [b[3] - 1 for b in region]
-        return min(xs), min(ys), max(xs), max(ys)
 
     # -- running ---------------------------------------------------------
     def run(self, steps: int = 1) -> SimResult:
@@ -842,22 +755,29 @@ class MeshSim:
         prog = core.prog
         while True:
             ins = prog[core.pc]
-            k = ins[0]
-            if k == I_COMPUTE:
+            k = type(ins)
+            if k is Compute:
                 extra = 0
-                if ins[3]:
-                    r = self._data(core, t, self.data.compute, ins[1])
+                if self.data is not None and self.data.computes(ins.kernel, ins.op):
+                    r = self._data(core, t, self.data.compute, ins.op)
                     if r is None:
                         return
                     extra = r if r is not True else 0  # host work (a static batch refill)
-                c = self._cost(core, ins[2]) + extra
+                c = self._cost(core, ins.cycles) + extra
                 if self.spans is not None:
-                    self._span(core, ins[1], t, t + c)
+                    self._span(core, ins.op, t, t + c)
                 core.pc += 1
                 self._at(t + c, E_RESUME, core)
                 return
-            if k == I_RECV:
-                f = ins[1]
+            if k is MetaResolve or k is MetaProduce:
+                c = self._cost(core, ins.cycles)
+                if self.spans is not None:
+                    self._span(core, ins.op, t, t + c)
+                core.pc += 1
+                self._at(t + c, E_RESUME, core)
+                return
+            if k is Recv:
+                f = ins.flow
                 want = set(core.senders.get(f, ()))
                 q = core.inq.get(f)
                 got = 0
@@ -877,7 +797,7 @@ class MeshSim:
                 if not want:
                     if core.cd is not None and not self._received(core, f, t):
                         return
-                    c = self._cost(core, ins[2] * max(got, 1))
+                    c = self._cost(core, ins.cycles * max(got, 1))
                     if self.spans is not None:
                         self._span(core, "recv " + self.flow_names[f], t, t + c)
                     core.pc += 1
@@ -885,56 +805,59 @@ class MeshSim:
                     return
                 core.want = want
                 core.recv_flow = f
-                core.recv_cost = ins[2]
-                core.recv_total = ins[2] * got
+                core.recv_cost = ins.cycles
+                core.recv_total = ins.cycles * got
                 core.state = W_RECV
                 core.t_block = t
                 return
-            if k == I_SEND:
+            if k is Send:
                 if len(core.outstanding) >= self.out_cap:
                     core.state = W_SEND
                     core.t_block = t
                     return
-                f = ins[1]
+                f = ins.flow
                 payload = None
                 if core.cd is not None:
-                    payload = self._data(core, t, self.data.send, self.flow_names[f], ins[5])
+                    payload = self._data(core, t, self.data.send, self.flow_names[f], ins.meta)
                     if payload is None:
                         return
-                self._inject(core, f, ins[2], t, ins[4], payload)
-                c = self._cost(core, ins[3])
+                self._inject(core, f, ins.nbytes, t, ins.last, payload)
+                c = self._cost(core, ins.cycles)
                 if self.spans is not None:
                     self._span(core, "send " + self.flow_names[f], t, t + c)
                 core.pc += 1
                 self._at(t + c, E_RESUME, core)
                 return
-            if k == I_SUB:
+            if k is Sub:
                 if core.cd is not None:
-                    self.data.sub(core.cd, ins[3])
-                c = self._cost(core, ins[2])
+                    self.data.sub(core.cd, ins.kernel)
+                c = self._cost(core, ins.cycles)
                 if self.spans is not None:
                     if core.sub_name:
                         self._span(core, core.sub_name, core.sub_start, t)
-                    core.sub_name = ins[1]
+                    core.sub_name = f"{ins.kernel} {ins.role}"
                     core.sub_start = t
                 core.pc += 1
                 self._at(t + c, E_RESUME, core)
                 return
-            if k == I_SEG:
-                core.eseg = ins[1]
+            if k is EnterSegment:
+                core.eseg = ins.index
                 core.pc += 1
                 continue
-            if k == I_MARKER:
+            if k is MarkerSync:
                 if not self.safe:
                     core.pc += 1
                     continue
-                _, (x0, y0, x1, y1), touch = self.regions[ins[3]]
+                x0, y0, x1, y1 = ins.box
+                x1 -= 1
+                y1 -= 1
+                touch = ins.touching
                 _, x, y = core.pos
                 lat = int(self.costs["marker_hop"] * (max(abs(x - x0), abs(x - x1))
                                                        + max(abs(y - y0), abs(y - y1)))) + 1
                 n = 0
                 for m in self.in_transit.values():
-                    if touch[m.flow]:
+                    if m.flow in touch:
                         if m.waiters is None:
                             m.waiters = [core]
                         else:
@@ -952,7 +875,7 @@ class MeshSim:
                 core.marker_wait = n
                 core.state = W_MARKER
                 return
-            if k == I_RECONF:
+            if k is Reconfigure:
                 if self.safe:
                     if core.outstanding:
                         core.state = W_DRAIN
@@ -962,24 +885,24 @@ class MeshSim:
                     core.stall[3] += core.out_tail - t
                     self._at(core.out_tail, E_RESUME, core)
                     return
-                c = self._cost(core, ins[3])
+                c = self._cost(core, ins.cycles)
                 if self.spans is not None:
-                    self._span(core, f"reconfigure {ins[1]}->{ins[2]}", t, t + c)
+                    self._span(core, f"reconfigure {ins.src}->{ins.dst}", t, t + c)
                 core.pc += 1
                 self._at(t + c, E_RESUME, core)
                 return
-            if k == I_SWITCH:
-                self._switch(core, ins[1], t)
+            if k is Switch:
+                self._switch(core, ins.segment, t)
                 if self.stop:
                     return
                 core.pc += 1
                 continue
-            if k == I_AWAIT:
+            if k is AwaitCredits:
                 # install credits of this step from every awaited router on the route
-                f = ins[1]
+                f = ins.flow
                 need = core.step + 1
                 credit = core.credit
-                want = {r for r in core.await_rs[(f, ins[2])] if credit.get((f, r), 0) < need}
+                want = {r for r in core.await_rs[core.pc] if credit.get((f, r), 0) < need}
                 if want:
                     core.await_want = (f, want)
                     core.state = W_CREDIT
@@ -987,10 +910,10 @@ class MeshSim:
                     return
                 core.pc += 1
                 continue
-            if k == I_NOTIFY:
+            if k is Notify:
                 lat = self.target.hop_latency_cycles
                 _, x, y = core.pos
-                for f in ins[1]:
+                for f in ins.flows:
                     key = (core.rid, f)
                     self.granted[key] += 1
                     for s in self.crossers.get(key, ()):
@@ -998,10 +921,10 @@ class MeshSim:
                         self._at(t + lat * d + 1, E_CREDIT, s, (f, core.rid))
                 core.pc += 1
                 continue
-            if k == I_RDRAIN:
+            if k is RouteDrain:
                 # every credited step's last message of each flow has passed this router
                 tail = t
-                for f in ins[1]:
+                for f in ins.flows:
                     key = (core.rid, f)
                     w = self.eof_watch[key]
                     if w[0] < self.granted.get(key, 0) * len(self.crossers.get(key, ())):
@@ -1016,7 +939,7 @@ class MeshSim:
                     return
                 core.pc += 1
                 continue
-            # I_END
+            # EndStep
             if core.cd is not None:
                 self.data.end_step(core.cd)
             if core.step == len(self.step_end):

@@ -1,0 +1,316 @@
+"""What each core class executes in one decode step: segment IR flattened into typed instructions.
+
+A core class's `segment.core_class` holds segments of subs of events, and
+boundaries (marker sync, reconfigure) between segments. Both timing engines
+run the same flat table per class, one pass per decode step: the
+interpreter (`meshrt.runtime.mesh_sim`, every core of the class runs it) and
+the cost model (`meshrt.runtime.cost_model`, one virtual core per class).
+`flatten` builds those tables once, with the facts both need derived here:
+
+- base cycles of the local work, by the target's cost table (what the
+  interpreter's `ceil(base * speed * jitter)` and the cost model's expected
+  value start from): compute `work N` of op o costs N * cost[o]
+  (`op_cycles`: cost[o] is the target's cost of the key o's kernel kind
+  declares, `meshrt.kernels`), metainfo resolve /
+  produce `meta_*_slot` * micro-batch slots, a sub `task_switch`, send /
+  recv `send_wavelet` / `recv_wavelet` per 32-bit wavelet of data +
+  metainfo, a reconfigure `reconfigure` + `reconfigure_route` per released
+  and installed route;
+- flows by index (`Schedule.flows`), classes by index (`Schedule.classes`);
+- the last send of each flow in the step (end of flow, what route drains
+  count), the receives the host primes (loop-carried flows), the flows a
+  class is granted at program start;
+- per marker sync its region, the region's bounding box and the flows whose
+  routes touch it.
+
+A class's table, in order: per segment `EnterSegment`, then per sub `Sub`
+followed by the sub's events (`Compute`, `MetaResolve`, `MetaProduce`,
+`Send` with an `AwaitCredits` before the segment's first send of a flow it
+must await, `Recv`); then the segment's boundary, if any: `MarkerSync`
+(compiled in the safe build), `RouteDrain`, `Reconfigure`, `Switch`,
+`Notify`; and last `EndStep`, after which the table loops. With
+`handshakes=False` (the interpreter's unsafe ablation) the route handshakes
+(`AwaitCredits`, `RouteDrain`, `Notify`, grants) are left out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from meshrt.dialects import event as ev
+from meshrt.dialects import segment as sg
+from meshrt.analysis.liveness import host_primed
+from meshrt.kernels import registry
+from meshrt.routing import Box, RectSet
+
+WAVELET_BYTES = 4
+"""Bytes of one fabric wavelet: sends and recvs are costed per wavelet."""
+
+
+# ---------------------------------------------------------------------------
+# Instructions
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EnterSegment:
+    """The class starts segment `index` (its messages are sent in it)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sub:
+    """A sub-schedule of `kernel` in `role` starts: one task switch."""
+
+    kernel: str
+    role: str
+    cycles: float  # task_switch
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """`event.compute`: `work` elements of op `op`, local work of `kernel`."""
+
+    kernel: str
+    op: str
+    work: int
+    cycles: float  # work * op_cycles(op)
+
+
+@dataclass(frozen=True, slots=True)
+class _Metainfo:
+    flow: int
+    kind: str  # the metainfo's kind (`event.meta_*` kind)
+    cycles: float  # meta_*_slot * slots
+
+
+@dataclass(frozen=True, slots=True)
+class MetaResolve(_Metainfo):
+    """`event.meta_resolve`: parse the metainfo that came with `flow`."""
+
+    op: ClassVar[str] = "meta_resolve"
+
+
+@dataclass(frozen=True, slots=True)
+class MetaProduce(_Metainfo):
+    """`event.meta_produce`: build the metainfo that rides the next send on `flow`."""
+
+    op: ClassVar[str] = "meta_produce"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """`event.send`: one message of `nbytes` (data + `meta` bytes of metainfo) on `flow`."""
+
+    flow: int
+    nbytes: int
+    meta: int
+    cycles: float  # send_wavelet per wavelet
+    last: bool  # the class's last send of the flow in the step (end of flow)
+
+
+@dataclass(frozen=True, slots=True)
+class Recv:
+    """`event.recv`: one message of `nbytes` from each sender that targets the core."""
+
+    flow: int
+    nbytes: int
+    cycles: float  # recv_wavelet per wavelet, per message gathered
+    primed: bool  # the host sends the first step's messages (a loop-carried flow)
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitCredits:
+    """Route handshake: wait for this step's install credit of `flow` from the routers of `classes`."""
+
+    flow: int
+    classes: tuple[int, ...]  # class indices, sorted
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerSync:
+    """`segment.marker_sync src to dst over region`: flush the messages in flight over `region`."""
+
+    src: int
+    dst: int
+    region: RectSet
+    box: Box  # the region's bounding box (x0, y0, x1, y1), exclusive
+    touching: frozenset[int]  # flows whose routes touch the region
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDrain:
+    """Route handshake: wait until the end-of-flow messages of `flows` have passed the router."""
+
+    flows: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """`segment.reconfigure src to dst`: wait for the own messages, then rewrite `routes` entries."""
+
+    src: int
+    dst: int
+    routes: int  # released + installed routes
+    cycles: float  # reconfigure + reconfigure_route * routes
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """The reconfiguration is done: the router takes segment `segment`'s colour configuration."""
+
+    segment: int
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """Route handshake: send install credits of `flows` to the senders crossing the router."""
+
+    flows: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EndStep:
+    """The decode step is done: the table starts over."""
+
+
+Instr = (EnterSegment | Sub | Compute | MetaResolve | MetaProduce | Send | Recv | AwaitCredits
+         | MarkerSync | RouteDrain | Reconfigure | Switch | Notify | EndStep)
+
+
+# ---------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSchedule:
+    """One core class's table for one decode step."""
+
+    index: int
+    name: str
+    wafer: int
+    cores: RectSet
+    instrs: tuple[Instr, ...]
+    grants: tuple[int, ...]  # flows whose install credit the class holds at program start
+    primed: Mapping[int, int]  # flow -> host-primed recvs per step
+
+    def count(self, kind: type) -> int:
+        """Instructions of one kind in the table."""
+        return sum(1 for i in self.instrs if type(i) is kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Every core class's table, in the program's class order; flows by index."""
+
+    flows: tuple[str, ...]
+    flow_index: Mapping[str, int]
+    classes: tuple[ClassSchedule, ...]
+
+
+def wavelets(nbytes: int) -> int:
+    return math.ceil(nbytes / WAVELET_BYTES)
+
+
+def op_cycles(costs: dict[str, float], op: str) -> float:
+    """Cycles per element of compute op `op`: the target's cost of the op's cost key."""
+    return float(costs[registry.compute_op(op).cost])
+
+
+def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
+            pos: dict[str, int] | None = None) -> Schedule:
+    """The tables of `program`'s core classes, costed by `target`'s cost table.
+
+    `handshakes=False` leaves the route handshakes out (the unsafe ablation);
+    `pos` is the program's `step_order`, when the caller has it.
+    """
+
+    costs = target.costs
+    slots = program.micro_batch_size
+    names = tuple(f.flow_name for f in program.flows())
+    fidx = {n: i for i, n in enumerate(names)}
+    via = {r.flow_name: RectSet.from_cores(r.via) for r in program.routes()}
+    flow_via = [via.get(n, RectSet()) for n in names]
+    classes = program.core_classes()
+    cidx = {c.class_name: i for i, c in enumerate(classes)}
+    primed_recvs = host_primed(program, pos)
+    ts = costs["task_switch"]
+    out = []
+    for ci, c in enumerate(classes):
+        instrs: list[Instr] = []
+        primed: dict[int, int] = defaultdict(int)
+        bounds = {b[0]: b for b in c.boundaries()}
+        grant: tuple[int, ...] = ()
+        for seg in c.segments():
+            s = seg.index_value
+            instrs.append(EnterSegment(s))
+            awaiting: dict[int, set[int]] = defaultdict(set)
+            if handshakes:
+                for cname, fname in seg.await_pairs():
+                    awaiting[fidx[fname]].add(cidx[cname])
+                if s == 0:
+                    grant = tuple(fidx[n] for n in seg.grant_names())
+            for sub in seg.subs():
+                kernel = sub.kernel_name
+                instrs.append(Sub(kernel, sub.role_name, ts))
+                for e in sub.events():
+                    if isinstance(e, ev.ComputeOp):
+                        work = e.work.value.data
+                        instrs.append(Compute(kernel, e.op.data, work, work * op_cycles(costs, e.op.data)))
+                    elif isinstance(e, ev.SendOp):
+                        f = fidx[e.flow_name]
+                        meta = e.meta.value.data
+                        nb = e.num_bytes + meta
+                        if f in awaiting:
+                            instrs.append(AwaitCredits(f, tuple(sorted(awaiting.pop(f)))))
+                        instrs.append(Send(f, nb, meta, wavelets(nb) * costs["send_wavelet"], False))
+                    elif isinstance(e, ev.RecvOp):
+                        f = fidx[e.flow_name]
+                        nb = e.num_bytes + e.meta.value.data
+                        host = (kernel, e.flow_name) in primed_recvs
+                        if host:
+                            primed[f] += 1
+                        instrs.append(Recv(f, nb, wavelets(nb) * costs["recv_wavelet"], host))
+                    elif isinstance(e, ev.MetaResolveOp):
+                        instrs.append(MetaResolve(fidx[e.flow_name], e.kind.data,
+                                                  costs["meta_resolve_slot"] * slots))
+                    elif isinstance(e, ev.MetaProduceOp):
+                        instrs.append(MetaProduce(fidx[e.flow_name], e.kind.data,
+                                                  costs["meta_produce_slot"] * slots))
+            b = bounds.get(s)
+            if b is None:
+                continue
+            src, dst, sync, reconf = b
+            if sync is not None:
+                region = RectSet.from_cores(sync.over)
+                touching = frozenset(f for f, v in enumerate(flow_via) if v.intersects(region))
+                instrs.append(MarkerSync(src, dst, region, extent(region), touching))
+            dr = tuple(fidx[x] for x in reconf.drain_names()) if handshakes else ()
+            if dr:
+                instrs.append(RouteDrain(dr))
+            n = len(reconf.release.data) + len(reconf.install.data)
+            instrs.append(Reconfigure(src, dst, n, costs["reconfigure"] + costs["reconfigure_route"] * n))
+            instrs.append(Switch(dst))
+            nt = tuple(fidx[x] for x in reconf.notify_names()) if handshakes else ()
+            if nt:
+                instrs.append(Notify(nt))
+        instrs.append(EndStep())
+        # senders mark their last message of each flow in the step (end of flow)
+        last = {ins.flow: i for i, ins in enumerate(instrs) if type(ins) is Send}
+        for i in last.values():
+            instrs[i] = replace(instrs[i], last=True)
+        out.append(ClassSchedule(ci, c.class_name, c.wafer_index, RectSet.from_cores(c.cores),
+                                 tuple(instrs), grant, dict(primed)))
+    return Schedule(names, fidx, tuple(out))
+
+
+def extent(rs: RectSet) -> Box:
+    """The bounding box (x0, y0, x1, y1) of a non-empty set, exclusive."""
+    b = list(rs)
+    return min(x[0] for x in b), min(x[1] for x in b), max(x[2] for x in b), max(x[3] for x in b)
