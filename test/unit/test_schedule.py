@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshrt.dialects import event as ev
-from meshrt.runtime.mesh_sim import MeshSim, compile_program, op_cycles
+from meshrt.runtime.mesh_sim import MeshSim, compile_program
 from meshrt.runtime.schedule import (
     WAVELET_BYTES,
     AwaitCredits,
@@ -30,6 +30,7 @@ from meshrt.runtime.schedule import (
     Sub,
     Switch,
     flatten,
+    op_cycles,
 )
 from meshrt.targets import load_target
 
