@@ -19,10 +19,11 @@ sent, because those flows depend on the neighbouring kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshrt.dialects import mesh_kernel as mk
 from meshrt.dialects.base import int_value
+from meshrt.dialects.event import FlowRole
 from meshrt.dialects.mesh import CoreSetAttr, RectAttr
 
 ACT_BYTES = 4  # activations and partial sums travel and sit in buffers as fp32
@@ -64,6 +65,8 @@ class FlowSpec:
     bytes: int
     dx: int | None = None
     dy: int | None = None
+    role: FlowRole = field(kw_only=True)
+    operand: int | None = field(default=None, kw_only=True)  # with role INPUT: the operand index
 
 
 # Event tuples: ("recv", flow, bytes[, meta]) ("send", flow, bytes[, meta])
@@ -205,9 +208,10 @@ def chain(kernel: mk.KernelOp, local: list[Event], reduce_op: str, msg_bytes: in
         return [Role("root", rows(0, 1), [INPUTS, *local, *finish, OUTPUTS],
                      state, sends_output=True)], []
     down, up = f"{k}.down", f"{k}.up"
-    flows = [FlowSpec(down, rows(0, h - 1), rows(1, h - 1), "shift", msg_bytes, *step)]
+    flows = [FlowSpec(down, rows(0, h - 1), rows(1, h - 1), "shift", msg_bytes, *step, role=FlowRole.DOWN)]
     if relay_back:
-        flows.append(FlowSpec(up, rows(1, h - 1), rows(0, h - 1), "shift", msg_bytes, -step[0], -step[1]))
+        flows.append(FlowSpec(up, rows(1, h - 1), rows(0, h - 1), "shift", msg_bytes, -step[0], -step[1],
+                              role=FlowRole.UP))
     back_edge = [("recv", up, msg_bytes)] if relay_back else []
     back_mid = [("recv", up, msg_bytes), ("send", up, msg_bytes)] if relay_back else []
     back_root = [("send", up, msg_bytes)] if relay_back else []
@@ -370,7 +374,7 @@ def _relay_roles(kernel: mk.KernelOp, kctx: KernelContext) -> tuple[list[Role], 
     if backwards:  # combine: expert results enter all along, leave at the head (index 0)
         src, dst = cell(1, length - 1), cell(0, length - 1)
         head, body, tail = cell(0), cell(1, length - 2) if length > 2 else None, cell(length - 1)
-        flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy)]
+        flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy, role=FlowRole.HOP)]
         roles = [Role("tail", tail, [INPUTS, ("compute", "combine", b * hidden), ("send", hop, msg, meta)],
                       0, ctrl=kctx.route_bytes, switches=2)]
         if body is not None:
@@ -380,7 +384,7 @@ def _relay_roles(kernel: mk.KernelOp, kctx: KernelContext) -> tuple[list[Role], 
                                          OUTPUTS], 0, ctrl=kctx.route_bytes, switches=2, sends_output=True))
         return roles, flows
     src, dst = cell(0, length - 1), cell(1, length - 1)
-    flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy)]
+    flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy, role=FlowRole.HOP)]
     roles = [Role("head", cell(0), [INPUTS, ("compute", "route", b * kctx.top_k), ("send", hop, msg, meta), OUTPUTS],
                   0, ctrl=kctx.route_bytes, switches=2, sends_output=True)]
     if length > 2:

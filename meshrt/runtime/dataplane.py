@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from meshrt.dialects import event as ev
+from meshrt.dialects.event import FlowRole
 from meshrt.runtime import reference as ref
 
 F32, F64 = np.float32, np.float64
@@ -140,7 +141,7 @@ class CoreData:
     values: dict[str, object] = field(default_factory=dict)
     recvd: dict[tuple[str, str], Vec] = field(default_factory=dict)
     acc: dict[str, object] = field(default_factory=dict)  # chain partials per kernel
-    inbox: dict[str, list] = field(default_factory=dict)  # internal-flow payloads
+    inbox: dict[tuple[str, FlowRole], list] = field(default_factory=dict)  # (kernel, role) -> payloads
     kv: dict[str, np.ndarray] = field(default_factory=dict)
     cb: SlotTable | None = None
     route: Routing | None = None
@@ -223,32 +224,33 @@ class KernelExec:
     def compute(self, cd: CoreData, op: str) -> None:
         pass
 
-    def send(self, cd: CoreData, flow: str) -> object:
+    # `role` is the FlowRole of the flow the event sends or receives on.
+    def send(self, cd: CoreData, role: FlowRole) -> object:
         return cd.values.get(self.name)
 
-    def recv(self, cd: CoreData, flow: str, items: list) -> None:
-        if flow.endswith(".up"):
+    def recv(self, cd: CoreData, role: FlowRole, items: list) -> None:
+        if role is FlowRole.UP:
             self.relayed(cd, items[0])
         else:
-            cd.inbox[flow] = items
+            cd.inbox[self.name, role] = items
 
     def relayed(self, cd: CoreData, value) -> None:
         """The result a reduction's root relays back up the chain."""
         cd.values[self.name] = value
 
-    def payload_src(self, flow: str) -> str:
-        """The kernel whose value a send on `flow` carries."""
+    def payload_src(self, role: FlowRole) -> str:
+        """The kernel whose value a send on a flow of `role` carries."""
         return self.name
 
-    def metainfo(self, cd: CoreData, flow: str, meta: int) -> tuple[SlotTable | None, Routing | None]:
+    def metainfo(self, cd: CoreData, role: FlowRole, meta: int) -> tuple[SlotTable | None, Routing | None]:
         """(CF table, routing) riding a send: what the core holds, where the table
         gives the send metainfo bytes."""
         return (cd.cb, cd.route) if meta else (None, None)
 
-    def take(self, cd: CoreData, suffix: str) -> list:
-        items = cd.inbox.pop(f"{self.name}.{suffix}", None)
+    def take(self, cd: CoreData, role: FlowRole) -> list:
+        items = cd.inbox.pop((self.name, role), None)
         if items is None:
-            raise DataLayoutError(f"{self.where(cd)}: nothing received on @{self.name}.{suffix}")
+            raise DataLayoutError(f"{self.where(cd)}: nothing received on its {role} flow")
         return items
 
 
@@ -279,7 +281,7 @@ class Embed(KernelExec):
 
 
 class Handoff(KernelExec):
-    def send(self, cd, flow):
+    def send(self, cd, role):
         _, i, j, w, h = self.grid_pos(cd)
         v = self.input(cd)
         lo, hi = part(v.data.shape[1], w * h, j * w + i)
@@ -319,7 +321,7 @@ class AllReduce(KernelExec):
     def compute(self, cd, op):
         if op == "add":
             c0, c1, partial = self._own(cd)
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = got + partial
             if not self._has_down_send(cd):
                 self._finish(cd)
@@ -334,12 +336,12 @@ class AllReduce(KernelExec):
         n = total.shape[1]
         cd.values[self.name] = Vec.of(total[:, c0:c1].astype(F32), c0, n)
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             if self.name in cd.acc:
                 return cd.acc.pop(self.name)
             return self._own(cd)[2]
-        if flow.endswith(".up"):
+        if role is FlowRole.UP:
             return cd.values[self.name]
         return self._output(cd)
 
@@ -370,7 +372,7 @@ class Elementwise(KernelExec):
                 x = self.input(cd).need(r0, r1, where).astype(F64)
                 cd.acc[self.name] = np.sum(x * x, axis=1)
             elif op == "add":
-                (got,) = self.take(cd, "down")
+                (got,) = self.take(cd, FlowRole.DOWN)
                 cd.acc[self.name] = got + cd.acc[self.name]
             elif op == "rsqrt":
                 cd.acc[self.name + ".inv"] = 1.0 / np.sqrt(cd.acc.pop(self.name) / n + ref.RMS_EPS)
@@ -397,10 +399,10 @@ class Elementwise(KernelExec):
             raise DataLayoutError(f"{where}: elementwise \"{self.kind}\" has no numerics here")
         cd.values[self.name] = Vec.of(out.astype(F32), c0, n)
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             return cd.acc[self.name]
-        if flow.endswith(".up"):
+        if role is FlowRole.UP:
             return cd.acc[self.name + ".inv"]
         return cd.values[self.name]
 
@@ -479,7 +481,7 @@ class Attention(KernelExec):
                     o[b, hh] = e @ vals[:, kv_i].astype(F64)
             cd.acc[self.name] = (o, m, s)
         elif op == "softmax_merge":
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
         elif op == "normalize":
             o, m, s = cd.acc.pop(self.name)
@@ -491,8 +493,8 @@ class Attention(KernelExec):
             c0 = i * hq * self.d
             cd.values[self.name] = Vec.of(out.reshape(self.b, hq * self.d), c0, n)
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             return cd.acc.pop(self.name)
         return cd.values[self.name]
 
@@ -514,8 +516,8 @@ class _RoutesTokens(KernelExec):
     """Gate, dispatch and experts: without routing metainfo (the static build)
     the gate's weights still travel with the tokens, as data."""
 
-    def metainfo(self, cd, flow, meta):
-        cb, route = super().metainfo(cd, flow, meta)
+    def metainfo(self, cd, role, meta):
+        cb, route = super().metainfo(cd, role, meta)
         return cb, route if self.plane.moe_routing else cd.route
 
 
@@ -538,7 +540,7 @@ class TopKGate(_RoutesTokens):
             x = self.input(cd).need(r0, r1, self.where(cd))
             cd.acc[self.name] = x.astype(F64) @ cd.tile(self.name, lambda: self.router[r0:r1])
         elif op == "add":
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = got + cd.acc[self.name]
         elif op == "topk":
             logits = cd.acc.pop(self.name).astype(F32)
@@ -548,17 +550,17 @@ class TopKGate(_RoutesTokens):
             cd.route = Routing(ids, (wts / np.sum(wts, axis=-1, keepdims=True)).astype(F32))
             self.plane.count_routing(self.layer, ids, cd)
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             return cd.acc.pop(self.name)
-        if flow.endswith(".up"):
+        if role is FlowRole.UP:
             return cd.route
         # the tokens it gated go on to dispatch (with the routing as metainfo)
         return self.input(cd)
 
-    def payload_src(self, flow: str) -> str:
+    def payload_src(self, role: FlowRole) -> str:
         # what goes on to dispatch is the tokens it gated, i.e. its input's value
-        return self.inputs[0] if not flow.startswith(self.name + ".") else self.name
+        return self.inputs[0] if not role.internal else self.name
 
     def relayed(self, cd, value):
         cd.route = value
@@ -575,20 +577,20 @@ class Dispatch(_RoutesTokens):
             cd.values[self.name + ".tokens"] = v
         return v
 
-    def send(self, cd, flow):
+    def send(self, cd, role):
         v = self._tokens(cd)
-        if flow.endswith(".hop"):
+        if role is FlowRole.HOP:
             return v
         _, i, j, w, h = self.grid_pos(cd)
         lo, hi = part(v.data.shape[1], w * h, j * w + i)
         v.need(lo, hi, self.where(cd))
         return v.restrict(lo, hi)
 
-    def recv(self, cd, flow, items):
-        if flow.endswith(".hop"):
+    def recv(self, cd, role, items):
+        if role is FlowRole.HOP:
             cd.values[self.name + ".tokens"] = items[0]
         else:
-            cd.inbox[flow] = items
+            cd.inbox[self.name, role] = items
 
 
 class ExpertFFN(_RoutesTokens):
@@ -650,7 +652,7 @@ class ExpertFFN(_RoutesTokens):
             # the first step after a re-placement waits for the weights that move in
             return self.plane.move_cycles(self.layer, cd.step, t)
         elif op == "add":
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             own = cd.acc[self.name]
             cd.acc[self.name] = {e: (own[e][0], own[e][1] + got[e][1]) for e in own}
         elif op == "silu_mul":
@@ -667,8 +669,8 @@ class ExpertFFN(_RoutesTokens):
                                                         lambda e=e: self.moe.w_down[e, f0:f1, r0:r1]))
                 for e, (rows, act) in a.items()}
 
-    def send(self, cd, flow):
-        if flow.endswith(".up"):
+    def send(self, cd, role):
+        if role is FlowRole.UP:
             return cd.acc[self.name + ".a"]
         return cd.acc.pop(self.name)  # down partials, or this core's output partial
 
@@ -687,7 +689,7 @@ class Combine(KernelExec):
         if op != "combine":
             return
         _, i, j, w, h = self.grid_pos(cd)
-        items = cd.inbox.pop(self.name + ".experts", [])
+        items = cd.inbox.pop((self.name, FlowRole.INPUT), [])  # the experts' partial outputs
         hidden = self.plane.shape.hidden
         lo, hi = part(hidden, w * h, j * w + i)
         # per expert and slot: the sum of its cores' partial outputs, rounded once
@@ -720,14 +722,14 @@ class Combine(KernelExec):
         else:
             v.merge(mine, self.where(cd))
 
-    def send(self, cd, flow):
+    def send(self, cd, role):
         return cd.values[self.name]
 
-    def recv(self, cd, flow, items):
-        if flow.endswith(".hop"):
+    def recv(self, cd, role, items):
+        if role is FlowRole.HOP:
             cd.values[self.name] = items[0]
         else:
-            cd.inbox[self.name + ".experts"] = items
+            cd.inbox[self.name, role] = items
 
 
 class Sample(KernelExec):
@@ -743,7 +745,7 @@ class Sample(KernelExec):
             idx = np.argmax(logits, axis=1)
             cd.acc[self.name] = (logits[np.arange(self.b), idx], idx + c0)
         elif op == "argmax_merge":
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             gv, gi = got  # from the columns to the left: lower token ids
             mv, mi = cd.acc[self.name]
             better = mv > gv
@@ -752,14 +754,14 @@ class Sample(KernelExec):
             _, idx = cd.acc.pop(self.name)
             return self.plane.host.sampled(cd, [int(t) for t in idx])
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             return cd.acc[self.name]
         return self.plane.host.next_tokens(cd)
 
-    def metainfo(self, cd, flow, meta):
-        cb, route = super().metainfo(cd, flow, meta)
-        if self.plane.cb and not flow.startswith(self.name + "."):
+    def metainfo(self, cd, role, meta):
+        cb, route = super().metainfo(cd, role, meta)
+        if self.plane.cb and not role.internal:
             cb = self.plane.host.table_of(cd)  # the table of the step these tokens start
         return cb, route
 
@@ -793,7 +795,8 @@ class DataPlane:
                 raise DataLayoutError(f"kernel @{info.kernel_name}: kind {info.kind.data} has no numerics")
             self.kernels[info.kernel_name] = cls(info, self)
         self.routing_counts = np.zeros((self.shape.layers, max(self.shape.experts, 1)), np.int64)
-        self._kinds: dict[tuple[str, str], str] = {}
+        # flow name -> (role, kernel): the kernels' hooks see a flow's role, not its name
+        self.roles = {f.flow_name: (f.flow_role, f.kernel.root_reference.data) for f in program.flows()}
         # live re-placements: layer -> [(first step, placement, cycles per destination region)]
         self.replacements: dict[int, list[tuple[int, tuple[int, ...], dict[int, int]]]] = {}
 
@@ -882,28 +885,21 @@ class DataPlane:
 
     def send(self, cd: CoreData, flow: str, meta: int) -> Payload:
         k = cd.kernel
-        value = k.send(cd, flow)
-        cb, route = k.metainfo(cd, flow, meta)
-        return Payload(k.payload_src(flow), value, cb, route)
+        role = self.roles[flow][0]
+        value = k.send(cd, role)
+        cb, route = k.metainfo(cd, role, meta)
+        return Payload(k.payload_src(role), value, cb, route)
 
-    def _flow_kind(self, kernel: KernelExec, flow: str) -> str:
+    def _flow_kind(self, kernel: KernelExec, role: FlowRole, owner: str) -> str:
         """"tokens", "internal" (the kernel's own chain/relay flows) or "input"."""
-        key = (kernel.name, flow)
-        kind = self._kinds.get(key)
-        if kind is None:
-            k = kernel.name
-            if flow == f"{k}.tokens":
-                kind = "tokens"
-            elif flow.startswith(k + ".") and not flow.startswith(k + ".in"):
-                kind = "internal"
-            else:
-                kind = "input"
-            self._kinds[key] = kind
-        return kind
+        if role is FlowRole.TOKENS:
+            return "tokens"
+        return "internal" if role.internal and owner == kernel.name else "input"
 
     def recv(self, cd: CoreData, flow: str, payloads: list[Payload]) -> None:
         k = cd.kernel
-        kind = self._flow_kind(k, flow)
+        role, owner = self.roles[flow]
+        kind = self._flow_kind(k, role, owner)
         for p in payloads:
             if p.cb is not None:
                 cd.cb = p.cb
@@ -917,10 +913,10 @@ class DataPlane:
                     raise DataLayoutError(f"{k.where(cd)}: samplers disagree on the tokens")
             return
         if internal:
-            k.recv(cd, flow, [p.value for p in payloads])
+            k.recv(cd, role, [p.value for p in payloads])
             return
         if k.RAW_INPUTS:
-            k.recv(cd, flow, [p.value for p in payloads])
+            k.recv(cd, role, [p.value for p in payloads])
             return
         for p in payloads:
             key = (k.name, p.src)
