@@ -1,11 +1,12 @@
 """The `event` dialect: per-core-class event tables (Algorithm 1's output).
 
     event.schedule @m target ... {
-      event.flow @l0.r.up kernel @l0.r from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 256
+      event.flow @l0.r.up kernel @l0.r role "up" wafer 0 from <(1, 0, 3, 4)> to <(0, 0, 3, 4)> pattern "shift" by -1, 0 bytes 256
+      event.flow @l0.r.in0 kernel @l0.r role "input" operand 0 wafer 0 from <(0, 0, 3, 1)> to <(0, 0, 3, 4)> pattern "col" bytes 256
       event.core_class @c3 cores <(0, 1, 1, 4)> {
         event.sub @l0.r "edge" after [@l0.qkv] demand <colors = 2, iq = 1> collective {
-          event.send @l0.r.up bytes 256 meta 0
-          event.recv @l0.r.bc bytes 256 meta 0
+          event.recv @l0.r.in0 bytes 256 meta 0
+          event.recv @l0.r.up bytes 256 meta 0
         }
       }
     }
@@ -13,10 +14,13 @@
 A core class is a set of cores that run the same table; a sub-schedule is
 one (kernel, role) part of it, guarded by the kernel's predecessors. Flows
 are class-level patterns (every sender shifts to a neighbour, or multicasts
-along its row / column), so nothing here grows with mesh area.
+along its row / column), so nothing here grows with mesh area. A flow's
+`role` says what it carries for its kernel (see `FlowRole`); its name is
+only a symbol.
 """
 
 from __future__ import annotations
+
 
 from xdsl.dialects.builtin import (
     I64,
@@ -43,7 +47,7 @@ from xdsl.traits import NoTerminator, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
 from meshrt.dialects.base import MappedProgramOp, body_ops, enclosing_program, int_value
-from meshrt.dialects.mesh import DYNAMISM_KINDS, CoreSetAttr, ResourceAttr
+from meshrt.dialects.mesh import DYNAMISM_KINDS, FLOW_ROLES, CoreSetAttr, FlowRole, ResourceAttr
 from meshrt.kernels import registry
 
 
@@ -140,6 +144,8 @@ def _check_in_mesh(op: Operation, what: str, cores: CoreSetAttr) -> None:
         raise VerifyException(f"{what} {cores} lie outside the {w} x {h} mesh")
 
 
+
+
 @irdl_op_definition
 class FlowOp(IRDLOperation):
     """A class-level message pattern of one kernel: who sends to whom, how much."""
@@ -148,6 +154,9 @@ class FlowOp(IRDLOperation):
 
     sym_name = prop_def(SymbolNameConstraint())
     kernel = prop_def(SymbolRefAttr)
+    # A FlowRole; `operand` (the kernel's operand index) with role "input" only.
+    role = prop_def(StringAttr)
+    operand = opt_prop_def(IntegerAttr[I64])
     src = prop_def(CoreSetAttr)
     dst = prop_def(CoreSetAttr)
     pattern = prop_def(StringAttr)
@@ -161,13 +170,23 @@ class FlowOp(IRDLOperation):
 
     traits = traits_def(SymbolOpInterface())
     assembly_format = (
-        "$sym_name `kernel` $kernel `wafer` $wafer `from` $src `to` $dst (`cross_wafer` $cross_wafer^)? "
+        "$sym_name `kernel` $kernel `role` $role (`operand` $operand^)? "
+        "`wafer` $wafer `from` $src `to` $dst (`cross_wafer` $cross_wafer^)? "
         "`pattern` $pattern (`by` $dx^ `,` $dy)? `bytes` $bytes attr-dict"
     )
 
     @property
     def flow_name(self) -> str:
         return self.sym_name.data
+
+    @property
+    def flow_role(self) -> FlowRole:
+        return FlowRole(self.role.data)
+
+    @property
+    def operand_index(self) -> int | None:
+        """The kernel operand an "input" flow feeds (None for the other roles)."""
+        return int_value(self.operand) if self.operand is not None else None
 
     @property
     def wafer_index(self) -> int:
@@ -190,6 +209,15 @@ class FlowOp(IRDLOperation):
             raise VerifyException(
                 f"{where}: unknown pattern '{pattern}', expected one of {', '.join(FLOW_PATTERNS)}"
             )
+        role = self.role.data
+        if role not in FLOW_ROLES:
+            raise VerifyException(
+                f"{where}: unknown role '{role}', expected one of {', '.join(FLOW_ROLES)}"
+            )
+        if (role == FlowRole.INPUT) != (self.operand is not None):
+            raise VerifyException(f"{where}: an operand index goes with role \"input\", and only with it")
+        if self.operand is not None and int_value(self.operand) < 0:
+            raise VerifyException(f"{where}: operand must be >= 0, got {int_value(self.operand)}")
         if int_value(self.bytes) <= 0:
             raise VerifyException(f"{where}: bytes must be > 0, got {int_value(self.bytes)}")
         _check_in_mesh(self, f"{where}: senders", self.src)

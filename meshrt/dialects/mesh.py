@@ -15,6 +15,8 @@ Nothing here is an op. These are the vocabulary of the mapped computation:
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -353,6 +355,26 @@ DYNAMISM_KINDS: tuple[str, ...] = (
     "speculative_accept",
     "expert_rebalance",
 )
+
+
+class FlowRole(StrEnum):
+    """What a flow carries for its kernel (`event.flow`'s `role`): the closed set."""
+
+    DOWN = "down"  # a reduction's partials, down the chain toward its root
+    UP = "up"  # the root's result, relayed back up the chain
+    HOP = "hop"  # one step along a dispatch / combine relay corridor
+    INPUT = "input"  # a producer's value into operand `operand` of the kernel
+    TOKENS = "tokens"  # the sampled tokens back to the first stage's embed
+
+    @property
+    def internal(self) -> bool:
+        """A flow of the kernel's own chain or corridor, not a value from another kernel."""
+        return self in _INTERNAL_ROLES
+
+
+_INTERNAL_ROLES = frozenset({FlowRole.DOWN, FlowRole.UP, FlowRole.HOP})
+FLOW_ROLES = tuple(r.value for r in FlowRole)
+
 
 
 @irdl_attr_definition

@@ -34,14 +34,14 @@ sent, because those flows depend on the neighbouring kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from xdsl.dialects.builtin import IntegerAttr, i64
 from xdsl.ir import Operation, SSAValue
 
 from meshrt.dialects.base import MappedKernelOp
-from meshrt.dialects.mesh import CoreSetAttr, RectAttr
+from meshrt.dialects.mesh import CoreSetAttr, FlowRole, RectAttr
 
 if TYPE_CHECKING:
     from meshrt.kernels.compute import ComputeOp
@@ -88,6 +88,8 @@ class FlowSpec:
     bytes: int
     dx: int | None = None
     dy: int | None = None
+    role: FlowRole = field(kw_only=True)
+    operand: int | None = field(default=None, kw_only=True)  # with role INPUT: the operand index
 
 
 # Event tuples: ("recv", flow, bytes[, meta]) ("send", flow, bytes[, meta])
@@ -278,9 +280,10 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
         return [Role("root", rows(0, 1), [INPUTS, *local, *finish, OUTPUTS],
                      state, sends_output=True)], []
     down, up = f"{k}.down", f"{k}.up"
-    flows = [FlowSpec(down, rows(0, h - 1), rows(1, h - 1), "shift", msg_bytes, *step)]
+    flows = [FlowSpec(down, rows(0, h - 1), rows(1, h - 1), "shift", msg_bytes, *step, role=FlowRole.DOWN)]
     if relay_back:
-        flows.append(FlowSpec(up, rows(1, h - 1), rows(0, h - 1), "shift", msg_bytes, -step[0], -step[1]))
+        flows.append(FlowSpec(up, rows(1, h - 1), rows(0, h - 1), "shift", msg_bytes, -step[0], -step[1],
+                              role=FlowRole.UP))
     back_edge = [("recv", up, msg_bytes)] if relay_back else []
     back_mid = [("recv", up, msg_bytes), ("send", up, msg_bytes)] if relay_back else []
     back_root = [("send", up, msg_bytes)] if relay_back else []

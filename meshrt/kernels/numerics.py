@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from meshrt.dialects.mesh import FlowRole
+
 if TYPE_CHECKING:
     from meshrt.dialects import event as ev
     from meshrt.runtime.dataplane import DataPlane
@@ -129,7 +131,7 @@ class CoreData:
     values: dict[str, object] = field(default_factory=dict)
     recvd: dict[tuple[str, str], Vec] = field(default_factory=dict)
     acc: dict[str, object] = field(default_factory=dict)  # chain partials per kernel
-    inbox: dict[str, list] = field(default_factory=dict)  # internal-flow payloads
+    inbox: dict[tuple[str, FlowRole], list] = field(default_factory=dict)  # (kernel, role) -> payloads
     kv: dict[str, np.ndarray] = field(default_factory=dict)
     cb: SlotTable | None = None
     route: Routing | None = None
@@ -212,32 +214,33 @@ class KernelExec:
     def compute(self, cd: CoreData, op: str) -> None:
         pass
 
-    def send(self, cd: CoreData, flow: str) -> object:
+    # `role` is the FlowRole of the flow the event sends or receives on.
+    def send(self, cd: CoreData, role: FlowRole) -> object:
         return cd.values.get(self.name)
 
-    def recv(self, cd: CoreData, flow: str, items: list) -> None:
-        if flow.endswith(".up"):
+    def recv(self, cd: CoreData, role: FlowRole, items: list) -> None:
+        if role is FlowRole.UP:
             self.relayed(cd, items[0])
         else:
-            cd.inbox[flow] = items
+            cd.inbox[self.name, role] = items
 
     def relayed(self, cd: CoreData, value) -> None:
         """The result a reduction's root relays back up the chain."""
         cd.values[self.name] = value
 
-    def payload_src(self, flow: str) -> str:
-        """The kernel whose value a send on `flow` carries."""
+    def payload_src(self, role: FlowRole) -> str:
+        """The kernel whose value a send on a flow of `role` carries."""
         return self.name
 
-    def metainfo(self, cd: CoreData, flow: str, meta: int) -> tuple[SlotTable | None, Routing | None]:
+    def metainfo(self, cd: CoreData, role: FlowRole, meta: int) -> tuple[SlotTable | None, Routing | None]:
         """(CF table, routing) riding a send: what the core holds, where the table
         gives the send metainfo bytes."""
         return (cd.cb, cd.route) if meta else (None, None)
 
-    def take(self, cd: CoreData, suffix: str) -> list:
-        items = cd.inbox.pop(f"{self.name}.{suffix}", None)
+    def take(self, cd: CoreData, role: FlowRole) -> list:
+        items = cd.inbox.pop((self.name, role), None)
         if items is None:
-            raise DataLayoutError(f"{self.where(cd)}: nothing received on @{self.name}.{suffix}")
+            raise DataLayoutError(f"{self.where(cd)}: nothing received on its {role} flow")
         return items
 
 
@@ -245,6 +248,6 @@ class RoutesTokens(KernelExec):
     """Gate, dispatch and experts: without routing metainfo (the static build)
     the gate's weights still travel with the tokens, as data."""
 
-    def metainfo(self, cd, flow, meta):
-        cb, route = super().metainfo(cd, flow, meta)
+    def metainfo(self, cd, role, meta):
+        cb, route = super().metainfo(cd, role, meta)
         return cb, route if self.plane.moe_routing else cd.route

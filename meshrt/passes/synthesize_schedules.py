@@ -143,8 +143,8 @@ class Synthesizer:
         self.plans: dict[mk.KernelOp, _KernelPlan] = {}
 
     # -- flows between kernels ------------------------------------------
-    def _transfer(self, name: str, producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAttr,
-                  data: int) -> _Flow | None:
+    def _transfer(self, name: str, operand: int, producer: _KernelPlan, consumer: mk.KernelOp,
+                  src: CoreSetAttr, data: int) -> _Flow | None:
         """The flow carrying a value from `producer` into `consumer`, or None if local."""
         if name in self.flows:
             return self.flows[name]
@@ -158,9 +158,9 @@ class Synthesizer:
         if offset == (0, 0) and in_place:
             return None
         if offset is not None and offset != (0, 0) and in_place:
-            spec = kr.FlowSpec(name, src, dst, "shift", data, *offset)
+            spec = kr.FlowSpec(name, src, dst, "shift", data, *offset, role=ev.FlowRole.INPUT, operand=operand)
         else:
-            spec = kr.FlowSpec(name, src, dst, "all", data)
+            spec = kr.FlowSpec(name, src, dst, "all", data, role=ev.FlowRole.INPUT, operand=operand)
         flow = _Flow(spec, consumer.kernel_name, producer.op.wafer_index, cross)
         self.flows[name] = flow
         producer.outputs.append(flow)
@@ -185,7 +185,7 @@ class Synthesizer:
                 gate = self.plans[op.routing.owner]
                 producer, src = gate, gate.output_cores
             route_meta = moe and op.ROUTED_INPUTS
-            flow = self._transfer(name, producer, op, src, data)
+            flow = self._transfer(name, i, producer, op, src, data)
             if flow is None:
                 plan.local_inputs.append(producer)
                 continue
@@ -201,7 +201,8 @@ class Synthesizer:
         """The sampler's tokens (and the CF payload) go back to the first stage's embed."""
         name = f"{embed.op.kernel_name}.tokens"
         data = self.kctx.micro_batch * 4
-        flow = _Flow(kr.FlowSpec(name, sample.output_cores, embed.op.region, "all", data),
+        flow = _Flow(kr.FlowSpec(name, sample.output_cores, embed.op.region, "all", data,
+                                 role=ev.FlowRole.TOKENS),
                      embed.op.kernel_name, sample.op.wafer_index,
                      cross_wafer=sample.op.wafer_index != embed.op.wafer_index)
         if "continuous_batching" in self.kctx.dynamism:
@@ -394,12 +395,15 @@ class Synthesizer:
         props = {
             "sym_name": StringAttr(s.name),
             "kernel": SymbolRefAttr(flow.kernel),
+            "role": StringAttr(s.role.value),
             "wafer": IntegerAttr(flow.wafer, i64),
             "src": s.src,
             "dst": s.dst,
             "pattern": StringAttr(s.pattern),
             "bytes": IntegerAttr(max(s.bytes, 1), i64),
         }
+        if s.operand is not None:
+            props["operand"] = IntegerAttr(s.operand, i64)
         if s.dx is not None:
             props["dx"] = IntegerAttr(s.dx, i64)
             props["dy"] = IntegerAttr(s.dy, i64)

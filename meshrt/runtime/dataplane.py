@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
 from meshrt.kernels.numerics import CoreData, DataLayoutError, KernelExec, Payload, Routing, SlotTable, Vec, part
 from meshrt.runtime import reference as ref
@@ -58,7 +59,8 @@ class DataPlane:
             self.kernels[info.kernel_name] = kind.NUMERICS(info, self)
             self.declared[info.kernel_name] = frozenset(c.name for c in kind.COMPUTE)
         self.routing_counts = np.zeros((self.shape.layers, max(self.shape.experts, 1)), np.int64)
-        self._kinds: dict[tuple[str, str], str] = {}
+        # flow name -> (role, kernel): the kernels' hooks see a flow's role, not its name
+        self.roles = {f.flow_name: (f.flow_role, f.kernel.root_reference.data) for f in program.flows()}
         # live re-placements: layer -> [(first step, placement, cycles per destination region)]
         self.replacements: dict[int, list[tuple[int, tuple[int, ...], dict[int, int]]]] = {}
 
@@ -152,28 +154,21 @@ class DataPlane:
 
     def send(self, cd: CoreData, flow: str, meta: int) -> Payload:
         k = cd.kernel
-        value = k.send(cd, flow)
-        cb, route = k.metainfo(cd, flow, meta)
-        return Payload(k.payload_src(flow), value, cb, route)
+        role = self.roles[flow][0]
+        value = k.send(cd, role)
+        cb, route = k.metainfo(cd, role, meta)
+        return Payload(k.payload_src(role), value, cb, route)
 
-    def _flow_kind(self, kernel: KernelExec, flow: str) -> str:
+    def _flow_kind(self, kernel: KernelExec, role: FlowRole, owner: str) -> str:
         """"tokens", "internal" (the kernel's own chain/relay flows) or "input"."""
-        key = (kernel.name, flow)
-        kind = self._kinds.get(key)
-        if kind is None:
-            k = kernel.name
-            if flow == f"{k}.tokens":
-                kind = "tokens"
-            elif flow.startswith(k + ".") and not flow.startswith(k + ".in"):
-                kind = "internal"
-            else:
-                kind = "input"
-            self._kinds[key] = kind
-        return kind
+        if role is FlowRole.TOKENS:
+            return "tokens"
+        return "internal" if role.internal and owner == kernel.name else "input"
 
     def recv(self, cd: CoreData, flow: str, payloads: list[Payload]) -> None:
         k = cd.kernel
-        kind = self._flow_kind(k, flow)
+        role, owner = self.roles[flow]
+        kind = self._flow_kind(k, role, owner)
         for p in payloads:
             if p.cb is not None:
                 cd.cb = p.cb
@@ -187,10 +182,10 @@ class DataPlane:
                     raise DataLayoutError(f"{k.where(cd)}: samplers disagree on the tokens")
             return
         if internal:
-            k.recv(cd, flow, [p.value for p in payloads])
+            k.recv(cd, role, [p.value for p in payloads])
             return
         if k.RAW_INPUTS:
-            k.recv(cd, flow, [p.value for p in payloads])
+            k.recv(cd, role, [p.value for p in payloads])
             return
         for p in payloads:
             key = (k.name, p.src)

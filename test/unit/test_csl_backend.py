@@ -160,10 +160,10 @@ def _module(text: str):
 
 GATHER = """
 segment.program @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 16
-  event.flow @b kernel @k wafer 0 from <(0, 1, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
-  event.flow @c kernel @k wafer 0 from <(0, 2, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
-  event.flow @d kernel @k wafer 0 from <(0, 3, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
+  event.flow @a kernel @k role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 16
+  event.flow @b kernel @k role "input" operand 0 wafer 0 from <(0, 1, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
+  event.flow @c kernel @k role "input" operand 0 wafer 0 from <(0, 2, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
+  event.flow @d kernel @k role "input" operand 0 wafer 0 from <(0, 3, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
   segment.core_class @s wafer 0 cores <(0, 0, 1, 4)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a, @b, @c, @d] {
       event.sub @k "src" after [] demand <colors = 1, oq = 1> {
@@ -317,8 +317,8 @@ def test_per_core_expressions_pick_the_core_value():
 
 SCALED = """
 segment.program @m target "wse3" mesh 762 x 1172 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 21, iq = 6, oq = 6, routes = 24, switches = 4, sram = 23552, ctrl = 1024> colors 24 reserved [21, 22, 23] {
-  event.flow @f kernel @k wafer 0 from <(0, 0, W, H)> to <(W, 0, W, H)> pattern "all" bytes 64
-  event.flow @g kernel @k wafer 0 from <(W, 0, W, 1)> to <(W, 1, W, HM)> pattern "col" bytes 64
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, W, H)> to <(W, 0, W, H)> pattern "all" bytes 64
+  event.flow @g kernel @k role "input" operand 0 wafer 0 from <(W, 0, W, 1)> to <(W, 1, W, HM)> pattern "col" bytes 64
   segment.core_class @a wafer 0 cores <(0, 0, W, H)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@f] {
       event.sub @k "src" after [] demand <colors = 1, oq = 1> {

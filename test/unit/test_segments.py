@@ -97,7 +97,7 @@ def event_program(seed: int, scale: int = 1, n_kernels: int | None = None) -> st
          "dynamism [] hparams {} {")
     ]
     for name, k, _, _, a, b, pattern in flows:
-        lines.append(f"  event.flow @{name} kernel @{k} wafer 0 from <{rect(a[1])}> to <{rect(b[1])}> "
+        lines.append(f"  event.flow @{name} kernel @{k} role \"input\" operand 0 wafer 0 from <{rect(a[1])}> to <{rect(b[1])}> "
                      f'pattern "{pattern}" bytes 32')
     for cname, r, ks in classes:
         lines.append(f"  event.core_class @{cname} wafer 0 cores <{rect(r)}> {{")

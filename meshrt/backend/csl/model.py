@@ -38,6 +38,7 @@ class Flow:
     color: int | None  # None: dead or across the wafer link
     cross: bool
     kernel: str
+    role: ev.FlowRole
     meta_kind: str | None = None
     xw_index: int = -1  # index among cross-wafer flows
     _configs: list | None = None
@@ -241,7 +242,7 @@ def read_program(program: sg.ProgramOp) -> Program:
     for f in program.flows():
         flows[f.flow_name] = Flow(
             f, f.flow_name, identifier(f.flow_name, used), f.wafer_index,
-            colors.get(f.flow_name), f.crosses_wafer, f.kernel.root_reference.data)
+            colors.get(f.flow_name), f.crosses_wafer, f.kernel.root_reference.data, f.flow_role)
     xw = 0
     for f in flows.values():
         if f.cross:

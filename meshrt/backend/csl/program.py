@@ -52,7 +52,6 @@ from meshrt.diagnostics import MeshrtError
 from meshrt.kernels import registry
 from meshrt.routing import Box
 
-CHAIN_FLOWS = ("down", "up", "hop")  # kernel_roles' names for a kernel's own chain flows
 
 
 @dataclass
@@ -126,7 +125,7 @@ class ProgramWriter:
     def _internal(self, e: Event, kernel: str) -> bool:
         """A flow of the kernel's own chain (reduction down / up, relay hop), not an input."""
         flow = self.p.flows[e.flow]
-        return flow.kernel == kernel and flow.name.rsplit(".", 1)[-1] in CHAIN_FLOWS
+        return flow.kernel == kernel and flow.role.internal
 
     def _plan_buffers(self) -> None:
         nx = np_ = ny = 1

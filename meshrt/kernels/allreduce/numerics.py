@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, KernelExec, Vec
 
 
@@ -17,7 +18,7 @@ class AllReduce(KernelExec):
     def compute(self, cd, op):
         if op == "add":
             c0, c1, partial = self._own(cd)
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = got + partial
             if not self._has_down_send(cd):
                 self._finish(cd)
@@ -32,12 +33,12 @@ class AllReduce(KernelExec):
         n = total.shape[1]
         cd.values[self.name] = Vec.of(total[:, c0:c1].astype(F32), c0, n)
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             if self.name in cd.acc:
                 return cd.acc.pop(self.name)
             return self._own(cd)[2]
-        if flow.endswith(".up"):
+        if role is FlowRole.UP:
             return cd.values[self.name]
         return self._output(cd)
 

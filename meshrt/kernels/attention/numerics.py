@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, part
 from meshrt.runtime import reference as ref
 
@@ -81,7 +82,7 @@ class Attention(KernelExec):
                     o[b, hh] = e @ vals[:, kv_i].astype(F64)
             cd.acc[self.name] = (o, m, s)
         elif op == "softmax_merge":
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
         elif op == "normalize":
             o, m, s = cd.acc.pop(self.name)
@@ -93,8 +94,8 @@ class Attention(KernelExec):
             c0 = i * hq * self.d
             cd.values[self.name] = Vec.of(out.reshape(self.b, hq * self.d), c0, n)
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             return cd.acc.pop(self.name)
         return cd.values[self.name]
 

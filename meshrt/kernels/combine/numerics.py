@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, part
 
 
@@ -18,7 +19,7 @@ class Combine(KernelExec):
         if op != "combine":
             return
         _, i, j, w, h = self.grid_pos(cd)
-        items = cd.inbox.pop(self.name + ".experts", [])
+        items = cd.inbox.pop((self.name, FlowRole.INPUT), [])  # the experts' partial outputs
         hidden = self.plane.shape.hidden
         lo, hi = part(hidden, w * h, j * w + i)
         # per expert and slot: the sum of its cores' partial outputs, rounded once
@@ -51,11 +52,11 @@ class Combine(KernelExec):
         else:
             v.merge(mine, self.where(cd))
 
-    def send(self, cd, flow):
+    def send(self, cd, role):
         return cd.values[self.name]
 
-    def recv(self, cd, flow, items):
-        if flow.endswith(".hop"):
+    def recv(self, cd, role, items):
+        if role is FlowRole.HOP:
             cd.values[self.name] = items[0]
         else:
-            cd.inbox[self.name + ".experts"] = items
+            cd.inbox[self.name, role] = items

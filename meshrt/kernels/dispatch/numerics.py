@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import RoutesTokens, part
 
 
@@ -16,17 +17,17 @@ class Dispatch(RoutesTokens):
             cd.values[self.name + ".tokens"] = v
         return v
 
-    def send(self, cd, flow):
+    def send(self, cd, role):
         v = self._tokens(cd)
-        if flow.endswith(".hop"):
+        if role is FlowRole.HOP:
             return v
         _, i, j, w, h = self.grid_pos(cd)
         lo, hi = part(v.data.shape[1], w * h, j * w + i)
         v.need(lo, hi, self.where(cd))
         return v.restrict(lo, hi)
 
-    def recv(self, cd, flow, items):
-        if flow.endswith(".hop"):
+    def recv(self, cd, role, items):
+        if role is FlowRole.HOP:
             cd.values[self.name + ".tokens"] = items[0]
         else:
-            cd.inbox[flow] = items
+            cd.inbox[self.name, role] = items

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meshrt.dialects.mesh import CoreSetAttr
+from meshrt.dialects.mesh import CoreSetAttr, FlowRole
 from meshrt.kernels.interface import (
     ACT_BYTES,
     INPUTS,
@@ -51,7 +51,7 @@ def relay_roles(kernel: KernelOp, kctx: KernelContext, backwards: bool,
     if backwards:  # combine: expert results enter all along, leave at the head (index 0)
         src, dst = cell(1, length - 1), cell(0, length - 1)
         head, body, tail = cell(0), cell(1, length - 2) if length > 2 else None, cell(length - 1)
-        flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy)]
+        flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy, role=FlowRole.HOP)]
         roles = [Role("tail", tail, [INPUTS, ("compute", "combine", b * hidden), ("send", hop, msg, meta)],
                       0, ctrl=kctx.route_bytes, switches=2)]
         if body is not None:
@@ -61,7 +61,7 @@ def relay_roles(kernel: KernelOp, kctx: KernelContext, backwards: bool,
                                          OUTPUTS], 0, ctrl=kctx.route_bytes, switches=2, sends_output=True))
         return roles, flows
     src, dst = cell(0, length - 1), cell(1, length - 1)
-    flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy)]
+    flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy, role=FlowRole.HOP)]
     roles = [Role("head", cell(0), [INPUTS, ("compute", "route", b * kctx.top_k), ("send", hop, msg, meta), OUTPUTS],
                   0, ctrl=kctx.route_bytes, switches=2, sends_output=True)]
     if length > 2:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, part
 from meshrt.runtime import reference as ref
 
@@ -27,7 +28,7 @@ class Elementwise(KernelExec):
                 x = self.input(cd).need(r0, r1, where).astype(F64)
                 cd.acc[self.name] = np.sum(x * x, axis=1)
             elif op == "add":
-                (got,) = self.take(cd, "down")
+                (got,) = self.take(cd, FlowRole.DOWN)
                 cd.acc[self.name] = got + cd.acc[self.name]
             elif op == "rsqrt":
                 cd.acc[self.name + ".inv"] = 1.0 / np.sqrt(cd.acc.pop(self.name) / n + ref.RMS_EPS)
@@ -54,10 +55,10 @@ class Elementwise(KernelExec):
             raise DataLayoutError(f"{where}: elementwise \"{self.kind}\" has no numerics here")
         cd.values[self.name] = Vec.of(out.astype(F32), c0, n)
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             return cd.acc[self.name]
-        if flow.endswith(".up"):
+        if role is FlowRole.UP:
             return cd.acc[self.name + ".inv"]
         return cd.values[self.name]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, part
 from meshrt.runtime import reference as ref
 
@@ -67,7 +68,7 @@ class ExpertFFN(RoutesTokens):
             # the first step after a re-placement waits for the weights that move in
             return self.plane.move_cycles(self.layer, cd.step, t)
         elif op == "add":
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             own = cd.acc[self.name]
             cd.acc[self.name] = {e: (own[e][0], own[e][1] + got[e][1]) for e in own}
         elif op == "silu_mul":
@@ -84,8 +85,8 @@ class ExpertFFN(RoutesTokens):
                                                         lambda e=e: self.moe.w_down[e, f0:f1, r0:r1]))
                 for e, (rows, act) in a.items()}
 
-    def send(self, cd, flow):
-        if flow.endswith(".up"):
+    def send(self, cd, role):
+        if role is FlowRole.UP:
             return cd.acc[self.name + ".a"]
         return cd.acc.pop(self.name)  # down partials, or this core's output partial
 

@@ -6,7 +6,7 @@ from meshrt.kernels.numerics import KernelExec, part
 
 
 class Handoff(KernelExec):
-    def send(self, cd, flow):
+    def send(self, cd, role):
         _, i, j, w, h = self.grid_pos(cd)
         v = self.input(cd)
         lo, hi = part(v.data.shape[1], w * h, j * w + i)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import KernelExec, part
 
 
@@ -20,7 +21,7 @@ class Sample(KernelExec):
             idx = np.argmax(logits, axis=1)
             cd.acc[self.name] = (logits[np.arange(self.b), idx], idx + c0)
         elif op == "argmax_merge":
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             gv, gi = got  # from the columns to the left: lower token ids
             mv, mi = cd.acc[self.name]
             better = mv > gv
@@ -29,13 +30,13 @@ class Sample(KernelExec):
             _, idx = cd.acc.pop(self.name)
             return self.plane.host.sampled(cd, [int(t) for t in idx])
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             return cd.acc[self.name]
         return self.plane.host.next_tokens(cd)
 
-    def metainfo(self, cd, flow, meta):
-        cb, route = super().metainfo(cd, flow, meta)
-        if self.plane.cb and not flow.startswith(self.name + "."):
+    def metainfo(self, cd, role, meta):
+        cb, route = super().metainfo(cd, role, meta)
+        if self.plane.cb and not role.internal:
             cb = self.plane.host.table_of(cd)  # the table of the step these tokens start
         return cb, route

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, Routing, part
 from meshrt.runtime import reference as ref
 
@@ -27,7 +28,7 @@ class TopKGate(RoutesTokens):
             x = self.input(cd).need(r0, r1, self.where(cd))
             cd.acc[self.name] = x.astype(F64) @ cd.tile(self.name, lambda: self.router[r0:r1])
         elif op == "add":
-            (got,) = self.take(cd, "down")
+            (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = got + cd.acc[self.name]
         elif op == "topk":
             logits = cd.acc.pop(self.name).astype(F32)
@@ -37,17 +38,17 @@ class TopKGate(RoutesTokens):
             cd.route = Routing(ids, (wts / np.sum(wts, axis=-1, keepdims=True)).astype(F32))
             self.plane.count_routing(self.layer, ids, cd)
 
-    def send(self, cd, flow):
-        if flow.endswith(".down"):
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
             return cd.acc.pop(self.name)
-        if flow.endswith(".up"):
+        if role is FlowRole.UP:
             return cd.route
         # the tokens it gated go on to dispatch (with the routing as metainfo)
         return self.input(cd)
 
-    def payload_src(self, flow: str) -> str:
+    def payload_src(self, role: FlowRole) -> str:
         # what goes on to dispatch is the tokens it gated, i.e. its input's value
-        return self.inputs[0] if not flow.startswith(self.name + ".") else self.name
+        return self.inputs[0] if not role.internal else self.name
 
     def relayed(self, cd, value):
         cd.route = value

@@ -9,8 +9,8 @@
 // A correct program (color-routes{colors=1} of ../color-routes/color_split.mlir)
 // passes the checker untouched.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {

@@ -5,8 +5,8 @@
 
 // @q holds @a and @b in one segment, and both are on colour 0.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -44,8 +44,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 // @q shrinks to (2, 0): router (1, 0) is idle and holds @a and @b
 // all the time, so they cannot share colour 0.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -87,8 +87,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // @p's boundary 0 to 1 follows @k1, not a collective, but has no marker sync.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -129,8 +129,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // The marker sync misses router (2, 0), which the reconfiguration touches.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -172,8 +172,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // The recorded use of @p's segment 0 hides its output queue.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -215,8 +215,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // The program's budget claims more SRAM than a test32 core has.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 99999, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1, sram = 50000> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1, sram = 50000> {
@@ -258,8 +258,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // @b is live but has no route.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -300,8 +300,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // @b's route stops short of its receiver's router.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -343,8 +343,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // @p's table does not loop back from segment 1 to segment 0.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -384,8 +384,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // @p's reconfiguration keeps @a installed.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -427,8 +427,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // @p's segment 1 claims to hold @a, which is not live there.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -470,6 +470,6 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // check-segments takes segment IR.
 event.schedule @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @u kernel @k1 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @u kernel @k1 role "input" operand 0 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
 }
 // CHECK: check_invalid.mlir:472:1: error: 'event.schedule' op check-segments needs segment IR (a segment.program)

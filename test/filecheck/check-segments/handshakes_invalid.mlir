@@ -7,9 +7,9 @@
 
 // @b installs @g at 0 to 1 without notifying it.
 segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @f kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
-  event.flow @h kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
-  event.flow @g kernel @kb wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
+  event.flow @f kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
+  event.flow @h kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @g kernel @kb role "input" operand 0 wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
   segment.core_class @a wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2> routes [@f, @h] await [@b::@f, @b::@h] {
       event.sub @ka "src" after [] demand <colors = 2> {
@@ -53,9 +53,9 @@ segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 
 // @b releases the pass-through flow @f without draining it.
 segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @f kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
-  event.flow @h kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
-  event.flow @g kernel @kb wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
+  event.flow @f kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
+  event.flow @h kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @g kernel @kb role "input" operand 0 wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
   segment.core_class @a wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2> routes [@f, @h] await [@b::@f, @b::@h] {
       event.sub @ka "src" after [] demand <colors = 2> {
@@ -99,9 +99,9 @@ segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 
 // @a sends @f without awaiting @b's install credit.
 segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @f kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
-  event.flow @h kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
-  event.flow @g kernel @kb wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
+  event.flow @f kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
+  event.flow @h kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @g kernel @kb role "input" operand 0 wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
   segment.core_class @a wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2> routes [@f, @h] await [@b::@h] {
       event.sub @ka "src" after [] demand <colors = 2> {
@@ -145,9 +145,9 @@ segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 
 // @b does not grant @f at program start, so @a's first step would wait forever.
 segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @f kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
-  event.flow @h kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
-  event.flow @g kernel @kb wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
+  event.flow @f kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
+  event.flow @h kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @g kernel @kb role "input" operand 0 wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
   segment.core_class @a wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2> routes [@f, @h] await [@b::@f, @b::@h] {
       event.sub @ka "src" after [] demand <colors = 2> {
@@ -191,9 +191,9 @@ segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 
 // @a awaits a credit of @f from @c, which holds @f all step and never sends one.
 segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @f kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
-  event.flow @h kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
-  event.flow @g kernel @kb wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
+  event.flow @f kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
+  event.flow @h kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @g kernel @kb role "input" operand 0 wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
   segment.core_class @a wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2> routes [@f, @h] await [@b::@f, @b::@h, @c::@f] {
       event.sub @ka "src" after [] demand <colors = 2> {

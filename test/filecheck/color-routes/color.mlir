@@ -12,12 +12,12 @@
 //    router (5, 0) cannot be reconfigured, so they need different colours;
 //  - @w has no on-mesh route and gets none.
 segment.program @m target "test32" mesh 8 x 2 wafers 2 stages 2 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @x kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @z kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @y kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @u kernel @k1 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @v kernel @k2 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @w kernel @k3 wafer 0 from <(0, 1, 1, 1)> to <(7, 1, 1, 1)> cross_wafer pattern "all" bytes 32
+  event.flow @x kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @z kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @y kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @u kernel @k1 role "input" operand 0 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @v kernel @k2 role "input" operand 0 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @w kernel @k3 role "input" operand 0 wafer 0 from <(0, 1, 1, 1)> to <(7, 1, 1, 1)> cross_wafer pattern "all" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2, oq = 2> {
       event.sub @k1 "src" after [] demand <colors = 2, oq = 2> {

@@ -5,8 +5,8 @@
 // One sub sends @a and @b over the same routers: they are live together in
 // every segment, and no split can separate them.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, oq = 2, iq = 2> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2, oq = 2> {
       event.sub @k1 "src" after [] demand <colors = 2, oq = 2> {
@@ -33,8 +33,8 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 // segments separates them there, but the idle router (5, 0) between them
 // has no table to reconfigure it: it holds both routes all the time.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, oq = 2, iq = 2> colors 8 reserved [6, 7] {
-  event.flow @u kernel @k1 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @v kernel @k2 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @u kernel @k1 role "input" operand 0 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @v kernel @k2 role "input" operand 0 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @r4 wafer 0 cores <(4, 0, 1, 1)> {
     segment.segment 0 use <colors = 2, oq = 2> {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> collective {
@@ -62,7 +62,7 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 
 // color-routes takes segment IR.
 event.schedule @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @u kernel @k1 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @u kernel @k1 role "input" operand 0 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
 }
 // CHECK: color_invalid.mlir:64:1: error: 'event.schedule' op color-routes needs segment IR (a segment.program); run materialize-segments first
 
@@ -71,8 +71,8 @@ event.schedule @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dyn
 // Splittable: fine with splitting (the first RUN prints the split IR), an
 // error naming both flows and the router without it.
 segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, oq = 2, iq = 2> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
-  event.flow @b kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
+  event.flow @b kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "row" bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2, oq = 2> {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {

@@ -10,9 +10,9 @@
 // of its first send. @c holds everything all step and takes no part. The
 // pass is idempotent.
 segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @f kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
-  event.flow @h kernel @ka wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
-  event.flow @g kernel @kb wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
+  event.flow @f kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 4096
+  event.flow @h kernel @ka role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @g kernel @kb role "input" operand 0 wafer 0 from <(1, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 1, 0 bytes 64
   segment.core_class @a wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2> routes [@f, @h] {
       event.sub @ka "src" after [] demand <colors = 2> {

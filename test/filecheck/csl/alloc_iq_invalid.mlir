@@ -7,10 +7,10 @@
 // test32 has three user input queues (queue 0 is memcpy's).
 
 segment.program @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 16
-  event.flow @b kernel @k wafer 0 from <(0, 1, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
-  event.flow @c kernel @k wafer 0 from <(0, 2, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
-  event.flow @d kernel @k wafer 0 from <(0, 3, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
+  event.flow @a kernel @k role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 16
+  event.flow @b kernel @k role "input" operand 0 wafer 0 from <(0, 1, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
+  event.flow @c kernel @k role "input" operand 0 wafer 0 from <(0, 2, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
+  event.flow @d kernel @k role "input" operand 0 wafer 0 from <(0, 3, 1, 1)> to <(1, 0, 1, 1)> pattern "all" bytes 16
   segment.core_class @s wafer 0 cores <(0, 0, 1, 4)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a, @b, @c, @d] {
       event.sub @k "src" after [] demand <colors = 1, oq = 1> {

@@ -10,7 +10,7 @@
 
 segment.program @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 6, iq = 3, oq = 3, routes = 8, switches = 4, sram = 8960, ctrl = 256> colors 8 reserved [6, 7] {
   event.kernel @k "allreduce" on <(0, 0, 4, 4)> inputs [] params {}
-  event.flow @g kernel @k wafer 0 from <(0, 0, 3, 4)> to <(3, 0, 1, 4)> pattern "all" bytes 16
+  event.flow @g kernel @k role "input" operand 0 wafer 0 from <(0, 0, 3, 4)> to <(3, 0, 1, 4)> pattern "all" bytes 16
   segment.core_class @s wafer 0 cores <(0, 0, 3, 4)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@g] {
       event.sub @k "src" after [] demand <colors = 1, oq = 1> {

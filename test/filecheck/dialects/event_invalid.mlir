@@ -12,28 +12,28 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(2, 0, 2, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(2, 0, 2, 1)> pattern "shift" by 1, 0 bytes 8
 }
 // CHECK: error: 'event.flow' op flow @f: receivers (2, 0, 2, 1) are not the senders (0, 0, 2, 1) shifted by (1, 0)
 
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(2, 0, 2, 1)> pattern "teleport" bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(2, 0, 2, 1)> pattern "teleport" bytes 8
 }
 // CHECK: error: 'event.flow' op flow @f: unknown pattern 'teleport', expected one of shift, row, col, all
 
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 15, 2, 2)> pattern "col" bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 15, 2, 2)> pattern "col" bytes 8
 }
 // CHECK: error: 'event.flow' op flow @f: receivers (0, 15, 2, 2) lie outside the 16 x 16 mesh
 
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 0
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 0
 }
 // CHECK: error: 'event.flow' op flow @f: bytes must be > 0, got 0
 
@@ -48,7 +48,7 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
   event.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     event.sub @k "r" after [@k] demand <> {
       event.send @f bytes 8 meta 0
@@ -60,7 +60,7 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
 // -----
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
   event.core_class @c wafer 0 cores <(0, 0, 2, 1)> {
     event.sub @k "r" after [] demand <> {
       event.meta_resolve "weather" from @f bytes 8
@@ -102,3 +102,24 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
   event.kernel @k "gemv" on <(15, 0, 2, 1)> inputs [] params {}
 }
 // CHECK: error: 'event.kernel' op kernel @k region (15, 0, 2, 1) lie outside the 16 x 16 mesh
+
+// -----
+
+event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  event.flow @k.side kernel @k role "sideways" wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+}
+// CHECK: error: 'event.flow' op flow @k.side: unknown role 'sideways', expected one of down, up, hop, input, tokens
+
+// -----
+
+event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  event.flow @k.in0 kernel @k role "input" wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+}
+// CHECK: error: 'event.flow' op flow @k.in0: an operand index goes with role "input", and only with it
+
+// -----
+
+event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  event.flow @k.down kernel @k role "down" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+}
+// CHECK: error: 'event.flow' op flow @k.down: an operand index goes with role "input", and only with it

@@ -2,8 +2,8 @@
 // RUN: meshrt-opt %s --print-op-generic | meshrt-opt | filecheck %s
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 3, 1)> to <(1, 0, 3, 1)> pattern "shift" by 1, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 3, 1)> to <(1, 0, 3, 1)> pattern "shift" by 1, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 3, 1)> to <(1, 0, 3, 1)> pattern "shift" by 1, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 3, 1)> to <(1, 0, 3, 1)> pattern "shift" by 1, 0 bytes 32
   segment.core_class @c0 wafer 0 cores <(0, 0, 3, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> {
       event.sub @k0 "sender" after [] demand <colors = 1, oq = 1> {

@@ -4,8 +4,8 @@
 // The optional route handshakes: await [@class::@flow] and grant on a
 // segment, notify / drain on a reconfigure. They print back as written.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 2, oq = 1> routes [@a, @b] await [@mid::@a, @mid::@b] {
       event.sub @k0 "src" after [] demand <colors = 2, oq = 1> {

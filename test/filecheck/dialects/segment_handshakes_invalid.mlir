@@ -2,8 +2,8 @@
 
 // An await names a class that does not exist.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] await [@nobody::@a] {
       event.sub @k0 "src" after [] demand <colors = 1, oq = 1> {
@@ -26,8 +26,8 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 
 // An await names a flow that does not exist.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] await [@mid::@zz] {
       event.sub @k0 "src" after [] demand <colors = 1, oq = 1> {
@@ -50,8 +50,8 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 
 // An await for a flow the segment does not send.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] await [@mid::@b] {
       event.sub @k0 "src" after [] demand <colors = 1, oq = 1> {
@@ -74,8 +74,8 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 
 // An await entry must be @class::@flow.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] await [@a] {
       event.sub @k0 "src" after [] demand <colors = 1, oq = 1> {
@@ -98,8 +98,8 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 
 // Only segment 0 grants credits at program start.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a]  {
       event.sub @k0 "src" after [] demand <colors = 1, oq = 1> {
@@ -122,8 +122,8 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 
 // A grant of a flow the segment does not hold.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a]  {
       event.sub @k0 "src" after [] demand <colors = 1, oq = 1> {
@@ -146,8 +146,8 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 
 // notify names a flow the reconfigure does not install.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a]  {
       event.sub @k0 "src" after [] demand <colors = 1, oq = 1> {
@@ -170,8 +170,8 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 
 // drain names a flow the reconfigure does not release.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a]  {
       event.sub @k0 "src" after [] demand <colors = 1, oq = 1> {
@@ -194,8 +194,8 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 
 // drain names an unknown flow.
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 4, iq = 2, oq = 2, routes = 8, switches = 4, sram = 4096, ctrl = 256> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
-  event.flow @b kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @a kernel @k0 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
+  event.flow @b kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(2, 0, 1, 1)> pattern "shift" by 2, 0 bytes 32
   segment.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a]  {
       event.sub @k0 "src" after [] demand <colors = 1, oq = 1> {

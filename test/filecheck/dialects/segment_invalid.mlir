@@ -72,7 +72,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
   segment.route @f color 6 via <(0, 0, 2, 2)>
 }
 // CHECK: error: 'segment.route' op route of @f uses reserved colour 6
@@ -80,7 +80,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2, iq = 1, oq = 1> colors 8 reserved [6, 7] {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
   segment.route @f color 9 via <(0, 0, 2, 2)>
 }
 // CHECK: error: 'segment.route' op route of @f uses colour 9, outside 0..7
@@ -103,7 +103,7 @@ segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynam
 // -----
 
 segment.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2> colors 8 reserved [9] {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
 }
 // CHECK: error: 'segment.program' op program @m: reserved colours [9] are outside 0..7
 

@@ -12,9 +12,9 @@
 //  - 2 | 0 closes the table for the next decode step; @tail is not a
 //    collective, so it has a marker sync over @r.up's routers.
 event.schedule @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @r.up kernel @r wafer 0 from <(0, 0, 3, 1)> to <(1, 0, 3, 1)> pattern "shift" by 1, 0 bytes 64
-  event.flow @bc.down kernel @bc wafer 0 from <(3, 0, 1, 1)> to <(3, 1, 1, 3)> pattern "col" bytes 64
-  event.flow @out.x kernel @out wafer 0 from <(3, 0, 1, 1)> to <(6, 2, 2, 2)> pattern "all" bytes 32
+  event.flow @r.up kernel @r role "up" wafer 0 from <(0, 0, 3, 1)> to <(1, 0, 3, 1)> pattern "shift" by 1, 0 bytes 64
+  event.flow @bc.down kernel @bc role "down" wafer 0 from <(3, 0, 1, 1)> to <(3, 1, 1, 3)> pattern "col" bytes 64
+  event.flow @out.x kernel @out role "input" operand 0 wafer 0 from <(3, 0, 1, 1)> to <(6, 2, 2, 2)> pattern "all" bytes 32
   event.core_class @edge wafer 0 cores <(0, 0, 1, 1)> {
     event.sub @r "edge" after [] demand <colors = 1, oq = 1, sram = 1024> collective {
       event.send @r.up bytes 64 meta 0

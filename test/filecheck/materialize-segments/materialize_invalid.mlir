@@ -43,7 +43,7 @@ event.schedule @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dyn
 
 // The program's target must exist.
 event.schedule @m target "nosuch" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
 }
 // CHECK: materialize_invalid.mlir:45:1: error: 'event.schedule' op unknown target 'nosuch': expected one of {{.*}} or the path of a target .toml file
 
@@ -72,7 +72,7 @@ event.schedule @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dyn
 // A boundary whose released routes cover the whole (4 x 1) mesh would need
 // a chip-wide marker sync.
 event.schedule @m target "test32" mesh 4 x 1 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
-  event.flow @wide kernel @a wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 3, 1)> pattern "row" bytes 8
+  event.flow @wide kernel @a role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 3, 1)> pattern "row" bytes 8
   event.core_class @src wafer 0 cores <(0, 0, 1, 1)> {
     event.sub @a "src" after [] demand <oq = 1, sram = 4000> {
       event.send @wide bytes 8 meta 0
@@ -87,6 +87,6 @@ event.schedule @m target "test32" mesh 4 x 1 wafers 1 stages 1 micro_batch 1 dyn
 
 // materialize-segments takes event IR, not segment IR.
 segment.program @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2> colors 8 reserved [6, 7] {
-  event.flow @f kernel @k wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
 }
 // CHECK: materialize_invalid.mlir:89:1: error: 'segment.program' op materialize-segments needs event IR (an event.schedule); run synthesize-schedules first

@@ -12,8 +12,8 @@ mesh_kernel.program @fig5 target "test32" mesh 32 x 32 wafers 1 stages 1 micro_b
 
 // CHECK-NOT:  event.meta_
 // CHECK:      event.kernel @ar "allreduce" on <(0, 0, 4, 1)> inputs [@g] params {{.*}}axis = "row"
-// CHECK:      event.flow @ar.down kernel @ar wafer 0 from <(0, 0, 3, 1)> to <(1, 0, 3, 1)> pattern "shift" by 1, 0 bytes 64
-// CHECK-NEXT: event.flow @ar.up kernel @ar wafer 0 from <(1, 0, 3, 1)> to <(0, 0, 3, 1)> pattern "shift" by -1, 0 bytes 64
+// CHECK:      event.flow @ar.down kernel @ar role "down" wafer 0 from <(0, 0, 3, 1)> to <(1, 0, 3, 1)> pattern "shift" by 1, 0 bytes 64
+// CHECK-NEXT: event.flow @ar.up kernel @ar role "up" wafer 0 from <(1, 0, 3, 1)> to <(0, 0, 3, 1)> pattern "shift" by -1, 0 bytes 64
 // CHECK:      event.core_class @ar.edge wafer 0 cores <(0, 0, 1, 1)> {
 // CHECK:        event.sub @ar "edge" after [@g] demand <colors = 2, iq = 1, oq = 1, routes = 2, switches = 1, sram = 64> collective {
 // CHECK-NEXT:     event.send @ar.down bytes 64 meta 0

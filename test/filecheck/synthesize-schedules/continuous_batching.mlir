@@ -18,8 +18,8 @@ graph.model @cb target "test32" mesh 32 x 32 wafers 1 stages 2 micro_batch 2 dyn
 }
 
 // CHECK:      event.schedule @cb {{.*}}inflight_slots = 4 : i64
-// CHECK:      event.flow @h0.in0 kernel @h0 wafer 0 from <(0, 0, 2, 2)> to <(1, 0, 1, 2)> pattern "all" bytes 64
-// CHECK:      event.flow @embed.tokens kernel @embed wafer 0 from <(8, 1, 1, 1)> to <(0, 0, 2, 2)> pattern "all" bytes 8
+// CHECK:      event.flow @h0.in0 kernel @h0 role "input" operand 0 wafer 0 from <(0, 0, 2, 2)> to <(1, 0, 1, 2)> pattern "all" bytes 64
+// CHECK:      event.flow @embed.tokens kernel @embed role "tokens" wafer 0 from <(8, 1, 1, 1)> to <(0, 0, 2, 2)> pattern "all" bytes 8
 // CHECK:      event.sub @embed "token" after [] demand <{{.*}}>
 // CHECK-NEXT:   event.meta_resolve "continuous_batching" from @embed.tokens bytes 16
 // CHECK-NEXT:   event.recv @embed.tokens bytes 8 meta 16

@@ -1,4 +1,5 @@
 // RUN: meshrt-opt %s -p lower-to-mesh-kernels,synthesize-schedules | filecheck %s
+// RUN: meshrt-opt %s -p lower-to-mesh-kernels,synthesize-schedules | filecheck %s --check-prefix=ROLES
 
 // MoE routing: the gate's root produces routing metainfo ahead of the token
 // data it sends into the dispatch corridor; every relay role (dispatch and
@@ -31,3 +32,17 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK:      event.sub @l0.moe.combine "tail"
 // CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
 // CHECK-NOT:  event.meta_produce
+
+
+// Every flow says what it carries: a chain's partials and relayed result,
+// a corridor's hops, or another kernel's value and the operand it feeds.
+// ROLES:      event.flow @l0.gate.down kernel @l0.gate role "down" wafer 0
+// ROLES-NEXT: event.flow @l0.gate.up kernel @l0.gate role "up" wafer 0
+// ROLES-NEXT: event.flow @l0.gate.in0 kernel @l0.gate role "input" operand 0 wafer 0
+// ROLES-NEXT: event.flow @l0.moe.dispatch.hop kernel @l0.moe.dispatch role "hop" wafer 0
+// ROLES-NEXT: event.flow @l0.moe.dispatch.in0 kernel @l0.moe.dispatch role "input" operand 0 wafer 0
+// ROLES-NEXT: event.flow @l0.moe.experts.down kernel @l0.moe.experts role "down" wafer 0
+// ROLES-NEXT: event.flow @l0.moe.experts.up kernel @l0.moe.experts role "up" wafer 0
+// ROLES-NEXT: event.flow @l0.moe.experts.in0 kernel @l0.moe.experts role "input" operand 0 wafer 0
+// ROLES-NEXT: event.flow @l0.moe.combine.hop kernel @l0.moe.combine role "hop" wafer 0
+// ROLES-NEXT: event.flow @l0.moe.combine.in0 kernel @l0.moe.combine role "input" operand 0 wafer 0
