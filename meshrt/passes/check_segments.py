@@ -64,7 +64,7 @@ from meshrt.passes.color_routes import (
 )
 from meshrt.passes.materialize_segments import accumulate
 from meshrt.routing import BoxIndex, RectSet, flow_routers, intersecting_pairs
-from meshrt.targets import Target, load_target
+from meshrt.targets import Target, target_for
 
 
 @dataclass
@@ -379,14 +379,12 @@ def _problems(module: Operation, target: Target | str | None,
     programs = [o for o in module.walk() if isinstance(o, sg.ProgramOp)]
     problems: list[_Problem] = []
     for program in programs:
-        t = target
-        if not isinstance(t, Target):
-            try:
-                t = load_target(t or program.target.data)
-            except FrontendError as e:
-                where = f" ({e.loc})" if e.loc is not None else ""
-                problems.append(_Problem(e.message + where, program))
-                continue
+        try:
+            t = target_for(target, program.target.data)
+        except FrontendError as e:
+            where = f" ({e.loc})" if e.loc is not None else ""
+            problems.append(_Problem(e.message + where, program))
+            continue
         problems.extend(_check_program(program, t, handshakes))
     return problems
 
@@ -397,7 +395,7 @@ class CheckSegments(ModulePass):
 
     name = "check-segments"
 
-    target: str | None = None
+    target: str | Target | None = None
     handshakes: bool | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
