@@ -28,7 +28,7 @@ CHILD = r"""
 import gc, io, json, resource, sys, time
 from xdsl.context import Context
 from xdsl.printer import Printer
-from meshrt.tools.cli import compile_model
+from meshrt.driver import load_model
 from meshrt.passes.lower_to_mesh_kernels import LowerToMeshKernels
 from meshrt.passes.synthesize_schedules import SynthesizeSchedules
 from meshrt.diagnostics import verify_located
@@ -36,7 +36,7 @@ from meshrt.dialects import event as ev
 
 model, target = sys.argv[1], sys.argv[2]
 t = {}
-s = time.perf_counter(); m = compile_model(model, target); t["map"] = time.perf_counter() - s
+s = time.perf_counter(); m = load_model(model, target); t["map"] = time.perf_counter() - s
 s = time.perf_counter(); LowerToMeshKernels().apply(Context(), m); t["lower"] = time.perf_counter() - s
 s = time.perf_counter(); SynthesizeSchedules().apply(Context(), m); t["synthesize"] = time.perf_counter() - s
 s = time.perf_counter(); verify_located(m); t["verify"] = time.perf_counter() - s

@@ -27,10 +27,10 @@ def bench_one(model: str, target: str, arch: str | None, profile: bool) -> dict:
     from meshrt.backend.csl import emit_csl
     from meshrt.backend.csl_lint import check_csl
     from meshrt.passes.pipeline import lower_to
-    from meshrt.tools.cli import compile_model
+    from meshrt.driver import load_model
 
     t0 = time.perf_counter()
-    module = lower_to(compile_model(model, target), "csl")
+    module = lower_to(load_model(model, target), "csl")
     t1 = time.perf_counter()
     prof = cProfile.Profile() if profile else None
     if prof:

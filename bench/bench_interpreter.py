@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from meshrt.runtime.cost_model import default_in_flight
-from meshrt.runtime.mesh_sim import MeshSim, compile_program
+from meshrt.driver import segment_program
+from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.runtime.serving import serve
 from meshrt.runtime.workloads import Request
 from meshrt.targets import load_target
@@ -37,7 +38,7 @@ def workload(n: int, seed: int = 7) -> list[Request]:
 
 def speed(model: str, target_name: str, requests: int) -> None:
     t = load_target(target_name)
-    prog = compile_program(f"examples/{model}.mrt", target_name)
+    prog = segment_program(f"examples/{model}.mrt", target_name)
     res = serve(prog, t, workload(requests), seed=0)
     s = res.summary()
     steps = s["decode_steps"]
@@ -53,7 +54,7 @@ def speed(model: str, target_name: str, requests: int) -> None:
 
 def sweep(model: str, seeds: int) -> None:
     t = load_target("test32")
-    prog = compile_program(f"examples/{model}.mrt", "test32")
+    prog = segment_program(f"examples/{model}.mrt", "test32")
     reqs = workload(5)
     bad, t0 = [], time.perf_counter()
     for seed in range(seeds):
@@ -80,7 +81,7 @@ def main() -> None:
             sweep(model, args.sweep)
     if args.profile:
         t = load_target("test32")
-        prog = compile_program("examples/tiny_moe.mrt", "test32")
+        prog = segment_program("examples/tiny_moe.mrt", "test32")
         pr = cProfile.Profile()
         pr.enable()
         serve(prog, t, workload(args.requests), seed=0, check=False)

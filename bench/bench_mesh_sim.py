@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from meshrt.runtime.mesh_sim import MeshSim, compile_program
+from meshrt.driver import segment_program
+from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.targets import load_target
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    program = compile_program(str(EXAMPLES / f"{args.model}.mrt"), args.target)
+    program = segment_program(str(EXAMPLES / f"{args.model}.mrt"), args.target)
     target = load_target(args.target)
     t_compile = time.perf_counter() - t0
     best = None

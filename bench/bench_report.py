@@ -37,7 +37,8 @@ from meshrt.runtime.cost_model import (
     default_in_flight,
     measured_cycles_per_step,
 )
-from meshrt.runtime.mesh_sim import MeshSim, compile_program
+from meshrt.driver import segment_program
+from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.targets import load_target
 from meshrt.tools.bench import PADDING_WORKLOADS, run_bench, write_outputs
 
@@ -106,7 +107,7 @@ def calibration() -> list[dict]:
     rows = []
     for model, target in CALIBRATION:
         tg = load_target(target)
-        program = compile_program(str(REPO / "examples" / f"{model}.mrt"), target)
+        program = segment_program(str(REPO / "examples" / f"{model}.mrt"), target)
         cm = CostModel(program, tg)
         n = default_in_flight(program)
         row = {"model": model, "target": target, "wafers": program.num_wafers,

@@ -21,7 +21,7 @@ from meshrt.diagnostics import MeshrtError, format_diagnostic
 from meshrt.dialects import segment as sg
 from meshrt.dialects.base import require_programs
 from meshrt.frontend.errors import FrontendError
-from meshrt.targets import Target, load_target
+from meshrt.targets import Target, target_for
 
 
 def check_segments(module: Operation, target: Target | str | None = None,
@@ -42,14 +42,12 @@ def _problems(module: Operation, target: Target | str | None,
     programs = [o for o in module.walk() if isinstance(o, sg.ProgramOp)]
     problems: list[Problem] = []
     for program in programs:
-        t = target
-        if not isinstance(t, Target):
-            try:
-                t = load_target(t or program.target.data)
-            except FrontendError as e:
-                where = f" ({e.loc})" if e.loc is not None else ""
-                problems.append(Problem(e.message + where, program))
-                continue
+        try:
+            t = target_for(target, program.target.data)
+        except FrontendError as e:
+            where = f" ({e.loc})" if e.loc is not None else ""
+            problems.append(Problem(e.message + where, program))
+            continue
         problems.extend(check_program(program, t, handshakes))
     return problems
 
@@ -60,7 +58,7 @@ class CheckSegments(ModulePass):
 
     name = "check-segments"
 
-    target: str | None = None
+    target: str | Target | None = None
     handshakes: bool | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

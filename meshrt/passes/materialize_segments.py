@@ -27,13 +27,14 @@ from meshrt.dialects.base import require_programs
 from meshrt.dialects.mesh import RESOURCE_FIELDS, RESOURCE_NAMES, ResourceAttr, Resources
 from meshrt.frontend.errors import FrontendError
 from meshrt.routing import RectSet
-from meshrt.targets import Target, load_target
+from meshrt.targets import Target, target_for
 
 
-def target_of(name: str, op) -> Target:
-    """The target `name` (bundled or a path); a bad one is a located error."""
+def target_of(given: str | Target | None, op) -> Target:
+    """The target `given` (a Target, a bundled name or a path; None: the one
+    `op`'s program names); a bad one is a located error."""
     try:
-        return load_target(name)
+        return target_for(given, op.target.data)
     except FrontendError as e:
         if e.loc is None:
             raise MeshrtError(e.message, op) from e
@@ -102,13 +103,15 @@ class MaterializeSegments(ModulePass):
     """event.schedule -> segment.program: segments, marker syncs, reconfigurations.
 
     `target` overrides the program's target (a bundled name or a .toml
-    path); `colors`, `iq`, `oq`, `routes`, `switches`, `sram`, `ctrl`
-    tighten the per-core budget for this run.
+    path, written into the IR; from Python, also the Target itself, as the
+    driver passes it, which keeps the IR's name); `colors`, `iq`, `oq`,
+    `routes`, `switches`, `sram`, `ctrl` tighten the per-core budget for
+    this run.
     """
 
     name = "materialize-segments"
 
-    target: str | None = None
+    target: str | Target | None = None
     colors: int | None = None
     iq: int | None = None
     oq: int | None = None
@@ -123,9 +126,10 @@ class MaterializeSegments(ModulePass):
             "run synthesize-schedules first")
         overrides = {f: getattr(self, f) for f in RESOURCE_FIELDS}
         for schedule in schedules:
-            target = target_of(self.target or schedule.target.data, schedule)
+            target = target_of(self.target, schedule)
             budget = budget_for(target, overrides, schedule)
-            program = materialize(schedule, target, budget, self.target)
+            rename = None if isinstance(self.target, Target) else self.target
+            program = materialize(schedule, target, budget, rename)
             op.body.block.insert_op_before(program, schedule)
             schedule.detach()
             schedule.erase()

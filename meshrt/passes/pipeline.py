@@ -1,8 +1,21 @@
-"""Named pipelines: which passes take graph IR down to each level."""
+"""Named pipelines: which passes take IR of one level down to another.
+
+`lower_to(module, level, target)` starts from the level of the module's top
+op (`level_of`), so printed IR of any level restarts where it stands; the
+Target object given, if any, is handed to every pass that takes a `target`
+(otherwise each pass loads the target the IR names). The compiler driver
+(`meshrt.driver`) is the front door to this.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING
+
 from xdsl.dialects.builtin import ModuleOp
+
+if TYPE_CHECKING:
+    from meshrt.targets import Target
 
 LEVELS: tuple[str, ...] = ("graph", "kernels", "events", "segments", "csl")
 
@@ -23,6 +36,20 @@ LEVEL_PIPELINES: dict[str, str | None] = {
 }
 
 
+# The top-level op of printed IR of each level.
+TOP_OPS: dict[str, str] = {
+    "graph.model": "graph",
+    "mesh_kernel.program": "kernels",
+    "event.schedule": "events",
+    "segment.program": "segments",
+}
+
+NO_PROGRAM = "no graph.model, mesh_kernel.program, event.schedule or segment.program"
+
+# Printed segment IR is already coloured: restarting from it only checks it.
+_CHECK_SEGMENTS = "check-segments{handshakes=true}"
+
+
 class LevelNotReady(Exception):
     """The requested level's passes are not built yet."""
 
@@ -33,20 +60,55 @@ class LevelNotReady(Exception):
         )
 
 
-def lower_to(module: ModuleOp, level: str) -> ModuleOp:
-    """Run the passes from graph IR down to `level` in place and return the module."""
-    if level not in LEVELS:
-        raise ValueError(f"unknown level '{level}', expected one of {', '.join(LEVELS)}")
-    pipeline = LEVEL_PIPELINES[level]
-    if pipeline is None:
-        raise LevelNotReady(level)
+def level_of(module: ModuleOp) -> str | None:
+    """The level of the first top-level program op of `module` (None: there is none)."""
+    return next((TOP_OPS[op.name] for op in module.body.block.ops if op.name in TOP_OPS), None)
+
+
+def pipeline_between(start: str, stop: str) -> str:
+    """The passes (meshrt-opt syntax) that take IR of level `start` to level `stop`.
+
+    Restarting from segment IR (to `segments` or `csl`) runs the check only.
+    """
+    for level in (start, stop):
+        if level not in LEVELS:
+            raise ValueError(f"unknown level '{level}', expected one of {', '.join(LEVELS)}")
+    if LEVEL_PIPELINES[stop] is None:
+        raise LevelNotReady(stop)
+    if LEVELS.index(stop) < LEVELS.index(start):
+        raise ValueError(f"cannot take {start} IR up to the {stop} level")
+    if start in ("segments", "csl"):  # CSL is printed from segment IR
+        return _CHECK_SEGMENTS
+    done, todo = _passes(LEVEL_PIPELINES[start]), _passes(LEVEL_PIPELINES[stop])
+    assert todo[:len(done)] == done, (start, stop)  # each level's pipeline extends the one above
+    return ",".join(todo[len(done):])
+
+
+def _passes(pipeline: str | None) -> list[str]:
+    return pipeline.split(",") if pipeline else []
+
+
+def lower_to(module: ModuleOp, level: str, target: Target | None = None) -> ModuleOp:
+    """Run the passes from the module's level (graph IR, or printed IR of any
+    level) down to `level` in place and return the module.
+
+    `target` is given to the passes as it is; None: each loads the IR's."""
+    from meshrt.diagnostics import MeshrtError
+
+    start = level_of(module)
+    if start is None:
+        raise MeshrtError(f"{NO_PROGRAM} to lower", module)
+    pipeline = pipeline_between(start, level)
     if pipeline:
-        run_pipeline(module, pipeline)
+        run_pipeline(module, pipeline, target)
     return module
 
 
-def run_pipeline(module: ModuleOp, spec: str) -> None:
-    """Run a meshrt-opt style pass pipeline (`a,b{opt=1}`) on `module` in place."""
+def run_pipeline(module: ModuleOp, spec: str, target: Target | None = None) -> None:
+    """Run a meshrt-opt style pass pipeline (`a,b{opt=1}`) on `module` in place.
+
+    `target` (a Target) goes to every pass with a `target` option the spec
+    leaves unset."""
     from xdsl.context import Context
     from xdsl.passes import PassPipeline
 
@@ -57,4 +119,13 @@ def run_pipeline(module: ModuleOp, spec: str) -> None:
         verify_located(mod)
 
     ctx = Context(allow_unregistered=False)
-    PassPipeline.parse_spec(get_all_passes(), spec, verify).apply(ctx, module)
+    pipeline = PassPipeline.parse_spec(get_all_passes(), spec, verify)
+    if target is not None:
+        pipeline = dataclasses.replace(
+            pipeline, passes=tuple(_with_target(p, target) for p in pipeline.passes))
+    pipeline.apply(ctx, module)
+
+
+def _with_target(p, target: Target):
+    takes = any(f.name == "target" for f in dataclasses.fields(p))
+    return dataclasses.replace(p, target=target) if takes and p.target is None else p

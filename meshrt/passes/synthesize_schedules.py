@@ -57,7 +57,7 @@ from meshrt.dialects.mesh import (
     Resources,
 )
 from meshrt.frontend.errors import FrontendError
-from meshrt.targets import Target, load_target
+from meshrt.targets import Target, target_for
 
 
 def kernel_context(program: mk.ProgramOp) -> kr.KernelContext:
@@ -414,9 +414,13 @@ class Synthesizer:
 
 def kernel_info(op: mk.KernelOp) -> ev.KernelInfoOp:
     """The `event.kernel` record of `op`: kind, region, inputs and shape parameters."""
-    params: dict[str, Attribute] = {}
+    # layer, stage and wafer first, then the kind's own: the same order whether
+    # `op` was built by lower-to-mesh-kernels or parsed from printed IR (which
+    # reads properties of the assembly format, e.g. elementwise's kind, first).
+    common = ("layer", "stage", "wafer")
+    params: dict[str, Attribute] = {k: op.properties[k] for k in common if k in op.properties}
     for key, attr in op.properties.items():
-        if key not in ("sym_name", "region"):
+        if key not in ("sym_name", "region", *common):
             params[key] = attr
     widths = [v.type.width.data for v in op.operands if isinstance(v.type, ActType)]
     params["in_widths"] = DenseArrayBase.from_list(i64, widths)
@@ -467,17 +471,17 @@ class SynthesizeSchedules(ModulePass):
     """mesh_kernel.program -> event.schedule (per-core-class event tables).
 
     `target` overrides the target named in the program (a bundled name or a
-    .toml path).
+    .toml path; from Python, also the Target itself, as the driver passes it).
     """
 
     name = "synthesize-schedules"
 
-    target: str | None = None
+    target: str | Target | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for program in [o for o in op.body.block.ops if isinstance(o, mk.ProgramOp)]:
             try:
-                target = load_target(self.target or program.target.data)
+                target = target_for(self.target, program.target.data)
             except FrontendError as e:
                 raise MeshrtError(e.message, program) from e
             gc_was_enabled = gc.isenabled()

@@ -134,7 +134,7 @@ import itertools
 import random
 import time as _time
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from meshrt.kernels.numerics import DataLayoutError
@@ -301,48 +301,6 @@ class SimResult:
         ]
         lines += [str(r) for r in self.reports]
         return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------
-# Loading programs
-# ---------------------------------------------------------------------------
-
-
-def program_of(module) -> sg.ProgramOp:
-    if isinstance(module, sg.ProgramOp):
-        return module
-    for op in module.body.block.ops:
-        if isinstance(op, sg.ProgramOp):
-            return op
-    raise ValueError("no segment.program in the module")
-
-
-def parse_ir(text: str, filename: str = "<input>"):
-    """A module of meshrt IR at any level (located errors)."""
-    from xdsl.context import Context
-    from xdsl.dialects.builtin import Builtin
-
-    from meshrt.diagnostics import parse_module
-    from meshrt.dialects import get_all_dialects
-
-    ctx = Context()
-    ctx.load_dialect(Builtin)
-    for load in get_all_dialects().values():
-        ctx.load_dialect(load())
-    return parse_module(ctx, text, filename)
-
-
-def parse_program(text: str, filename: str = "<segments>") -> sg.ProgramOp:
-    return program_of(parse_ir(text, filename))
-
-
-def compile_program(model: str, target: str, dynamism=None) -> sg.ProgramOp:
-    """Compile a model spec to coloured segment IR (what the interpreter runs);
-    `dynamism=()` is the static build."""
-    from meshrt.passes.pipeline import lower_to
-    from meshrt.tools.cli import compile_model
-
-    return program_of(lower_to(compile_model(model, target, dynamism=dynamism), "segments"))
 
 
 # ---------------------------------------------------------------------------
@@ -1213,41 +1171,3 @@ def simulate(program: sg.ProgramOp, target, *, steps: int = 2, **kw) -> SimResul
 
         target = load_target(target)
     return MeshSim(program, target, **kw).run(steps)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(
-        prog="python -m meshrt.runtime.mesh_sim",
-        description="GALS discrete-event simulation of a model's segment IR (timing only; "
-                    "`meshrt run` adds the numerics and the serving loop)")
-    ap.add_argument("model", help="model spec (.mrt / config.json) or segment IR (.mlir)")
-    ap.add_argument("--target", default="test32")
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--unsafe", action="store_true", help="ablation: no marker syncs, eager reconfigure")
-    ap.add_argument("--max-cycles", type=int, default=50_000_000)
-    ap.add_argument("--trace", metavar="FILE", help="write a Chrome / Perfetto trace")
-    ap.add_argument("--by-class", action="store_true", help="one trace track per core class")
-    args = ap.parse_args(argv)
-    from meshrt.targets import load_target
-
-    target = load_target(args.target)
-    if args.model.endswith(".mlir"):
-        with open(args.model) as fh:
-            program = parse_program(fh.read(), args.model)
-    else:
-        program = compile_program(args.model, args.target)
-    res = MeshSim(program, target, seed=args.seed, safe=not args.unsafe,
-                  max_cycles=args.max_cycles, trace=bool(args.trace)).run(args.steps)
-    print(res.summary())
-    if args.trace:
-        from meshrt.runtime.trace import write_trace
-
-        write_trace(res, args.trace, by_class=args.by_class)
-    return 0 if res.completed else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

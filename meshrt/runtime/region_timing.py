@@ -87,27 +87,26 @@ class Compiled:
     module: object = None
 
 
-def compile_for_timing(model: str, target: str, *, micro_batch: int | None = None,
+def compile_for_timing(model: str, target, *, micro_batch: int | None = None,
                        before: str = "") -> Compiled:
     """Compile a model spec to coloured segment IR, keeping its MoE layers' regions.
 
-    `before` is a pass pipeline run on the graph IR first (e.g. a
-    `place-experts{...}`); placement does not change the segment program
-    (all regions hold the same number of experts), only which tokens go where.
+    `target` is a Target, a bundled name or a .toml path. `before` is a pass
+    pipeline run on the graph IR first (e.g. a `place-experts{...}`);
+    placement does not change the segment program (all regions hold the same
+    number of experts), only which tokens go where.
     """
-    from meshrt.passes.pipeline import LEVEL_PIPELINES, lower_to, run_pipeline
-    from meshrt.runtime.mesh_sim import program_of
-    from meshrt.targets import load_target
-    from meshrt.tools.cli import compile_model
+    from meshrt import driver
+    from meshrt.passes.pipeline import run_pipeline
 
-    module = compile_model(model, target, micro_batch=micro_batch)
+    target = driver.load_target(target)
+    module = driver.load_model(model, target, micro_batch=micro_batch)
     if before:
-        run_pipeline(module, before)
-    lower_to(module, "kernels")
+        run_pipeline(module, before, target)
+    driver.lower(module, "kernels", target)
     layers = {s.layer: MoELayer.of(s) for s in moe_sites(module)}
-    rest = LEVEL_PIPELINES["segments"].removeprefix(LEVEL_PIPELINES["kernels"] + ",")
-    run_pipeline(module, rest)
-    return Compiled(program_of(module), load_target(target), layers, module)
+    driver.lower(module, "segments", target)
+    return Compiled(driver.program_of(module), target, layers, module)
 
 
 @dataclass

@@ -199,8 +199,11 @@ def available_targets() -> list[str]:
     return sorted(p.stem for p in TARGET_DIR.glob("*.toml"))
 
 
-def load_target(name_or_path: str | Path) -> Target:
-    """A bundled target by name (`wse3`) or a user target file by path."""
+def load_target(name_or_path: str | Path | Target) -> Target:
+    """A bundled target by name (`wse3`) or a user target file by path (a
+    Target is returned as it is)."""
+    if isinstance(name_or_path, Target):
+        return name_or_path
     s = str(name_or_path)
     bundled = TARGET_DIR / f"{s}.toml"
     if "/" not in s and not s.endswith(".toml") and bundled.is_file():
@@ -212,6 +215,13 @@ def load_target(name_or_path: str | Path) -> Target:
             "or the path of a target .toml file"
         )
     return _load_file(path)
+
+
+def target_for(given: Target | str | Path | None, ir_name: str) -> Target:
+    """The target a pass or backend works for: `given` as it is if it is a
+    Target (what the compiler driver passes along), else `given` loaded by
+    name or path, else the target the IR names (`ir_name`)."""
+    return load_target(given or ir_name)
 
 
 @functools.cache

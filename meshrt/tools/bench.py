@@ -276,13 +276,12 @@ class Builder:
     """Compiles and times builds of one model on one target, each once."""
 
     def __init__(self, model: str, target: str, progress: Callable[[str], None] | None = None):
+        from meshrt import driver
         from meshrt.frontend.errors import FrontendError
-        from meshrt.targets import load_target
 
         self.model = model
-        self.target_name = target
         try:
-            self.target = load_target(target)
+            self.target = driver.load_target(target)
         except FrontendError as e:
             raise BenchError(str(e)) from None
         self.progress = progress or (lambda _msg: None)
@@ -317,19 +316,17 @@ class Builder:
         return b
 
     def _compile(self, micro_batch: int, dynamism: Sequence[str] | None):
+        from meshrt import driver
         from meshrt.diagnostics import MeshrtError
         from meshrt.frontend.errors import FrontendError
-        from meshrt.passes.pipeline import lower_to
-        from meshrt.runtime.mesh_sim import program_of
-        from meshrt.tools.cli import compile_model
 
         try:
-            module = compile_model(self.model, self.target_name, micro_batch, None,
-                                   None if dynamism is None else tuple(dynamism))
+            module = driver.load_model(self.model, self.target, micro_batch=micro_batch,
+                                       dynamism=None if dynamism is None else tuple(dynamism))
         except FrontendError as e:
             raise BenchError(str(e)) from None
         try:
-            program = program_of(lower_to(module, "segments"))
+            program = driver.segment_program(module, self.target)
         except MeshrtError as e:
             raise BenchError(f"{self.model}: error: {e.message}") from None
         if not self.hparams:

@@ -9,7 +9,6 @@ see the traceback of an internal error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -108,8 +107,8 @@ def _fail(line: str) -> int:
 def _compile(args: argparse.Namespace) -> int:
     from xdsl.utils.exceptions import DiagnosticException, VerifyException
 
+    from meshrt import driver
     from meshrt.diagnostics import MeshrtError
-    from meshrt.passes.pipeline import LevelNotReady, lower_to
 
     if args.emit != "csl" and (args.arch or args.report):
         flag = "--arch" if args.arch else "--report"
@@ -118,7 +117,9 @@ def _compile(args: argparse.Namespace) -> int:
         if v is not None and v < 1:
             return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
     try:
-        module = compile_model(args.model, args.target, args.micro_batch, args.wafers, args.dynamism)
+        module = driver.load_model(args.model, args.target, micro_batch=args.micro_batch,
+                                   wafers=args.wafers, dynamism=args.dynamism)
+        target = driver.load_target(args.target)
     except FrontendError as e:
         return _fail(str(e))
     try:
@@ -128,8 +129,8 @@ def _compile(args: argparse.Namespace) -> int:
                      f"verify: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
     if args.emit != "graph":
         try:
-            module = lower_to(module, args.emit)
-        except LevelNotReady as e:
+            module = driver.lower(module, args.emit, target)
+        except driver.LevelNotReady as e:
             return _fail(f"{args.model}: error: {e}")
         except MeshrtError as e:
             # Compiled IR has no source line of its own: name the model file,
@@ -141,7 +142,7 @@ def _compile(args: argparse.Namespace) -> int:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             return _fail(f"{args.model}: error: lowering to {args.emit} failed: {first}")
     if args.emit == "csl":
-        return _emit_csl(args, module)
+        return _emit_csl(args, module, target)
     try:
         if args.output:
             with open(args.output, "w", encoding="utf-8") as f:
@@ -156,13 +157,13 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _emit_csl(args: argparse.Namespace, module) -> int:
+def _emit_csl(args: argparse.Namespace, module, target) -> int:
     """--emit csl: the files into directory -o, or behind FILE lines on stdout."""
     from meshrt.backend.csl import emit_csl
     from meshrt.diagnostics import MeshrtError
 
     try:
-        out = emit_csl(module, args.arch)
+        out = emit_csl(module, args.arch, target)
     except MeshrtError as e:
         return _fail(f"{args.model}: error: CSL backend: {e.message}")
     except Exception as e:  # a backend bug on valid input: still one line
@@ -197,25 +198,6 @@ def parse_dynamism(text: str) -> tuple[str, ...]:
     """`--dynamism`: 'none' (static) or a comma-separated list of kinds."""
     text = text.strip()
     return () if text in ("", "none") else tuple(k.strip() for k in text.split(","))
-
-
-def compile_model(model: str, target: str, micro_batch: int | None = None,
-                  wafers: int | None = None, dynamism: Sequence[str] | None = None):
-    """MODEL path + target name/path -> graph-level ModuleOp (FrontendError on bad input)."""
-    from meshrt.frontend.hf_config import load_hf_config
-    from meshrt.frontend.mapper import map_model
-    from meshrt.frontend.spec import parse_spec_file
-    from meshrt.targets import load_target
-
-    path = Path(model)
-    if not path.is_file():
-        raise FrontendError("no such model file" if not path.exists() else "not a file", model)
-    tgt = load_target(target)
-    try:
-        spec = load_hf_config(path) if path.suffix == ".json" else parse_spec_file(path)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:  # belt and braces
-        raise FrontendError(f"cannot read model: {e}", model) from None
-    return map_model(spec, tgt, micro_batch, wafers, dynamism)
 
 
 def _print_module(module, stream) -> None:

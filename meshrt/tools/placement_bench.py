@@ -122,20 +122,11 @@ def check_target(target, name: str) -> None:
 
 def check_model(model: str) -> None:
     """An MoE model (read without compiling); spec errors are the compiler's own one line."""
-    import json
-
+    from meshrt import driver
     from meshrt.frontend.errors import FrontendError
-    from meshrt.frontend.hf_config import load_hf_config
-    from meshrt.frontend.spec import parse_spec_file
 
-    path = Path(model)
     try:
-        if not path.is_file():
-            raise FrontendError("no such model file" if not path.exists() else "not a file", model)
-        try:
-            spec = load_hf_config(path) if path.suffix == ".json" else parse_spec_file(path)
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
-            raise FrontendError(f"cannot read model: {e}", model) from None
+        spec = driver.load_spec(model)
     except FrontendError as e:
         raise BenchError(str(e)) from None
     if not spec.shape.is_moe:
@@ -145,15 +136,16 @@ def check_model(model: str) -> None:
 
 def compile_placement(model: str, target: str):
     """Compile for region timing (`region_timing.Compiled`); BenchError unless it has MoE layers."""
+    from meshrt import driver
     from meshrt.diagnostics import MeshrtError
     from meshrt.frontend.errors import FrontendError
     from meshrt.runtime.region_timing import compile_for_timing
-    from meshrt.targets import load_target
 
     try:
-        check_target(load_target(target), target)
+        tgt = driver.load_target(target)
+        check_target(tgt, target)
         check_model(model)
-        c = compile_for_timing(model, target)
+        c = compile_for_timing(model, tgt)
     except FrontendError as e:
         raise BenchError(str(e)) from None
     except MeshrtError as e:

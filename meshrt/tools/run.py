@@ -2,9 +2,10 @@
 
 MODEL is a .mrt spec or a config.json (compiled to coloured segment IR for
 the target; `--static` compiles the WaferLLM-style baseline without
-dynamism), or segment IR (.mlir) as `meshrt compile --emit segments` prints
-it, run as it is. `--compare` runs the static baseline and the compiled
-model side by side in one invocation.
+dynamism), or printed IR (.mlir) of any level as `meshrt compile --emit`
+prints it: segment IR is checked and run as it is, IR of a higher level is
+lowered for its own target (or --target) first. `--compare` runs the static
+baseline and the compiled model side by side in one invocation.
 """
 
 from __future__ import annotations
@@ -43,59 +44,26 @@ def _fail(msg: str) -> int:
 
 
 def _program(model: str, target: str | None, static: bool):
-    """(segment program, target name) for MODEL or IR."""
+    """(segment program, Target) for MODEL or IR (IR: its own target unless --target)."""
+    from meshrt import driver
     from meshrt.diagnostics import MeshrtError
-    from meshrt.runtime.mesh_sim import compile_program, parse_ir, program_of
 
-    if model.endswith(".mlir"):
-        try:
-            text = Path(model).read_text()
-        except OSError as e:
-            raise MeshrtError.located(f"{model}: error: cannot read: {e.strerror or e}") from None
+    if driver.is_ir(model):
         if static:
             raise MeshrtError.located(f"{model}: error: --static and --compare need a model, not IR "
                                       "(compile one with --dynamism none)")
-        program = program_of(_lower_to_segments(parse_ir(text, model), model))
-        return program, target or program.target.data
-    tname = target or "test32"
-    return compile_program(model, tname, dynamism=() if static else None), tname
-
-
-# The passes still to run on IR of each level to reach checked, coloured segments.
-_REST = {
-    "graph.model": "segments",
-    "mesh_kernel.program": "lower-to-mesh-kernels",
-    "event.schedule": "synthesize-schedules",
-    "segment.program": "color-routes",
-}
-
-
-def _lower_to_segments(module, filename: str):
-    """Take IR of any level down to verified, coloured segment IR (restart anywhere)."""
-    from meshrt.diagnostics import MeshrtError
-    from meshrt.passes.pipeline import LEVEL_PIPELINES, run_pipeline
-
-    top = [op.name for op in module.body.block.ops]
-    level = next((n for n in top if n in _REST), None)
-    if level is None:
-        raise MeshrtError.located(f"{filename}: error: no graph.model, mesh_kernel.program, "
-                                  "event.schedule or segment.program to run")
-    passes = LEVEL_PIPELINES["segments"].split(",")
-    if level == "segment.program":
-        # run as compiled; only check it (colouring must already have happened)
-        run_pipeline(module, "check-segments{handshakes=true}")
-        return module
-    first = 0 if level == "graph.model" else next(i for i, p in enumerate(passes) if p == _REST[level])
-    run_pipeline(module, ",".join(passes[first:]))
-    return module
+        module = driver.read_ir(model)
+        tgt = driver.target_of(module, target)
+    else:
+        tgt = driver.load_target(target or "test32")
+        module = driver.load_model(model, tgt, dynamism=() if static else None)
+    return driver.segment_program(module, tgt), tgt
 
 
 def _serve(args, static: bool):
     from meshrt.runtime.serving import serve, tiny_workload
-    from meshrt.targets import load_target
 
-    program, tname = _program(args.model, args.target, static)
-    target = load_target(tname)
+    program, target = _program(args.model, args.target, static)
     hp = program.hparams.data
     max_seq, vocab = int(hp["max_seq"].value.data), int(hp["vocab"].value.data)
     reqs = tiny_workload(args.workload, args.requests, args.workload_seed, max_seq, vocab,

@@ -44,6 +44,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshrt.driver import program_of
 from meshrt.kernels import registry
 
 WHATS = ("mapping", "classes", "routes", "load")
@@ -148,18 +149,6 @@ class LoadMap:
     completed: bool
     reports: list[str]
     inflight: int
-
-
-def program_of(module):
-    """The first top-level program (graph, mesh_kernel, event or segment) of `module`."""
-    from meshrt.dialects.base import MappedProgramOp
-
-    if isinstance(module, MappedProgramOp):
-        return module
-    for op in module.body.block.ops:
-        if isinstance(op, MappedProgramOp):
-            return op
-    raise VizError("no graph.model, mesh_kernel.program, event.schedule or segment.program")
 
 
 def _dense_pieces(cores) -> list[tuple[int, int, int, int]]:
@@ -741,54 +730,47 @@ def _check_simulable(target, name: str) -> None:
 
 
 def _target(name: str, where: str):
+    from meshrt import driver
     from meshrt.frontend.errors import FrontendError
-    from meshrt.targets import load_target
 
     try:
-        return load_target(name)
+        return driver.load_target(name)
     except FrontendError as e:
         line = str(e)
         raise _Failed(line if ": error: " in line else f"{where}: {line}") from None
 
 
-def _load(args: argparse.Namespace, level: str):
-    """The program to draw: MODEL compiled to `level` ('kernels' or 'segments'),
-    or IR lowered as far as needed (meshrt run's parser and lowering)."""
+def _load(args: argparse.Namespace, level: str, target):
+    """The program to draw: MODEL compiled for `target` to `level` ('kernels'
+    or 'segments'), or IR lowered as far as needed (its own target unless
+    --target)."""
+    from meshrt import driver
     from meshrt.diagnostics import MeshrtError
     from meshrt.frontend.errors import FrontendError
-    from meshrt.passes.pipeline import lower_to, run_pipeline
-    from meshrt.runtime.mesh_sim import parse_ir
-    from meshrt.tools.cli import compile_model
-    from meshrt.tools.run import _lower_to_segments
 
     model = args.model
-    is_ir = model.endswith(".mlir")
+    is_ir = driver.is_ir(model)
     try:
         if is_ir:
-            try:
-                text = Path(model).read_text()
-            except OSError as e:
-                raise _Failed(f"{model}: error: cannot read: {e.strerror or e}") from None
-            module = parse_ir(text, model)
+            module = driver.read_ir(model)
             top = program_of(module)
-            if args.target and args.target != top.target.data:
+            if target is not None and target.name != top.target.data:
                 raise _Failed(f"{model}: error: the IR is compiled for target '{top.target.data}', "
                               f"not '{args.target}'")
-            if args.what == "load":
+            if args.what == "load" and target is None:
                 _check_simulable(_target(top.target.data, model), top.target.data)
             if level == "kernels":
                 if top.name == "graph.model":
-                    run_pipeline(module, "lower-to-mesh-kernels")
+                    driver.lower(module, "kernels", target)
             elif top.name == "segment.program" and args.what != "classes" and not top.routes():
                 raise _Failed(f"{model}: error: --what {args.what} needs coloured segment IR, and "
                               f"@{top.program_name} has no segment.route (run color-routes and "
                               "insert-route-handshakes, or give the model or higher-level IR)")
             elif top.name != "segment.program" or args.what != "classes":
                 # classes need no colouring; routes and load run the checked, coloured IR
-                module = _lower_to_segments(module, model)
+                driver.lower(module, "segments", target)
             return program_of(module)
-        module = compile_model(model, args.target)
-        return program_of(lower_to(module, level))
+        return program_of(driver.compile(model, target, level))
     except _Failed:
         raise
     except VizError as e:
@@ -825,12 +807,11 @@ def _main(args: argparse.Namespace) -> int:
     import numpy as np
 
     out = _check_args(args)
-    target = None
-    if args.what == "load" and args.target:
-        target = _target(args.target, "meshrt viz")
+    target = _target(args.target, "meshrt viz") if args.target else None
+    if args.what == "load" and target is not None:
         _check_simulable(target, target.name)
     t0 = time.perf_counter()
-    program = _load(args, "kernels" if args.what == "mapping" else "segments")
+    program = _load(args, "kernels" if args.what == "mapping" else "segments", target)
     t_compile = time.perf_counter() - t0
     where = args.model
     if args.wafer is not None and args.wafer >= program.num_wafers:

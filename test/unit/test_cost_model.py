@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from meshrt.driver import load_model, program_of, segment_program
 from meshrt.passes.pipeline import lower_to
 from meshrt.routing import RectSet, xy_path
 from meshrt.runtime.cost_model import (
@@ -29,9 +30,8 @@ from meshrt.runtime.cost_model import (
     messages_per_core,
     run_length,
 )
-from meshrt.runtime.mesh_sim import MeshSim, compile_program, program_of
+from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.targets import load_target
-from meshrt.tools.cli import compile_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOLERANCE = 0.10
@@ -44,7 +44,7 @@ def programs():
 
     def get(model: str, target: str):
         if (model, target) not in cache:
-            cache[(model, target)] = compile_program(str(EXAMPLES / f"{model}.mrt"), target)
+            cache[(model, target)] = segment_program(str(EXAMPLES / f"{model}.mrt"), target)
         return cache[(model, target)]
 
     return get
@@ -92,7 +92,7 @@ def test_multi_wafer_step_pays_the_wafer_link(programs):
 def test_kernel_scale_agrees_with_interpreter_slowdown():
     """The what-if `meshrt bench` uses for 'no expert parallelism' (experts doing top_k
     times their work) against the interpreter slowing the expert cores by top_k."""
-    module = compile_model(str(EXAMPLES / "tiny_moe.mrt"), "test32", dynamism=())
+    module = load_model(str(EXAMPLES / "tiny_moe.mrt"), "test32", dynamism=())
     program, tg = program_of(lower_to(module, "segments")), load_target("test32")
     experts = kernels_of_kind(program, "expert_ffn")
     k = program.hparam("top_k")
@@ -111,7 +111,7 @@ def test_kernel_scale_agrees_with_interpreter_slowdown():
 
 def test_full_wafer_is_class_level():
     """A model on full WSE-3 (893k cores) costs what it costs on a 32 x 32 mesh."""
-    program = compile_program(str(EXAMPLES / "tiny_moe.mrt"), "wse3")
+    program = segment_program(str(EXAMPLES / "tiny_moe.mrt"), "wse3")
     t0 = time.perf_counter()
     est = estimate(program, "wse3")
     assert time.perf_counter() - t0 < 5.0

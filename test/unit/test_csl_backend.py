@@ -32,7 +32,7 @@ from meshrt.dialects.mesh import CoreSetAttr, RectAttr
 from meshrt.routing import RectSet
 from meshrt.passes.pipeline import lower_to
 from meshrt.targets import load_target
-from meshrt.tools.cli import compile_model
+from meshrt.driver import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = ["examples/tiny_dense.mrt", "examples/tiny_moe.mrt"]
@@ -44,7 +44,7 @@ _LOWERED: dict[tuple[str, str], object] = {}
 def lowered(model: str, target: str):
     key = (model, target)
     if key not in _LOWERED:
-        _LOWERED[key] = lower_to(compile_model(str(REPO / model), target), "csl")
+        _LOWERED[key] = lower_to(load_model(str(REPO / model), target), "csl")
     return _LOWERED[key]
 
 

@@ -18,7 +18,7 @@ from meshrt.backend.csl import emit_csl
 from meshrt.backend.csl.model import read_program, segment_programs
 from meshrt.analysis.liveness import host_primed
 from meshrt.passes.pipeline import lower_to
-from meshrt.tools.cli import compile_model
+from meshrt.driver import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 _LOWERED: dict[tuple[str, str], object] = {}
@@ -26,7 +26,7 @@ _LOWERED: dict[tuple[str, str], object] = {}
 
 def lowered(model: str, target: str):
     if (model, target) not in _LOWERED:
-        _LOWERED[(model, target)] = lower_to(compile_model(str(REPO / model), target), "csl")
+        _LOWERED[(model, target)] = lower_to(load_model(str(REPO / model), target), "csl")
     return _LOWERED[(model, target)]
 
 

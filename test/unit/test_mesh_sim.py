@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from meshrt.driver import parse_ir, program_of, segment_program
 from meshrt.runtime.mesh_sim import (
     CorruptionReport,
     DeadlockReport,
     MeshSim,
     TimeBoundReport,
-    compile_program,
-    parse_program,
 )
 from meshrt.runtime.trace import trace_events, write_trace
 from meshrt.targets import load_target
@@ -177,7 +176,7 @@ def programs():
 
     def get(model: str, target: str):
         if (model, target) not in cache:
-            cache[model, target] = compile_program(str(EXAMPLES / f"{model}.mrt"), target)
+            cache[model, target] = segment_program(str(EXAMPLES / f"{model}.mrt"), target)
         return cache[model, target]
 
     return get
@@ -222,7 +221,7 @@ def strip_handshakes(program) -> None:
 @pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
 def test_without_handshakes_the_safe_build_races(model, test32):
     """The same program with its handshakes removed hits the edge-before-mid race."""
-    program = compile_program(str(EXAMPLES / f"{model}.mrt"), "test32")
+    program = segment_program(str(EXAMPLES / f"{model}.mrt"), "test32")
     strip_handshakes(program)
     bad = [MeshSim(program, test32, seed=seed).run(2).corruptions() for seed in range(5)]
     assert all(bad)
@@ -246,7 +245,7 @@ def test_safe_build_with_handshakes_is_deterministic(programs, test32):
 
 
 def test_drain_and_credit_guard_an_unsynchronised_pass_through(test32):
-    program = parse_program(HANDOFF)
+    program = program_of(parse_ir(HANDOFF))
     for seed in SEEDS:
         res = MeshSim(program, test32, seed=seed).run(3)
         assert res.completed and not res.reports, res.summary()
@@ -260,7 +259,7 @@ def test_drain_and_credit_guard_an_unsynchronised_pass_through(test32):
 
 
 def test_a_credit_nobody_sends_is_a_named_deadlock(test32):
-    program = parse_program(HANDOFF)
+    program = program_of(parse_ir(HANDOFF))
     seg0 = next(c for c in program.core_classes() if c.class_name == "b").segments()[0]
     seg0.grant = None  # B never grants the first step's credits
     res = MeshSim(program, test32).run(1)
@@ -298,7 +297,7 @@ def test_same_seed_same_result(programs, test32):
 
 
 def test_unsafe_ablation_fails_where_safe_build_does_not(test32):
-    program = parse_program(RACE)
+    program = program_of(parse_ir(RACE))
     unsafe_fail = 0
     for seed in SEEDS:
         safe = MeshSim(program, test32, seed=seed).run(1)
@@ -314,7 +313,7 @@ def test_unsafe_ablation_fails_where_safe_build_does_not(test32):
 
 
 def test_deadlock_report_names_both_cores_and_flows(test32):
-    res = MeshSim(parse_program(DEADLOCK), test32).run(1)
+    res = MeshSim(program_of(parse_ir(DEADLOCK)), test32).run(1)
     assert not res.completed
     (dl,) = res.deadlocks()
     waits = {w.core[1:]: w for w in dl.waits}
@@ -325,7 +324,7 @@ def test_deadlock_report_names_both_cores_and_flows(test32):
 
 
 def test_time_bound_stops_a_run_that_never_ends(test32):
-    res = MeshSim(parse_program(SPIN), test32, max_cycles=20_000).run(10**9)
+    res = MeshSim(program_of(parse_ir(SPIN)), test32, max_cycles=20_000).run(10**9)
     assert not res.completed
     (tb,) = res.reports
     assert isinstance(tb, TimeBoundReport) and tb.max_cycles == 20_000 and tb.steps_done > 0
@@ -333,7 +332,7 @@ def test_time_bound_stops_a_run_that_never_ends(test32):
 
 @pytest.mark.parametrize("by_class", [False, True])
 def test_trace_export(tmp_path, test32, by_class):
-    res = MeshSim(parse_program(RACE), test32, trace=True).run(1)
+    res = MeshSim(program_of(parse_ir(RACE)), test32, trace=True).run(1)
     path = tmp_path / "trace.json"
     write_trace(res, str(path), by_class=by_class)
     data = json.loads(path.read_text())
@@ -347,4 +346,4 @@ def test_trace_export(tmp_path, test32, by_class):
         assert names == {"(0, 0) @a", "(1, 0) @b", "(2, 0) @c"}
     assert any(e["name"] == "marker sync" for e in xs)
     with pytest.raises(ValueError):
-        trace_events(MeshSim(parse_program(RACE), test32).run(1))
+        trace_events(MeshSim(program_of(parse_ir(RACE)), test32).run(1))

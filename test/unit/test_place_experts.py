@@ -512,14 +512,13 @@ def test_served_tokens_match_the_reference_after_placement_and_recalibration(tmp
     """Profile measured by serving on the interpreter -> vibe placement -> serve;
     then a recalibration plan written into the IR -> serve again. Both runs
     must produce the reference's tokens (placement only moves experts)."""
+    from meshrt.driver import load_model, program_of
     from meshrt.passes.pipeline import lower_to, run_pipeline
     from meshrt.passes.place_experts import moe_sites
-    from meshrt.runtime.mesh_sim import program_of
     from meshrt.runtime.recalibration import apply_to_module
     from meshrt.runtime.serving import serve
     from meshrt.runtime.workloads import Request
     from meshrt.targets import load_target
-    from meshrt.tools.cli import compile_model
 
     target = load_target("test32")
     reqs = [Request(id=i, arrival=0.0, prompt=[3 + i, 5, 7], prompt_len=3, max_new_tokens=4,
@@ -530,13 +529,13 @@ def test_served_tokens_match_the_reference_after_placement_and_recalibration(tmp
         assert r.outputs_match_reference, r.mismatches or r.sim.reports
         return r
 
-    first = served(compile_model(str(REPO / "examples" / "tiny_moe.mrt"), "test32"))
+    first = served(load_model(str(REPO / "examples" / "tiny_moe.mrt"), "test32"))
     measured = ExpertProfile.from_counts(first.routing_counts.tolist(), top_k=2)
     assert sum(measured.loads(0)) > 0
     prof = tmp_path / "measured.json"
     measured.save(prof)
 
-    g = compile_model(str(REPO / "examples" / "tiny_moe.mrt"), "test32")
+    g = load_model(str(REPO / "examples" / "tiny_moe.mrt"), "test32")
     run_pipeline(g, f'place-experts{{policy=vibe profile="{prof}" spread=0.07 seed=2}}')
     placed = {s.layer: s.placement for s in moe_sites(g)}
     assert any(p.region_of != tuple(range(8)) for p in placed.values())

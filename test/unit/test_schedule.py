@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshrt.dialects import event as ev
-from meshrt.runtime.mesh_sim import MeshSim, compile_program
+from meshrt.driver import segment_program
+from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.runtime.schedule import (
     WAVELET_BYTES,
     AwaitCredits,
@@ -42,7 +43,7 @@ EVENTS = {ev.ComputeOp: Compute, ev.SendOp: Send, ev.RecvOp: Recv,
 
 @functools.cache
 def program(model: str, target: str):
-    return compile_program(str(EXAMPLES / f"{model}.mrt"), target)
+    return segment_program(str(EXAMPLES / f"{model}.mrt"), target)
 
 
 @pytest.mark.parametrize("target", ["test32", "test16"])

@@ -10,7 +10,7 @@ from meshrt.dialects import event as ev
 from meshrt.dialects import graph
 from meshrt.dialects.mesh import CoreSetAttr, RectAttr
 from meshrt.passes.pipeline import lower_to
-from meshrt.tools.cli import compile_model
+from meshrt.driver import load_model
 
 EXAMPLES = ["examples/tiny_dense.mrt", "examples/tiny_moe.mrt"]
 TARGETS = ["test32", "test16", "wse2", "wse3"]
@@ -23,7 +23,7 @@ CONFIGS = [
 
 
 def events_for(model: str, target: str) -> ModuleOp:
-    module = lower_to(compile_model(model, target), "events")
+    module = lower_to(load_model(model, target), "events")
     verify_located(module)
     return module
 
@@ -89,7 +89,7 @@ def test_cf_payload_is_a_few_bytes_per_slot(example_events):
 
 def test_injection_stays_inside_the_kernel_region(example_events):
     _, _, module = example_events
-    mk = lower_to(compile_model(example_events[0], example_events[1]), "kernels")
+    mk = lower_to(load_model(example_events[0], example_events[1]), "kernels")
     regions = {k.kernel_name: k.region for k in mk.walk() if hasattr(k, "kernel_name") and hasattr(k, "region")}
     for cls in (op for op in module.walk() if isinstance(op, ev.CoreClassOp)):
         for sub in cls.subs():
@@ -120,7 +120,7 @@ def test_event_ir_size_does_not_grow_with_mesh_area(model):
     # Both on full wse3, every region 4 and 16 times the cores of the test32
     # mapping (so no grid dimension is 1 in one and not in the other: a
     # one-column region holds a column-split value whole, which changes flows).
-    base = compile_model(model, "test32")
+    base = load_model(model, "test32")
     small = _scaled(base, 2, 762, 1172)
     big = _scaled(base, 4, 762, 1172)
     n_small = sum(1 for _ in lower_to(small, "events").walk())

@@ -9,8 +9,8 @@ from functools import cache
 
 import pytest
 
+from meshrt.driver import parse_ir, program_of, segment_program
 from meshrt.runtime import reference as ref
-from meshrt.runtime.mesh_sim import compile_program, parse_program
 from meshrt.runtime.serving import reference_shape, serve
 from meshrt.runtime.workloads import Request
 from meshrt.targets import load_target
@@ -21,7 +21,7 @@ SEEDS = range(20)  # asynchrony seeds per model (bench/bench_interpreter.py swee
 
 @cache
 def program(model: str, target: str = "test32", static: bool = False):
-    return compile_program(f"examples/{model}.mrt", target, dynamism=() if static else None)
+    return segment_program(f"examples/{model}.mrt", target, dynamism=() if static else None)
 
 
 def requests(spec: list[tuple[int, int, float]], vocab: int = 256, seed: int = 7) -> list[Request]:
@@ -121,7 +121,7 @@ def test_a_broken_metainfo_path_is_a_data_error():
     text = buf.getvalue()
     text = re.sub(r"(event\.(?:send|recv) @l0_attn\.in0 bytes \d+ meta )\d+", r"\g<1>0", text)
     text = re.sub(r'event\.meta_resolve "continuous_batching" from @l0_attn\.in0 bytes \d+\n', "", text)
-    res = serve(parse_program(text), load_target("test32"), requests(SMALL[:1]), seed=0)
+    res = serve(program_of(parse_ir(text)), load_target("test32"), requests(SMALL[:1]), seed=0)
     s = res.summary()
     assert s["data_error"] and not s["outputs_match_reference"]
     assert "continuous-batching table" in s["reports"][0] and "@l0_attn" in s["reports"][0]

@@ -16,12 +16,12 @@ import pytest
 from xdsl.printer import Printer
 
 from meshrt.dialects import mesh_kernel as mk
+from meshrt.driver import load_model, program_of
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.passes.pipeline import lower_to
 from meshrt.routing import RectSet
 from meshrt.targets import load_target
 from meshrt.tools import viz
-from meshrt.tools.cli import compile_model
 from meshrt.tools.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,8 +31,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @cache
 def program(model: str, level: str, target: str = "test32"):
     """A tiny model compiled once per test session to `level` (kernels / segments)."""
-    module = compile_model(str(REPO / "examples" / f"{model}.mrt"), target)
-    return viz.program_of(lower_to(module, level))
+    module = load_model(str(REPO / "examples" / f"{model}.mrt"), target)
+    return program_of(lower_to(module, level))
 
 
 @cache
@@ -268,7 +268,7 @@ def test_uncoloured_segment_ir_is_refused_for_routes(tmp_path, capsys):
     # segment IR printed before color-routes: classes can be drawn, routes cannot
     from meshrt.passes.pipeline import run_pipeline
 
-    module = lower_to(compile_model(str(REPO / "examples/tiny_moe.mrt"), "test32"), "events")
+    module = lower_to(load_model(str(REPO / "examples/tiny_moe.mrt"), "test32"), "events")
     run_pipeline(module, "materialize-segments")
     path = tmp_path / "uncoloured.mlir"
     with path.open("w") as f:

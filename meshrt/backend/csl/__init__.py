@@ -36,7 +36,9 @@ def resolve_arch(arch: str | None, target_name: str, where) -> str:
     return arch
 
 
-def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
+def emit_csl(module: ModuleOp, arch: str | None = None, target=None) -> CslOutput:
+    """The CSL files of `module`'s segment programs. `target` (a meshrt
+    Target) is the one they were compiled for; None: the one each names."""
     from meshrt.backend.csl import alloc as al
     from meshrt.backend.csl.host import compile_sh, report_table, report_txt, run_py
     from meshrt.backend.csl.layout import (
@@ -52,7 +54,7 @@ def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
     from meshrt.backend.csl.handshakes import drained_flows
     from meshrt.backend.csl.sync import marker_counts
     from meshrt.frontend.errors import FrontendError
-    from meshrt.targets import load_target
+    from meshrt.targets import target_for
 
     result = CslOutput()
     ops = segment_programs(module)
@@ -62,11 +64,11 @@ def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
         program = read_program(op)
         programs.append(program)
         try:
-            target = load_target(program.target)
+            tgt = target_for(target, program.target)
         except FrontendError as e:
             raise MeshrtError(e.message, op) from e
         a = resolve_arch(arch, program.target, op)
-        lim = al.limits(program, target, a)
+        lim = al.limits(program, tgt, a)
         elem = "f32" if program.hp("dtype_bytes", 4) >= 4 else "f16"
         sh = Shared(program, lim, a, elem)
         sh.drained = drained_flows(program)
@@ -90,7 +92,7 @@ def emit_csl(module: ModuleOp, arch: str | None = None) -> CslOutput:
             idle = idle_cores(program, wafer)
             if idle:
                 files[where + "idle.csl"] = idle_program(idle_teardown_colors(program, wafer, idle, sh.drained))
-        files[prefix + "compile.sh"] = compile_sh(program, a, rects, (target.width, target.height))
+        files[prefix + "compile.sh"] = compile_sh(program, a, rects, (tgt.width, tgt.height))
         files[prefix + "run.py"] = run_py(program, allocs, elem, rects)
         report = report_txt(program, a, lim, allocs, stats, list(files))
         files[prefix + "report.txt"] = report

@@ -1,0 +1,155 @@
+"""The compiler driver (meshrt.driver): any source to any level, the Target passed along."""
+
+from __future__ import annotations
+
+import io
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+from xdsl.printer import Printer
+
+from meshrt import driver
+from meshrt.backend.csl import emit_csl
+from meshrt.diagnostics import MeshrtError
+from meshrt.frontend.errors import FrontendError
+from meshrt.passes.pipeline import LEVEL_PIPELINES, pipeline_between
+from meshrt.targets import TARGET_DIR
+from meshrt.tools.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_DENSE = str(REPO / "examples" / "tiny_dense.mrt")
+TINY_MOE = str(REPO / "examples" / "tiny_moe.mrt")
+IR_LEVELS = ("graph", "kernels", "events", "segments")
+
+
+def _text(module) -> str:
+    out = io.StringIO()
+    Printer(stream=out).print_op(module)
+    return out.getvalue() + "\n"
+
+
+@cache
+def _straight(model: str, target: str, level: str) -> str:
+    return _text(driver.compile(model, target, level))
+
+
+def _user_target(tmp_path: Path, base: str = "test32", name: str = "my-chip") -> Path:
+    """A copy of a bundled target whose `name` is neither a bundled one nor its path."""
+    text = (TARGET_DIR / f"{base}.toml").read_text()
+    text, n = re.subn(r'^name = "[^"]*"', f'name = "{name}"', text, flags=re.MULTILINE)
+    assert n == 1
+    path = tmp_path / "chip.toml"
+    path.write_text(text)
+    return path
+
+
+# -- restarting from printed IR ------------------------------------------------
+
+
+@pytest.mark.parametrize("model, target", [(TINY_MOE, "test32"), (TINY_DENSE, "test16")])
+@pytest.mark.parametrize("start", IR_LEVELS)
+def test_restart_from_printed_ir_gives_the_same_segments(model, target, start):
+    printed = _straight(model, target, start)
+    module = driver.parse_ir(printed, f"{start}.mlir")
+    assert driver.level_of(module) == start
+    assert _text(driver.lower(module, "segments")) == _straight(model, target, "segments")
+
+
+@pytest.mark.parametrize("start", ["kernels", "events"])
+def test_restart_reaches_every_later_level(start, tmp_path):
+    """kernels -> events and events -> segments from files, as the runtime reads them."""
+    later = IR_LEVELS[IR_LEVELS.index(start) + 1]
+    path = tmp_path / f"{start}.mlir"
+    path.write_text(_straight(TINY_MOE, "test32", start))
+    assert _text(driver.compile(str(path), to=later)) == _straight(TINY_MOE, "test32", later)
+
+
+def test_restart_from_events_gives_the_same_csl():
+    straight = emit_csl(driver.compile(TINY_DENSE, "test16", "csl")).files
+    module = driver.parse_ir(_straight(TINY_DENSE, "test16", "events"), "events.mlir")
+    assert emit_csl(driver.compile(module, to="csl")).files == straight
+
+
+def test_segment_program_of_ir_is_the_compiled_one(tmp_path):
+    path = tmp_path / "seg.mlir"
+    path.write_text(_straight(TINY_DENSE, "test16", "segments"))
+    program = driver.segment_program(str(path))
+    assert program.name == "segment.program" and program.target.data == "test16"
+    assert driver.target_of(program).name == "test16"
+    assert _text(program.parent_op()) == _straight(TINY_DENSE, "test16", "segments")
+
+
+def test_pipeline_between_levels():
+    assert pipeline_between("graph", "segments") == LEVEL_PIPELINES["segments"]
+    assert pipeline_between("kernels", "events") == "synthesize-schedules"
+    assert pipeline_between("events", "events") == ""
+    assert pipeline_between("segments", "csl") == "check-segments{handshakes=true}"
+    with pytest.raises(ValueError, match="cannot take segments IR up to the kernels level"):
+        pipeline_between("segments", "kernels")
+
+
+def test_bad_sources_are_one_line_errors(tmp_path):
+    with pytest.raises(FrontendError, match="needs a target"):
+        driver.compile(TINY_DENSE)
+    with pytest.raises(FrontendError, match="no such model file"):
+        driver.compile(str(tmp_path / "missing.mrt"), "test32")
+    path = tmp_path / "events.mlir"
+    path.write_text(_straight(TINY_DENSE, "test16", "events"))
+    with pytest.raises(MeshrtError, match="not on IR"):
+        driver.compile(str(path), micro_batch=2)
+    empty = tmp_path / "empty.mlir"
+    empty.write_text("builtin.module {\n}\n")
+    with pytest.raises(MeshrtError, match=r"empty\.mlir: error: no graph\.model"):
+        driver.read_ir(empty)
+
+
+# -- a user target file given by path, at every level -----------------------------
+
+
+def test_user_target_by_path_in_the_driver(tmp_path):
+    """The Target object reaches every pass: the IR keeps the file's `name`,
+    and the IR is the bundled target's but for that name."""
+    target = driver.load_target(_user_target(tmp_path, "test16"))
+    assert target.name == "my-chip"
+    for level in IR_LEVELS:
+        text = _text(driver.compile(TINY_DENSE, target, level))
+        assert text == _straight(TINY_DENSE, "test16", level).replace(
+            'target "test16"', 'target "my-chip"')
+    # Printed IR names a target no loader knows; given the Target it goes on.
+    events = driver.parse_ir(_straight(TINY_DENSE, "test16", "events").replace(
+        'target "test16"', 'target "my-chip"'), "events.mlir")
+    with pytest.raises(MeshrtError, match="unknown target 'my-chip'"):
+        driver.lower(events.clone(), "segments")
+    driver.lower(events, "segments", target)
+
+
+@pytest.mark.parametrize("level", [*IR_LEVELS, "csl"])
+def test_cli_compile_user_target_by_path(level, tmp_path, capsys):
+    path = _user_target(tmp_path)
+    out = tmp_path / "out"
+    rc = cli_main(["compile", TINY_DENSE, "--target", str(path), "--emit", level, "-o", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0 and cap.err == "", cap.err
+    if level == "csl":
+        assert (out / "layout.csl").is_file() and (out / "compile.sh").is_file()
+    else:
+        assert 'target "my-chip"' in out.read_text()
+
+
+def test_cli_run_user_target_by_path(tmp_path, capsys):
+    path = _user_target(tmp_path, "test16")
+    args = ["--target", str(path), "--requests", "1", "--json"]
+    assert cli_main(["run", TINY_DENSE, *args]) == 0, capsys.readouterr().err
+    assert '"outputs_match_reference": true' in capsys.readouterr().out
+    # and from printed IR of the events level, which names the target "my-chip"
+    ir = tmp_path / "events.mlir"
+    assert cli_main(["compile", TINY_DENSE, "--target", str(path), "--emit", "events",
+                     "-o", str(ir)]) == 0
+    assert cli_main(["run", str(ir), *args]) == 0, capsys.readouterr().err
+    assert '"outputs_match_reference": true' in capsys.readouterr().out
+    # without --target, the name in the IR is all there is: a one-line error
+    assert cli_main(["run", str(ir), "--requests", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown target 'my-chip'" in err
