@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from meshrt.tools.bench import BenchError
+from meshrt.tools.common import BenchError
 from meshrt.tools.placement_bench import (  # noqa: F401  (run_policies, run_drift: the API)
     DEFAULT_STEPS,
     DEFAULT_ZIPF,

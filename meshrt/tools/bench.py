@@ -49,13 +49,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError
+
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 ABLATION_MICRO_BATCH = 4  # the paper's Table 4 decode column (the largest swept if 4 is not)
 PADDING_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 PADDING_WORKLOADS = ("chat", "reasoning")
 PADDING_SEEDS = (0, 1, 2, 3, 4)
 PADDING_REQUESTS = 1000
-INTERPRETER_MAX_CORES = 64 * 64  # targets the interpreter simulates beside the model
 INTERPRETER_SEEDS = (0, 1)
 PIPELINE = "micro_batch_pipeline"
 CB = "continuous_batching"
@@ -95,10 +96,6 @@ ABLATION_NOTES = {
     "total": "product of the factors = full build's system throughput over the static bs=1 "
              "baseline's.",
 }
-
-
-class BenchError(Exception):
-    """Bad input or a configuration that cannot be built: one line for stderr."""
 
 
 # ---------------------------------------------------------------------------
@@ -177,7 +174,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `meshrt bench` from parsed arguments; 0, or 1 after a one-line error."""
-    from meshrt.tools.cli import _fail
+    from meshrt.tools.common import fail as _fail
 
     out = Path(args.out or f"bench-{Path(args.model).stem}-{Path(args.target).stem}")
     try:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshrt.frontend.errors import FrontendError
+from meshrt.tools.common import fail as _fail
 
 
 class _UsageError(Exception):
@@ -95,13 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return viz_main(args)
     raise AssertionError(f"unhandled command {args.cmd}")  # argparse only accepts the ones above
-
-
-def _fail(line: str) -> int:
-    if line.startswith("error:"):  # a FrontendError with no file to blame
-        line = f"meshrt: {line}"
-    print(" ".join(line.split()), file=sys.stderr)
-    return 1
 
 
 def _compile(args: argparse.Namespace) -> int:

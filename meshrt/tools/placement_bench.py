@@ -67,7 +67,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrt.tools.bench import INTERPRETER_MAX_CORES, BenchError
+from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from meshrt.driver import program_of
 from meshrt.kernels import registry
+from meshrt.tools.common import fail as _fail
 
 WHATS = ("mapping", "classes", "routes", "load")
 DEFAULT_STEPS = 8
@@ -688,11 +689,6 @@ class _Failed(Exception):
     """A complete one-line diagnostic."""
 
 
-def _fail(line: str) -> int:
-    print(" ".join(line.split()), file=sys.stderr)
-    return 1
-
-
 def _check_args(args: argparse.Namespace) -> str:
     """Command-line checks that need no compilation; returns the output path."""
     me = "meshrt viz: error:"
@@ -721,7 +717,7 @@ def _check_args(args: argparse.Namespace) -> str:
 
 
 def _check_simulable(target, name: str) -> None:
-    from meshrt.tools.bench import INTERPRETER_MAX_CORES
+    from meshrt.tools.common import INTERPRETER_MAX_CORES
 
     if target.cores > INTERPRETER_MAX_CORES:
         raise _Failed(f"meshrt viz: error: --what load simulates every core, which only works on "

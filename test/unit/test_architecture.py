@@ -202,14 +202,12 @@ def test_no_import_cycles_outside_tools():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=False, reason="driver refactor in progress")
 def test_no_import_cycles():
     """No module imports itself and no set of modules imports each other in a circle."""
     problems = _cycles(import_graph())
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=False, reason="driver refactor in progress")
 def test_only_tools_import_tools():
     """Only the console entry points (meshrt.tools) may import meshrt.tools."""
     graph = import_graph()
