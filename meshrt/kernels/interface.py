@@ -189,9 +189,11 @@ class KernelOp(MappedKernelOp):
         raise NotImplementedError(f"kernel kind {self.kernel_kind()} does not define its input share")
 
     def input_layout(self) -> str:
-        return "full"
+        """How each receiving core needs its inputs laid out (one of LAYOUTS)."""
+        raise NotImplementedError(f"kernel kind {self.kernel_kind()} does not define its input layout")
 
     def output_layout(self) -> str:
+        """How the kernel's result is laid out over the cores that hold it (one of LAYOUTS)."""
         raise NotImplementedError(f"kernel kind {self.kernel_kind()} does not define its output layout")
 
     def is_collective(self) -> bool:

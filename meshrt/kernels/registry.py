@@ -88,7 +88,7 @@ def _check(found: dict[str, type[KernelOp]]) -> None:
 
     seen: dict[str, tuple[ComputeOp, str]] = {}
     for kind, op in found.items():
-        missing = [m for m in ("roles", "input_share", "output_layout")
+        missing = [m for m in ("roles", "input_share", "input_layout", "output_layout")
                    if getattr(op, m) is getattr(KernelOp, m)]
         if missing:
             raise KernelRegistryError(f"kernel kind '{kind}' does not define {', '.join(missing)}")

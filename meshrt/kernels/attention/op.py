@@ -103,6 +103,9 @@ class AttentionOp(KernelOp):
     def input_share(self, width: int) -> int:
         return ceil_div(width, self.tiles()[0][2])
 
+    def input_layout(self) -> str:
+        return "full"  # read in place only from a producer holding it whole; else a flow brings input_share
+
     def output_layout(self) -> str:
         return "cols"
 

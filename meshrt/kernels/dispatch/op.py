@@ -57,5 +57,8 @@ class DispatchOp(KernelOp):
         _, _, w, h = self.tiles()[0]
         return ceil_div(width, w * h)
 
+    def input_layout(self) -> str:
+        return "full"  # read in place only from a producer holding it whole; else a flow brings input_share
+
     def output_layout(self) -> str:
         return "flat"

@@ -62,6 +62,9 @@ class EmbedOp(KernelOp):
     def input_share(self, width: int) -> int:
         return 1  # one token id per slot
 
+    def input_layout(self) -> str:
+        return "full"  # no input vector: the tokens arrive on their own flow
+
     def output_layout(self) -> str:
         return "sparse"
 

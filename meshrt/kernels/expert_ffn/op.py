@@ -138,6 +138,9 @@ class ExpertFFNOp(KernelOp):
     def input_share(self, width: int) -> int:
         return ceil_div(width, self.tiles()[0][3])
 
+    def input_layout(self) -> str:
+        return "full"  # read in place only from a producer holding it whole; else a flow brings input_share
+
     def output_layout(self) -> str:
         return "partial"  # rows j of the output, one partial per column
 
