@@ -4,7 +4,7 @@ Nothing here changes the IR. Flows get their colour (from `segment.route`)
 and their metainfo kind (from the resolvers / producers that name them);
 core classes get their segments, boundaries and, per sub-schedule, the
 events with byte counts turned into wavelets (one 32-bit wavelet per
-element on the wire, as in `kernel_roles`: activations travel as fp32).
+element on the wire, as in `meshrt.kernels.interface`: activations travel as fp32).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from meshrt.runtime import reference as ref
 
 
 class ExpertFFN(RoutesTokens):
-    """See meshrt.kernel_roles._expert_roles for the layout."""
+    """See ExpertFFNOp.roles (meshrt.kernels.expert_ffn.op) for the layout."""
 
     OPS = frozenset({"fmac", "add", "silu_mul"})
 
