@@ -26,8 +26,9 @@ from xdsl.utils.exceptions import VerifyException
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import graph
 from meshrt.dialects import mesh_kernel as mk
-from meshrt.dialects.base import int_value, topological_order
+from meshrt.dialects.base import topological_order
 from meshrt.dialects.mesh import CoreSetAttr
+from meshrt.shape import HParams
 
 
 def _common(op: graph.KernelOp, name: str | None = None, region: CoreSetAttr | None = None):
@@ -107,11 +108,9 @@ def _lower_moe(op: graph.MoEExpertsOp, operands: list[SSAValue]) -> tuple[list[O
 
 
 def inflight_slots(model) -> int:
-    """Batch slots a stage keeps KV state for: micro-batch x stages when pipelined."""
-    b = int_value(model.micro_batch)
-    if "micro_batch_pipeline" in model.dynamism_kinds:
-        return b * int_value(model.stages)
-    return b
+    """Batch slots a stage keeps KV state for: the mapper's `kv_slots` (micro-batch x
+    stages when pipelined)."""
+    return HParams.of(model).kv_slots(model)
 
 
 def lower_model(model: graph.ModelOp) -> mk.ProgramOp:

@@ -53,6 +53,9 @@ from typing import Any
 
 import numpy as np
 
+from meshrt.diagnostics import FrontendError
+from meshrt.shape import ModelShape
+
 __all__ = [
     "RMS_EPS",
     "ROPE_THETA",
@@ -108,30 +111,18 @@ class RefShape:
     eos_token: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RefShape.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("ffn", "experts", "top_k", "expert_ffn", "shared_experts"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"RefShape.{name} must be >= 0, got {getattr(self, name)}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.experts:
-            if self.ffn:
-                raise ValueError("an MoE shape must have ffn == 0 (experts use expert_ffn)")
-            if not 1 <= self.top_k <= self.experts:
-                raise ValueError(f"top_k must be in 1..experts ({self.experts}), got {self.top_k}")
-            if self.expert_ffn < 1:
-                raise ValueError("an MoE shape needs expert_ffn >= 1")
-        else:
-            if self.ffn < 1:
-                raise ValueError("a dense shape needs ffn >= 1")
-            if self.top_k or self.expert_ffn or self.shared_experts:
-                raise ValueError("a dense shape (experts == 0) must have top_k, expert_ffn, shared_experts == 0")
-        if self.eos_token is not None and not 0 <= self.eos_token < self.vocab:
-            raise ValueError(f"eos_token {self.eos_token} outside vocab {self.vocab}")
+        # The reference runs every layer as MoE or every layer dense.
+        if self.experts and self.ffn:
+            raise ValueError("an MoE shape must have ffn == 0 (experts use expert_ffn)")
+        try:
+            self.model_shape()
+        except FrontendError as e:
+            raise ValueError(e.message) from None
+
+    def model_shape(self) -> ModelShape:
+        """The same dimensions as a `ModelShape` (whose checks are the reference's)."""
+        return ModelShape(name="reference", eos_token=self.eos_token or 0, **{
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "eos_token"})
 
     @property
     def is_moe(self) -> bool:
