@@ -62,7 +62,6 @@ def kv_slots(micro_batch: int, stages: int, dynamism: Sequence[str]) -> int:
 class ModelShape:
     """Decoder-only transformer dimensions (dense, MoE, or mixed)."""
 
-    name: str
     layers: int
     hidden: int
     heads: int
@@ -80,6 +79,7 @@ class ModelShape:
     kv_bytes: float = 0.0  # bytes per KV-cache element; 0 = max(dtype_bytes, 2)
     max_seq: int = DEFAULT_MAX_SEQ  # KV capacity per request slot, in tokens
     eos_token: int = 0
+    name: str = "model"
     source: str = field(default="<model>", compare=False)
     locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -175,7 +175,7 @@ class ModelShape:
             v = getattr(self, key)
             if not 0 < v <= 8 or (v * 32) % 1:
                 raise err(key, f"{key} must be a positive multiple of 1/32 up to 8, got {v}")
-        if not 0 <= self.eos_token < self.vocab:
+        if self.eos_token is not None and not 0 <= self.eos_token < self.vocab:
             raise err("eos_token",
                       f"eos_token {self.eos_token} is outside the vocabulary 0..{self.vocab - 1}")
         for key in ("ffn", "experts", "top_k", "expert_ffn", "shared_experts"):

@@ -92,48 +92,38 @@ _F64 = np.float64
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RefShape:
-    """Model dimensions. Dense models have ``experts == 0`` and ``ffn > 0``;
-    MoE models have ``experts > 0``, ``ffn == 0``."""
+# The fields a reference shape takes from a config (the byte sizes, max_seq
+# and the MoE layers keep their defaults: every layer is MoE or none is).
+_REF_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts",
+               "top_k", "expert_ffn", "shared_experts", "eos_token")
 
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    ffn: int = 0
-    experts: int = 0
-    top_k: int = 0
-    expert_ffn: int = 0
-    shared_experts: int = 0
+
+@dataclass(frozen=True)
+class RefShape(ModelShape):
+    """The model shape the reference runs (a `ModelShape`, checked as one): dense
+    models have ``experts == 0`` and ``ffn > 0``; MoE models have ``experts > 0``,
+    ``ffn == 0`` (every layer MoE). ``eos_token`` None: requests stop only at
+    their length. The first six fields are positional, as in ``RefShape(layers,
+    hidden, heads, kv_heads, head_dim, vocab, ffn=...)``."""
+
     eos_token: int | None = None
+    name: str = "reference"
 
     def __post_init__(self) -> None:
-        # The reference runs every layer as MoE or every layer dense.
         if self.experts and self.ffn:
             raise ValueError("an MoE shape must have ffn == 0 (experts use expert_ffn)")
         try:
-            self.model_shape()
+            super().__post_init__()
         except FrontendError as e:
             raise ValueError(e.message) from None
-
-    def model_shape(self) -> ModelShape:
-        """The same dimensions as a `ModelShape` (whose checks are the reference's)."""
-        return ModelShape(name="reference", eos_token=self.eos_token or 0, **{
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "eos_token"})
-
-    @property
-    def is_moe(self) -> bool:
-        return self.experts > 0
 
     @classmethod
     def of(cls, obj: Any) -> RefShape:
         """Coerce any object with the shape attributes (e.g. a model config)."""
         if isinstance(obj, RefShape):
             return obj
-        kw = {f.name: getattr(obj, f.name, f.default) for f in dataclasses.fields(cls)}
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        kw = {k: getattr(obj, k, defaults[k]) for k in _REF_FIELDS}
         missing = [k for k, v in kw.items() if v is dataclasses.MISSING]
         if missing:
             raise ValueError(f"shape object lacks attributes: {', '.join(missing)}")

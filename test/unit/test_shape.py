@@ -21,7 +21,7 @@ from meshrt.shape import HParams, ModelShape, in_flight, kv_slots
 from meshrt.tools.cli import compile_model
 
 REPO = Path(__file__).resolve().parents[2]
-DENSE = ModelShape("d", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, vocab=64, ffn=48)
+DENSE = ModelShape(name="d", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, vocab=64, ffn=48)
 
 BYTES = st.integers(1, 256).map(lambda n: n / 32)  # positive multiples of 1/32 up to 8
 
@@ -121,7 +121,8 @@ def test_reference_shares_the_validation():
         RefShape(1, 30, 4, 2, 8, 64, ffn=16)
     with pytest.raises(ValueError, match="an MoE shape must have ffn == 0"):
         RefShape(1, 32, 4, 2, 8, 64, ffn=16, experts=2, top_k=1, expert_ffn=8)
-    assert RefShape(1, 32, 4, 2, 8, 64, ffn=16).model_shape().kv_bytes == 2.0
+    ref = RefShape(1, 32, 4, 2, 8, 64, ffn=16)
+    assert isinstance(ref, ModelShape) and ref.eos_token is None and ref.kv_bytes == 2.0
 
 
 def test_one_error_type():
