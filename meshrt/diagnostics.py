@@ -8,31 +8,76 @@ at its nearest located ancestor.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr
 from xdsl.ir import Operation
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 
-class MeshrtError(DiagnosticException):
-    """A diagnostic about an op (or the whole input when `op` is None).
+@dataclass(frozen=True)
+class Loc:
+    """A position in a source file (1-based line and column; 0 = unknown)."""
 
-    str() is the complete one-line message, location included.
+    file: str
+    line: int = 0
+    col: int = 0
+
+    def __str__(self) -> str:
+        if self.line > 0:
+            return f"{self.file}:{self.line}:{max(self.col, 1)}"
+        return self.file
+
+
+class MeshrtError(DiagnosticException):
+    """The one error type for everything a user can get wrong: one located line.
+
+    str() is the complete message, `WHERE: error: MESSAGE`. WHERE is `loc` (a
+    position in a spec, config or target file) when given, else the position
+    of `op` (or of its nearest located ancestor), else `filename`, else
+    `unlocated` (no `WHERE: ` at all when that is None).
     """
 
-    def __init__(self, message: str, op: Operation | None = None, filename: str | None = None):
+    unlocated: str | None = "<input>"
+
+    def __init__(self, message: str, op: Operation | None = None, filename: str | None = None,
+                 *, loc: Loc | str | None = None):
         self.message = message
         self.op = op
         self.filename = filename
-        super().__init__(format_diagnostic(message, op, filename))
+        self.loc = Loc(loc) if isinstance(loc, str) else loc
+        if self.loc is not None:
+            line = f"{self.loc}: error: {' '.join(message.split())}"
+        elif op is None and filename is None and self.unlocated is None:
+            line = f"error: {' '.join(message.split())}"
+        else:
+            line = format_diagnostic(message, op, filename or self.unlocated)
+        super().__init__(line)
+
+    def __str__(self) -> str:
+        return self.args[0]
 
     @classmethod
     def located(cls, line: str) -> MeshrtError:
         """An error whose location is already part of `line`."""
         err = cls.__new__(cls)
-        err.message, err.op, err.filename = line, None, None
+        err.message, err.op, err.filename, err.loc = line, None, None, None
         DiagnosticException.__init__(err, line)
         return err
+
+
+class FrontendError(MeshrtError):
+    """A user error located in a source file (spec, config.json, target, profile).
+
+    `FrontendError(message, loc)`; without a position it prints `error: MESSAGE`.
+    The message is kept on one line.
+    """
+
+    unlocated = None
+
+    def __init__(self, message: str, loc: Loc | str | None = None):
+        super().__init__(" ".join(message.split()), loc=loc)
 
 
 def op_location(op: Operation | None) -> str | None:

@@ -42,15 +42,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import (
-    DenseArrayBase,
-    FloatAttr,
-    IntegerAttr,
-    ModuleOp,
-    f64,
-    i64,
-)
-from xdsl.ir import Attribute, Block, Region, SSAValue
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Region, SSAValue
 
 from meshrt.dialects import graph as g
 from meshrt.dialects.mesh import CoreSetAttr
@@ -62,6 +55,7 @@ from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.kernels.gemv.op import GemvOp
 from meshrt.kernels.interface import ceil_div
+from meshrt.shape import kv_slots
 from meshrt.targets import Target
 
 MIN_EXPERT_CORES = 4  # below this an expert region has no room for distinct roles
@@ -364,7 +358,7 @@ class _Mapper:
         return s.experts
 
     def kv_slots(self, stages: int) -> int:
-        return self.mb * stages if self.spec.pipelined else self.mb
+        return kv_slots(self.mb, stages, self.spec.dynamism)
 
     @property
     def usable(self) -> int:
@@ -704,16 +698,7 @@ class _Emitter:
 
     def model(self) -> ModuleOp:
         s, m, t, lay = self.s, self.m, self.m.target, self.lay
-        ints = {k: getattr(s, k) for k in (
-            "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts",
-            "top_k", "expert_ffn", "shared_experts", "max_seq", "eos_token")}
-        ints["kv_slots"] = lay.kv_slots
-        ints["experts_per_region"] = m.group if s.is_moe else 0
-        hparams: dict[str, Attribute] = {k: IntegerAttr(v, i64) for k, v in ints.items()}
-        for k in ("dtype_bytes", "expert_dtype_bytes", "kv_bytes"):
-            hparams[k] = FloatAttr(float(getattr(s, k)), f64)
-        if s.is_moe:
-            hparams["moe_layers"] = DenseArrayBase.from_list(i64, list(s.moe_layers))
+        hparams = s.to_hparams(lay.kv_slots, m.group if s.is_moe else 0)
         op = g.ModelOp(
             symbol_name(s.name), target=t.name, width=t.width, height=t.height,
             wafers=lay.wafers, stages=max(lay.stages) + 1, micro_batch=m.mb,

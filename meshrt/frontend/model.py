@@ -1,12 +1,10 @@
 """What the frontend knows about a model: its shape, dynamism and mapping choices.
 
-`ModelShape` and `ModelSpec` are built by the `.mrt` parser (spec.py) and the
-Hugging Face importer (hf_config.py) and consumed by the default mapper.
-Construction validates them: an impossible number raises a FrontendError
-located at the field that holds it (`locs` maps field names to positions).
-
-Byte sizes may be fractional: `dtype_bytes = 0.5` is a 4-bit weight format,
-and MXFP4 (32 four-bit values sharing one 8-bit scale) is 17/32 = 0.53125.
+`ModelSpec` (with its `ModelShape`, from meshrt.shape) is built by the `.mrt`
+parser (spec.py) and the Hugging Face importer (hf_config.py) and consumed by
+the default mapper. Construction validates it: an impossible number raises a
+FrontendError located at the field that holds it (`locs` maps field names to
+positions).
 """
 
 from __future__ import annotations
@@ -16,135 +14,16 @@ from dataclasses import dataclass, field
 
 from meshrt.dialects.mesh import DYNAMISM_KINDS
 from meshrt.frontend.errors import FrontendError, Loc
+from meshrt.shape import DEFAULT_MAX_SEQ, ModelShape, field_loc
 
-DEFAULT_MAX_SEQ = 4096  # KV capacity per request slot when the input gives none
+
+__all__ = ["DEFAULT_DYNAMISM", "DEFAULT_MAX_SEQ", "SUPPORTED_DYNAMISM", "MappingSpec", "ModelShape",
+           "ModelSpec", "RectChoice"]
+
 DEFAULT_DYNAMISM = ("continuous_batching", "micro_batch_pipeline")
 # Dynamism kinds a kernel of the graph dialect can produce today.
 SUPPORTED_DYNAMISM = ("continuous_batching", "moe_routing", "micro_batch_pipeline",
                       "expert_rebalance")
-
-
-def _loc(locs: Mapping[str, Loc], key: str, source: str) -> Loc:
-    return locs.get(key) or Loc(source)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """Decoder-only transformer dimensions (dense, MoE, or mixed)."""
-
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    ffn: int = 0  # dense FFN width (SwiGLU), for every layer not in moe_layers
-    experts: int = 0  # routed experts per MoE layer
-    top_k: int = 0
-    expert_ffn: int = 0
-    shared_experts: int = 0  # always-on experts of width expert_ffn
-    moe_layers: tuple[int, ...] = ()  # which layers are MoE (all of them by default)
-    dtype_bytes: float = 2.0  # bytes per weight element (attention, norms, embeddings)
-    expert_dtype_bytes: float = 0.0  # bytes per expert weight; 0 = dtype_bytes
-    kv_bytes: float = 0.0  # bytes per KV-cache element; 0 = max(dtype_bytes, 2)
-    max_seq: int = DEFAULT_MAX_SEQ  # KV capacity per request slot, in tokens
-    eos_token: int = 0
-    source: str = field(default="<model>", compare=False)
-    locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.experts and not self.moe_layers:
-            object.__setattr__(self, "moe_layers", tuple(range(self.layers)))
-        if not self.expert_dtype_bytes:
-            object.__setattr__(self, "expert_dtype_bytes", self.dtype_bytes)
-        if not self.kv_bytes:
-            object.__setattr__(self, "kv_bytes", max(self.dtype_bytes, 2.0))
-        self._validate()
-
-    # -- derived ---------------------------------------------------------
-    @property
-    def is_moe(self) -> bool:
-        return self.experts > 0
-
-    def is_moe_layer(self, layer: int) -> bool:
-        return layer in self.moe_layers
-
-    @property
-    def qkv_width(self) -> int:
-        return (self.heads + 2 * self.kv_heads) * self.head_dim
-
-    @property
-    def attn_width(self) -> int:
-        return self.heads * self.head_dim
-
-    def kv_bytes_per_token(self) -> float:
-        """K and V of one token in one layer."""
-        return 2 * self.kv_heads * self.head_dim * self.kv_bytes
-
-    def weight_bytes(self) -> float:
-        """All weights (embedding and lm_head counted separately, untied)."""
-        h, d = self.hidden, self.dtype_bytes
-        attn = h * self.qkv_width + self.attn_width * h + 2 * h  # + two norm gains
-        total = 2 * self.vocab * h * d + h * d  # embed, lm_head, final norm
-        for layer in range(self.layers):
-            total += attn * d
-            if self.is_moe_layer(layer):
-                total += h * self.experts * d  # router
-                total += (self.experts + self.shared_experts) * 3 * h * self.expert_ffn \
-                    * self.expert_dtype_bytes
-            else:
-                total += 3 * h * self.ffn * d
-        return total
-
-    # -- checks ----------------------------------------------------------
-    def _validate(self) -> None:
-        def err(key: str, msg: str) -> FrontendError:
-            return FrontendError(msg, _loc(self.locs, key, self.source))
-
-        for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "max_seq"):
-            v = getattr(self, key)
-            if v < 1:
-                raise err(key, f"{key} must be at least 1, got {v}")
-        if self.hidden % self.heads:
-            raise err("hidden", f"hidden size {self.hidden} is not divisible by heads {self.heads}")
-        if self.heads % self.kv_heads:
-            raise err("kv_heads",
-                      f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
-        if self.head_dim % 2:
-            raise err("head_dim", f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        for key in ("dtype_bytes", "expert_dtype_bytes", "kv_bytes"):
-            v = getattr(self, key)
-            if not 0 < v <= 8 or (v * 32) % 1:
-                raise err(key, f"{key} must be a positive multiple of 1/32 up to 8, got {v}")
-        if not 0 <= self.eos_token < self.vocab:
-            raise err("eos_token",
-                      f"eos_token {self.eos_token} is outside the vocabulary 0..{self.vocab - 1}")
-        for key in ("ffn", "experts", "top_k", "expert_ffn", "shared_experts"):
-            if getattr(self, key) < 0:
-                raise err(key, f"{key} must not be negative, got {getattr(self, key)}")
-        if self.experts:
-            if not 1 <= self.top_k <= self.experts:
-                raise err("top_k",
-                          f"top_k {self.top_k} must be between 1 and the expert count {self.experts}")
-            if self.expert_ffn < 1:
-                raise err("expert_ffn", "an MoE model needs expert_ffn of at least 1")
-            bad = [i for i in self.moe_layers if not 0 <= i < self.layers]
-            if bad:
-                raise err("moe_layers",
-                          f"moe_layers lists layer {bad[0]}, outside 0..{self.layers - 1}")
-            if len(set(self.moe_layers)) != len(self.moe_layers):
-                raise err("moe_layers", "moe_layers lists a layer twice")
-            if len(self.moe_layers) < self.layers and self.ffn < 1:
-                raise err("ffn", "layers outside moe_layers are dense and need ffn of at least 1")
-        else:
-            for key in ("top_k", "expert_ffn", "shared_experts"):
-                if getattr(self, key):
-                    raise err(key, f"{key} is set but the model has no experts (experts = 0)")
-            if self.moe_layers:
-                raise err("moe_layers", "moe_layers is set but the model has no experts")
-            if self.ffn < 1:
-                raise err("ffn", "a dense model needs ffn of at least 1 (or experts for MoE)")
 
 
 @dataclass(frozen=True)
@@ -209,7 +88,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         def err(key: str, msg: str, item: int | None = None) -> FrontendError:
             loc = self.locs.get(f"{key}[{item}]") if item is not None else None
-            return FrontendError(msg, loc or _loc(self.locs, key, self.source))
+            return FrontendError(msg, loc or field_loc(self.locs, key, self.source))
 
         for i, kind in enumerate(self.dynamism):
             if kind not in DYNAMISM_KINDS:
@@ -235,7 +114,7 @@ class ModelSpec:
         m, s = self.mapping, self.shape
 
         def err(key: str, msg: str, loc: Loc | None = None) -> FrontendError:
-            return FrontendError(msg, loc or _loc(m.locs, key, self.source))
+            return FrontendError(msg, loc or field_loc(m.locs, key, self.source))
 
         if m.stages is not None and m.stages < 1:
             raise err("stages", f"stages must be at least 1, got {m.stages}")

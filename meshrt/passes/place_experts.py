@@ -54,6 +54,7 @@ from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.expert_placement import POLICIES, Placement, place
 from meshrt.frontend.errors import FrontendError
 from meshrt.runtime.expert_profile import ExpertProfile, RegionModels, region_slowdowns
+from meshrt.shape import HParams
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class MoESite:
         """Weight bytes of one expert (gate+up and down projections)."""
         hidden = self.op.input.type.width.data
         f = int_value(self.op.expert_ffn)
-        dtype = _hparam_float(self.program, "expert_dtype_bytes", 2.0)
+        dtype = HParams.of(self.program).expert_dtype_bytes
         return int(3 * hidden * f * dtype)
 
     def set_placement(self, p: Placement, policy: str | None = None) -> None:
@@ -105,12 +106,6 @@ class MoESite:
         self.op.properties["placement"] = DenseArrayBase.from_list(i64, list(p.region_of))
         if policy is not None and isinstance(self.op, graph.MoEExpertsOp):
             self.op.properties["placement_policy"] = StringAttr(policy)
-
-
-def _hparam_float(program: MappedProgramOp, key: str, default: float) -> float:
-    attr = program.hparams.data.get(key)
-    value = getattr(attr, "value", None)
-    return float(value.data) if value is not None else default
 
 
 def moe_sites(module: Operation) -> list[MoESite]:
@@ -123,7 +118,7 @@ def moe_sites(module: Operation) -> list[MoESite]:
             if isinstance(op, graph.MoEExpertsOp):
                 shared = int_value(op.shared_experts)
             elif isinstance(op, mk.KernelOp) and op.PLACES_EXPERTS:
-                shared = program.hparam("shared_experts", 0)
+                shared = HParams.of(program).int("shared_experts")
             else:
                 continue
             rt = op.routing.type

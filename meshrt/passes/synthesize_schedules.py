@@ -30,7 +30,6 @@ from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
     DictionaryAttr,
-    FloatAttr,
     IntegerAttr,
     ModuleOp,
     StringAttr,
@@ -57,28 +56,21 @@ from meshrt.dialects.mesh import (
     Resources,
 )
 from meshrt.frontend.errors import FrontendError
+from meshrt.shape import HParams
 from meshrt.targets import Target, target_for
 
 
 def kernel_context(program: mk.ProgramOp) -> kr.KernelContext:
-    def num(key: str, default: float) -> float:
-        attr = program.hparams.data.get(key)
-        if isinstance(attr, IntegerAttr | FloatAttr):
-            return float(attr.value.data)
-        return default
-
-    b = program.micro_batch_size
-    pipelined = "micro_batch_pipeline" in program.dynamism_kinds
-    weight = num("dtype_bytes", 2)
+    hp = HParams.of(program)
     return kr.KernelContext(
-        micro_batch=b,
+        micro_batch=program.micro_batch_size,
         # The mapper records the KV slots it sized for; without it, one
         # micro-batch in flight per stage.
-        slots=int(num("kv_slots", b * program.num_stages if pipelined else b)),
-        weight_bytes=weight,
-        expert_weight_bytes=num("expert_dtype_bytes", weight),
-        kv_bytes=num("kv_bytes", weight),
-        top_k=int(num("top_k", 0)),
+        slots=hp.kv_slots(program),
+        weight_bytes=hp.dtype_bytes,
+        expert_weight_bytes=hp.expert_dtype_bytes,
+        kv_bytes=hp.kv_bytes,
+        top_k=hp.int("top_k"),
         dynamism=program.dynamism_kinds,
     )
 

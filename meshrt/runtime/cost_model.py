@@ -108,6 +108,7 @@ from meshrt.runtime.schedule import (
     extent,
     flatten,
 )
+from meshrt.shape import in_flight
 
 CATEGORIES = ("compute", "metainfo", "send_recv", "network", "task_switch", "reconfigure",
               "marker", "handshake")
@@ -874,7 +875,7 @@ def default_in_flight(program: sg.ProgramOp) -> int:
     The mapper sizes every attention's KV for micro-batch x stages request
     slots only with `micro_batch_pipeline`; without it one batch is in flight.
     """
-    return program.num_stages if "micro_batch_pipeline" in program.dynamism_kinds else 1
+    return in_flight(program.num_stages, program.dynamism_kinds)
 
 
 def estimate(program: sg.ProgramOp, target, *, in_flight: int | None = None) -> CostEstimate:

@@ -53,6 +53,9 @@ from typing import Any
 
 import numpy as np
 
+from meshrt.diagnostics import FrontendError
+from meshrt.shape import ModelShape
+
 __all__ = [
     "RMS_EPS",
     "ROPE_THETA",
@@ -89,60 +92,38 @@ _F64 = np.float64
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RefShape:
-    """Model dimensions. Dense models have ``experts == 0`` and ``ffn > 0``;
-    MoE models have ``experts > 0``, ``ffn == 0``."""
+# The fields a reference shape takes from a config (the byte sizes, max_seq
+# and the MoE layers keep their defaults: every layer is MoE or none is).
+_REF_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts",
+               "top_k", "expert_ffn", "shared_experts", "eos_token")
 
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    ffn: int = 0
-    experts: int = 0
-    top_k: int = 0
-    expert_ffn: int = 0
-    shared_experts: int = 0
+
+@dataclass(frozen=True)
+class RefShape(ModelShape):
+    """The model shape the reference runs (a `ModelShape`, checked as one): dense
+    models have ``experts == 0`` and ``ffn > 0``; MoE models have ``experts > 0``,
+    ``ffn == 0`` (every layer MoE). ``eos_token`` None: requests stop only at
+    their length. The first six fields are positional, as in ``RefShape(layers,
+    hidden, heads, kv_heads, head_dim, vocab, ffn=...)``."""
+
     eos_token: int | None = None
+    name: str = "reference"
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RefShape.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("ffn", "experts", "top_k", "expert_ffn", "shared_experts"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"RefShape.{name} must be >= 0, got {getattr(self, name)}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.experts:
-            if self.ffn:
-                raise ValueError("an MoE shape must have ffn == 0 (experts use expert_ffn)")
-            if not 1 <= self.top_k <= self.experts:
-                raise ValueError(f"top_k must be in 1..experts ({self.experts}), got {self.top_k}")
-            if self.expert_ffn < 1:
-                raise ValueError("an MoE shape needs expert_ffn >= 1")
-        else:
-            if self.ffn < 1:
-                raise ValueError("a dense shape needs ffn >= 1")
-            if self.top_k or self.expert_ffn or self.shared_experts:
-                raise ValueError("a dense shape (experts == 0) must have top_k, expert_ffn, shared_experts == 0")
-        if self.eos_token is not None and not 0 <= self.eos_token < self.vocab:
-            raise ValueError(f"eos_token {self.eos_token} outside vocab {self.vocab}")
-
-    @property
-    def is_moe(self) -> bool:
-        return self.experts > 0
+        if self.experts and self.ffn:
+            raise ValueError("an MoE shape must have ffn == 0 (experts use expert_ffn)")
+        try:
+            super().__post_init__()
+        except FrontendError as e:
+            raise ValueError(e.message) from None
 
     @classmethod
     def of(cls, obj: Any) -> RefShape:
         """Coerce any object with the shape attributes (e.g. a model config)."""
         if isinstance(obj, RefShape):
             return obj
-        kw = {f.name: getattr(obj, f.name, f.default) for f in dataclasses.fields(cls)}
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        kw = {k: getattr(obj, k, defaults[k]) for k in _REF_FIELDS}
         missing = [k for k, v in kw.items() if v is dataclasses.MISSING]
         if missing:
             raise ValueError(f"shape object lacks attributes: {', '.join(missing)}")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -39,6 +38,7 @@ from meshrt.runtime.dataplane import DataPlane
 from meshrt.runtime.cost_model import default_in_flight
 from meshrt.runtime.mesh_sim import MeshSim, SimResult
 from meshrt.runtime.workloads import Request
+from meshrt.shape import HParams, ModelShape
 
 
 @dataclass
@@ -233,12 +233,7 @@ def _rid(live: _Live) -> int:
 
 def reference_shape(program) -> ref.RefShape:
     """The NumPy reference's shape from the program's hyper-parameters."""
-    hp = {k: getattr(v, "value", v) for k, v in program.hparams.data.items()}
-    vals = {k: getattr(v, "data", v) for k, v in hp.items()}
-    ns = SimpleNamespace(**{k: vals.get(k) for k in (
-        "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts", "top_k",
-        "expert_ffn", "shared_experts", "eos_token")})
-    return ref.RefShape.of(ns)
+    return ref.RefShape.of(ModelShape.from_hparams(program, program.program_name))
 
 
 @dataclass
@@ -318,7 +313,7 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
     weights = weights if weights is not None else ref.Weights.random(shape, weight_seed)
     dyn = program.dynamism_kinds
     groups = default_in_flight(program)
-    max_seq = int(program.hparams.data["max_seq"].value.data)
+    max_seq = HParams.of(program).int("max_seq")
     host = Host(list(requests), micro_batch=program.micro_batch_size, groups=groups, max_seq=max_seq,
                 eos=shape.eos_token, clock_hz=target.clock_hz,
                 static="continuous_batching" not in dyn, queue_capacity=queue_capacity,
@@ -352,9 +347,8 @@ def recalibrator_for(program, target, profile, models, **kw):
     the placements it was compiled with; weight moves priced on the target's links."""
     from meshrt.runtime.recalibration import MoveCost, Recalibrator
 
-    hp = program.hparams.data
-    hidden, f = int(hp["hidden"].value.data), int(hp["expert_ffn"].value.data)
-    dbytes = float(hp["expert_dtype_bytes"].value.data) if "expert_dtype_bytes" in hp else 2.0
+    hp = HParams.of(program)
+    hidden, f, dbytes = hp.int("hidden"), hp.int("expert_ffn"), hp.expert_dtype_bytes
     placements, regions = {}, {}
     for k in program.kernels():
         if registry.kind(k.kind.data).PLACES_EXPERTS:

@@ -62,10 +62,11 @@ def _program(model: str, target: str | None, static: bool):
 
 def _serve(args, static: bool):
     from meshrt.runtime.serving import serve, tiny_workload
+    from meshrt.shape import HParams
 
     program, target = _program(args.model, args.target, static)
-    hp = program.hparams.data
-    max_seq, vocab = int(hp["max_seq"].value.data), int(hp["vocab"].value.data)
+    hp = HParams.of(program)
+    max_seq, vocab = hp.int("max_seq"), hp.int("vocab")
     reqs = tiny_workload(args.workload, args.requests, args.workload_seed, max_seq, vocab,
                          target.clock_hz, args.rate or None)
     return serve(program, target, reqs, seed=args.seed, weight_seed=args.weights_seed,

@@ -140,7 +140,7 @@ def test_spec_errors_are_located(text, where, what):
 
 def test_model_shape_validation_without_locations():
     with pytest.raises(FrontendError, match="^m.mrt: error: heads 4 is not a multiple"):
-        ModelShape("m", 1, 64, 4, 3, 16, 10, ffn=8, source="m.mrt")
+        ModelShape(1, 64, 4, 3, 16, 10, ffn=8, name="m", source="m.mrt")
 
 
 # ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from meshrt.kernels.interface import (
     ceil_div,
     chain,
 )
+from meshrt.shape import HParams
 
 QK = ComputeOp("qk", "fmac", csl.qk, reads_input=True)
 """Scores of this core's KV rows: q . K[r]."""
@@ -117,13 +118,6 @@ class AttentionOp(KernelOp):
         model = op.parent_op()
         assert isinstance(model, graph.ModelOp)
         k = make(cls, op, operands, op.results[0].type, heads=op.heads, kv_heads=op.kv_heads,
-                 head_dim=op.head_dim, max_seq=op.max_seq, slots=inflight_slots(model))
+                 head_dim=op.head_dim, max_seq=op.max_seq, slots=HParams.of(model).kv_slots(model))
         return [k], k.results[0]
 
-
-def inflight_slots(model) -> int:
-    """Batch slots a stage keeps KV state for: micro-batch x stages when pipelined."""
-    b = int_value(model.micro_batch)
-    if "micro_batch_pipeline" in model.dynamism_kinds:
-        return b * int_value(model.stages)
-    return b

@@ -1,0 +1,280 @@
+"""The model's shape, in one place: its dimensions, their validation, the
+request slots its KV caches hold, and its `hparams` dictionary in the IR.
+
+`ModelShape` is built by the frontend (the `.mrt` parser and the Hugging Face
+importer), written into the graph IR by the mapper as `hparams`
+(`to_hparams`), and read back by every later consumer (`from_hparams`, or a
+single key with `HParams`): the passes, the cost model, the NumPy reference
+and the serving loop. Construction validates: an impossible number raises a
+`FrontendError` located at the field that holds it (`locs` maps field names
+to positions).
+
+Byte sizes may be fractional: `dtype_bytes = 0.5` is a 4-bit weight format,
+and MXFP4 (32 four-bit values sharing one 8-bit scale) is 17/32 = 0.53125.
+
+Request slots. With micro-batch pipelining one micro-batch is in flight per
+stage, so every attention keeps KV for micro_batch x stages requests
+(`kv_slots`); without it one micro-batch is in flight (`in_flight`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from xdsl.dialects.builtin import DenseArrayBase, DictionaryAttr, FloatAttr, IntegerAttr, f64, i64
+from xdsl.ir import Attribute
+
+from meshrt.diagnostics import FrontendError, Loc
+
+DEFAULT_MAX_SEQ = 4096  # KV capacity per request slot when the input gives none
+DEFAULT_DTYPE_BYTES = 2.0
+
+# The integer and float hparams of a model, in the order the IR prints them.
+SHAPE_INTS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts",
+              "top_k", "expert_ffn", "shared_experts", "max_seq", "eos_token")
+MAPPING_INTS = ("kv_slots", "experts_per_region")  # what the mapper chose
+SHAPE_FLOATS = ("dtype_bytes", "expert_dtype_bytes", "kv_bytes")
+
+
+def kv_bytes_default(dtype_bytes: float) -> float:
+    """KV-cache bytes per element when not given: the weights', at least 16 bits."""
+    return max(dtype_bytes, 2.0)
+
+
+def field_loc(locs: Mapping[str, Loc], key: str, source: str) -> Loc:
+    return locs.get(key) or Loc(source)
+
+
+# -- request slots ------------------------------------------------------------
+def in_flight(stages: int, dynamism: Sequence[str]) -> int:
+    """Micro-batches circulating in steady state: one per stage when pipelined, else one."""
+    return stages if "micro_batch_pipeline" in dynamism else 1
+
+
+def kv_slots(micro_batch: int, stages: int, dynamism: Sequence[str]) -> int:
+    """Request slots every attention keeps KV for: micro-batch x micro-batches in flight."""
+    return micro_batch * in_flight(stages, dynamism)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Decoder-only transformer dimensions (dense, MoE, or mixed)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    ffn: int = 0  # dense FFN width (SwiGLU), for every layer not in moe_layers
+    experts: int = 0  # routed experts per MoE layer
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_experts: int = 0  # always-on experts of width expert_ffn
+    moe_layers: tuple[int, ...] = ()  # which layers are MoE (all of them by default)
+    dtype_bytes: float = DEFAULT_DTYPE_BYTES  # bytes per weight element (attention, norms, embeddings)
+    expert_dtype_bytes: float = 0.0  # bytes per expert weight; 0 = dtype_bytes
+    kv_bytes: float = 0.0  # bytes per KV-cache element; 0 = max(dtype_bytes, 2)
+    max_seq: int = DEFAULT_MAX_SEQ  # KV capacity per request slot, in tokens
+    eos_token: int = 0
+    name: str = "model"
+    source: str = field(default="<model>", compare=False)
+    locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.experts and not self.moe_layers:
+            object.__setattr__(self, "moe_layers", tuple(range(self.layers)))
+        if not self.expert_dtype_bytes:
+            object.__setattr__(self, "expert_dtype_bytes", self.dtype_bytes)
+        if not self.kv_bytes:
+            object.__setattr__(self, "kv_bytes", kv_bytes_default(self.dtype_bytes))
+        self._validate()
+
+    # -- derived ---------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
+    @property
+    def qkv_width(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def attn_width(self) -> int:
+        return self.heads * self.head_dim
+
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token in one layer."""
+        return 2 * self.kv_heads * self.head_dim * self.kv_bytes
+
+    def weight_bytes(self) -> float:
+        """All weights (embedding and lm_head counted separately, untied)."""
+        h, d = self.hidden, self.dtype_bytes
+        attn = h * self.qkv_width + self.attn_width * h + 2 * h  # + two norm gains
+        total = 2 * self.vocab * h * d + h * d  # embed, lm_head, final norm
+        for layer in range(self.layers):
+            total += attn * d
+            if self.is_moe_layer(layer):
+                total += h * self.experts * d  # router
+                total += (self.experts + self.shared_experts) * 3 * h * self.expert_ffn \
+                    * self.expert_dtype_bytes
+            else:
+                total += 3 * h * self.ffn * d
+        return total
+
+    # -- the IR's hparams ------------------------------------------------
+    def to_hparams(self, kv_slots: int, experts_per_region: int) -> dict[str, Attribute]:
+        """The `hparams` dictionary of the graph IR (the mapper's slots and expert group)."""
+        ints = {k: getattr(self, k) for k in SHAPE_INTS}
+        ints["kv_slots"] = kv_slots
+        ints["experts_per_region"] = experts_per_region
+        hparams: dict[str, Attribute] = {k: IntegerAttr(v, i64) for k, v in ints.items()}
+        for k in SHAPE_FLOATS:
+            hparams[k] = FloatAttr(float(getattr(self, k)), f64)
+        if self.is_moe:
+            hparams["moe_layers"] = DenseArrayBase.from_list(i64, list(self.moe_layers))
+        return hparams
+
+    @classmethod
+    def from_hparams(cls, hparams: Any, name: str = "model", source: str = "<model>") -> ModelShape:
+        """The shape an IR's `hparams` (a DictionaryAttr, a mapping or a program) records;
+        absent keys take the defaults of the fields, a missing dimension is an error."""
+        hp = HParams.of(hparams)
+        missing = [k for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab")
+                   if k not in hp]
+        if missing:
+            raise FrontendError(f"hparams lack {', '.join(missing)}", source)
+        kw: dict[str, Any] = {k: hp.int(k) for k in SHAPE_INTS if k in hp}
+        kw.update({k: hp.float(k) for k in SHAPE_FLOATS if k in hp})
+        if "moe_layers" in hp:
+            kw["moe_layers"] = hp.ints("moe_layers")
+        return cls(name=name, **kw, source=source)
+
+    # -- checks ----------------------------------------------------------
+    def _validate(self) -> None:
+        def err(key: str, msg: str) -> FrontendError:
+            return FrontendError(msg, field_loc(self.locs, key, self.source))
+
+        for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "max_seq"):
+            v = getattr(self, key)
+            if v < 1:
+                raise err(key, f"{key} must be at least 1, got {v}")
+        if self.hidden % self.heads:
+            raise err("hidden", f"hidden size {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise err("kv_heads",
+                      f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        if self.head_dim % 2:
+            raise err("head_dim", f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        for key in ("dtype_bytes", "expert_dtype_bytes", "kv_bytes"):
+            v = getattr(self, key)
+            if not 0 < v <= 8 or (v * 32) % 1:
+                raise err(key, f"{key} must be a positive multiple of 1/32 up to 8, got {v}")
+        if self.eos_token is not None and not 0 <= self.eos_token < self.vocab:
+            raise err("eos_token",
+                      f"eos_token {self.eos_token} is outside the vocabulary 0..{self.vocab - 1}")
+        for key in ("ffn", "experts", "top_k", "expert_ffn", "shared_experts"):
+            if getattr(self, key) < 0:
+                raise err(key, f"{key} must not be negative, got {getattr(self, key)}")
+        if self.experts:
+            if not 1 <= self.top_k <= self.experts:
+                raise err("top_k",
+                          f"top_k {self.top_k} must be between 1 and the expert count {self.experts}")
+            if self.expert_ffn < 1:
+                raise err("expert_ffn", "an MoE model needs expert_ffn of at least 1")
+            bad = [i for i in self.moe_layers if not 0 <= i < self.layers]
+            if bad:
+                raise err("moe_layers",
+                          f"moe_layers lists layer {bad[0]}, outside 0..{self.layers - 1}")
+            if len(set(self.moe_layers)) != len(self.moe_layers):
+                raise err("moe_layers", "moe_layers lists a layer twice")
+            if len(self.moe_layers) < self.layers and self.ffn < 1:
+                raise err("ffn", "layers outside moe_layers are dense and need ffn of at least 1")
+        else:
+            for key in ("top_k", "expert_ffn", "shared_experts"):
+                if getattr(self, key):
+                    raise err(key, f"{key} is set but the model has no experts (experts = 0)")
+            if self.moe_layers:
+                raise err("moe_layers", "moe_layers is set but the model has no experts")
+            if self.ffn < 1:
+                raise err("ffn", "a dense model needs ffn of at least 1 (or experts for MoE)")
+
+
+class HParams:
+    """Typed reads of an IR `hparams` dictionary, at any level.
+
+    An absent key takes `ModelShape`'s default (`expert_dtype_bytes` and
+    `kv_bytes` derive theirs from `dtype_bytes` as a ModelShape does); keys
+    without one (`kv_slots`, `inflight_slots`, ...) need a default at the call.
+    """
+
+    __slots__ = ("attrs",)
+
+    def __init__(self, attrs: Mapping[str, Attribute]):
+        self.attrs = attrs
+
+    @classmethod
+    def of(cls, obj: Any) -> HParams:
+        """From a program op (anything with `.hparams`), a DictionaryAttr or a mapping."""
+        if isinstance(obj, HParams):
+            return obj
+        obj = getattr(obj, "hparams", obj)
+        return cls(obj.data if isinstance(obj, DictionaryAttr) else obj)
+
+    def __contains__(self, key: str) -> bool:
+        return isinstance(self.attrs.get(key), IntegerAttr | FloatAttr | DenseArrayBase)
+
+    def _value(self, key: str, default: float | None) -> float:
+        attr = self.attrs.get(key)
+        if isinstance(attr, IntegerAttr | FloatAttr):
+            return attr.value.data
+        if default is not None:
+            return default
+        if key in _DERIVED:
+            return _DERIVED[key](self)
+        if key in _DEFAULTS:
+            return _DEFAULTS[key]
+        raise KeyError(f"no numeric hparam '{key}'")
+
+    def int(self, key: str, default: int | None = None) -> int:
+        return int(self._value(key, default))
+
+    def float(self, key: str, default: float | None = None) -> float:
+        return float(self._value(key, default))
+
+    def ints(self, key: str) -> tuple[int, ...]:
+        attr = self.attrs.get(key)
+        return tuple(attr.get_values()) if isinstance(attr, DenseArrayBase) else ()
+
+    @property
+    def dtype_bytes(self) -> float:
+        return self.float("dtype_bytes")
+
+    @property
+    def expert_dtype_bytes(self) -> float:
+        return self.float("expert_dtype_bytes")
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.float("kv_bytes")
+
+    def kv_slots(self, program: Any) -> int:
+        """The KV slots the mapper sized `program`'s attentions for, else the formula."""
+        return self.int("kv_slots", kv_slots(program.micro_batch_size, program.num_stages,
+                                             program.dynamism_kinds))
+
+
+# Absent keys: the field defaults of ModelShape, and its two derived byte sizes.
+_DERIVED = {
+    "expert_dtype_bytes": lambda hp: hp.dtype_bytes,
+    "kv_bytes": lambda hp: kv_bytes_default(hp.dtype_bytes),
+}
+_DEFAULTS: dict[str, float] = {
+    f.name: f.default for f in fields(ModelShape)
+    if f.name in SHAPE_INTS + SHAPE_FLOATS and f.name not in _DERIVED
+}
