@@ -12,15 +12,14 @@ from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.dispatch import csl
 from meshrt.kernels.dispatch.numerics import Dispatch
-from meshrt.kernels.dispatch.relay import relay_roles
-from meshrt.kernels.interface import KernelContext, KernelOp, ceil_div
+from meshrt.kernels.dispatch.relay import RelayOp
 
 ROUTE = ComputeOp("route", "add", csl.route)
 """Read the routing table: does each token turn into the expert regions here."""
 
 
 @irdl_op_definition
-class DispatchOp(KernelOp):
+class DispatchOp(RelayOp):
     """Relays tokens from the gate toward expert regions over candidate paths.
 
     `region` is the relay corridor; `expert_regions` the destinations. Which
@@ -41,24 +40,11 @@ class DispatchOp(KernelOp):
     VIZ_RANK: ClassVar[int] = 6
     COMPUTE: ClassVar[tuple] = (ROUTE,)
     NUMERICS: ClassVar[type] = Dispatch
-    RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
-    ROUTED_INPUTS: ClassVar[bool] = True
     INPUT_FROM_ROUTING_PRODUCER: ClassVar[bool] = True  # the gate forwards the tokens it gated
-    HOLDS_RESULT_AT_OUTPUTS: ClassVar[bool] = True
 
     def verify_kernel(self) -> None:
         if not self.expert_regions.data:
             raise self.fail("dispatch needs at least one expert region")
-
-    def roles(self, kctx: KernelContext):
-        return relay_roles(self, kctx, backwards=False)
-
-    def input_share(self, width: int) -> int:
-        _, _, w, h = self.tiles()[0]
-        return ceil_div(width, w * h)
-
-    def input_layout(self) -> str:
-        return "full"  # read in place only from a producer holding it whole; else a flow brings input_share
 
     def output_layout(self) -> str:
         return "flat"

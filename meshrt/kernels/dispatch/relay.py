@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from meshrt.dialects.mesh import CoreSetAttr, FlowRole
 from meshrt.kernels.interface import (
     ACT_BYTES,
@@ -15,6 +17,29 @@ from meshrt.kernels.interface import (
     ceil_div,
     rect,
 )
+
+
+class RelayOp(KernelOp):
+    """A relay corridor (dispatch, combine): what both answer alike.
+
+    Every relay role resolves the routing metainfo riding its messages, and
+    each core carries its slice of every token (the corridor split flat).
+    """
+
+    BACKWARDS: ClassVar[bool] = False  # combine runs the corridor from tail to head
+    RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
+    ROUTED_INPUTS: ClassVar[bool] = True  # the tokens' routing metainfo rides the inputs
+    HOLDS_RESULT_AT_OUTPUTS: ClassVar[bool] = True  # the result leaves where it is sent
+
+    def roles(self, kctx: KernelContext):
+        return relay_roles(self, kctx, backwards=self.BACKWARDS)
+
+    def input_share(self, width: int) -> int:
+        _, _, w, h = self.tiles()[0]
+        return ceil_div(width, w * h)
+
+    def input_layout(self) -> str:
+        return "full"  # read in place only from a producer holding it whole; else a flow brings input_share
 
 
 def relay_footprint(top_k: int, hidden: int, micro_batch: int, w: int, h: int) -> Footprint:
