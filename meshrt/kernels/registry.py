@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from meshrt.diagnostics import MeshrtError
 from meshrt.kernels.compute import ComputeOp
 
 if TYPE_CHECKING:
@@ -30,8 +31,10 @@ PATH_VARIABLE = "MESHRT_KERNEL_PATH"
 _BUILTIN = Path(__file__).parent
 
 
-class KernelRegistryError(Exception):
+class KernelRegistryError(MeshrtError):
     """A kind folder that does not describe a kind, or two that clash."""
+
+    unlocated = None  # the message names the folder
 
 
 class UnknownKernel(Exception):
@@ -58,7 +61,12 @@ def _load(module: str, folder: Path):
         raise KernelRegistryError(f"{folder}: not a Python package")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[module] = mod
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:  # a user's folder: its failure is a one-line error, not ours
+        del sys.modules[module]
+        raise KernelRegistryError(f"{folder}: the kind folder failed to load: "
+                                  f"{type(e).__name__}: {e}") from e
     return mod
 
 

@@ -20,6 +20,7 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseE
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from meshrt.diagnostics import MeshrtError, parse_module, verify_located
+from meshrt.kernels import registry
 
 
 class MeshrtOptMain(xDSLOptMain):
@@ -76,6 +77,9 @@ class MeshrtOptMain(xDSLOptMain):
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
+        # Kind folders load before any input is parsed: a bad folder is its own error,
+        # not one the parser reports at the first mesh_kernel op.
+        registry.kernels()
         tool = MeshrtOptMain(args=argv)
         tool.run()
     except MeshrtError as e:

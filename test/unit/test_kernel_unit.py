@@ -282,3 +282,19 @@ def test_fixture_kind_emits_csl_that_lints(scaled_kernels, tmp_path):
     assert "@fmul" in body and "// y = x * 2.0" in body
     r = _cli("csl-lint", *map(str, files))
     assert r.returncode == 0, r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("body, message", [
+    ("X = 1\n", "exports no OP"),
+    ("raise ImportError('boom')\n", "failed to load: ImportError: boom"),
+    ("from meshrt.kernels.gemv.op import GemvOp as OP\n", "kernel kind 'gemv' is defined twice"),
+])
+def test_bad_kind_folder_is_one_line(tmp_path, body, message):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "__init__.py").write_text(body)
+    # the folders load before the input is read, whatever it is
+    r = _opt(str(ROOT / "examples" / "tiny_dense.mrt"), env_path=tmp_path)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and str(tmp_path / "bad") in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
