@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr
 from xdsl.ir import Operation
 from xdsl.parser import Parser
+from xdsl.utils.mlir_lexer import MLIRTokenKind
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 
@@ -140,9 +141,16 @@ def _strip_xdsl_noise(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "verification failed"
 
 
-def parse_module(ctx, text: str | bytes, filename: str, line_offset: int = 0) -> ModuleOp:
-    """Parse and verify MLIR text; all failures become one-line MeshrtErrors."""
+def parse_module(ctx, text: str | bytes, filename: str, line_offset: int = 0,
+                 empty_ok: bool = False) -> ModuleOp:
+    """Parse and verify MLIR text; all failures become one-line MeshrtErrors.
+
+    `empty_ok`: text with no ops (only blanks and comments) is an empty module,
+    as mlir-opt reads it, instead of an error.
+    """
     parser = LocatingParser(ctx, text, filename, line_offset)
+    if empty_ok and parser._current_token.kind is MLIRTokenKind.EOF:
+        return ModuleOp([])
     try:
         module = parser.parse_module()
     except ParseError as e:

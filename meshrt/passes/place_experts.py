@@ -159,7 +159,8 @@ class PlaceExperts(ModulePass):
             return MeshrtError(f"place-experts: {msg}", anchor)
 
         if self.policy not in POLICIES:
-            raise bad(f"unknown policy '{self.policy}', expected one of {', '.join(POLICIES)}")
+            raise MeshrtError(f"pass 'place-experts': option 'policy': unknown policy "
+                              f"'{self.policy}', expected one of {', '.join(POLICIES)}", anchor)
         if self.policy != "contiguous" and not self.profile:
             raise bad(f"policy={self.policy} needs profile=\"FILE\" (an expert-activation profile)")
         if self.policy == "vibe" and self.models is None and self.spread is None:
@@ -168,9 +169,11 @@ class PlaceExperts(ModulePass):
         if self.models is not None and self.spread is not None:
             raise bad("give models=\"FILE\" or spread=S, not both")
         if self.spread is not None and not 0 <= self.spread < 10:
-            raise bad(f"spread must be in [0, 10), got {self.spread}")
+            raise MeshrtError(f"pass 'place-experts': option 'spread': must be in [0, 10), "
+                              f"got {self.spread}", anchor)
         if self.tokens is not None and self.tokens <= 0:
-            raise bad(f"tokens must be > 0, got {self.tokens}")
+            raise MeshrtError(f"pass 'place-experts': option 'tokens': must be > 0, "
+                              f"got {self.tokens}", anchor)
 
     @staticmethod
     def _load(loader, path: str):

@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     from meshrt.passes.pipeline import LEVELS
 
     p = _Parser(prog="meshrt", description="Compile and run LLMs on wafer-scale meshes.")
+    p.add_argument("--version", action="version", version=f"meshrt {__import__('meshrt').__version__}",
+                   help="print meshrt's version")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     c = sub.add_parser("compile", help="compile a .mrt spec or a config.json to IR",
                        description="Compile MODEL (a .mrt spec or a Hugging Face config.json) "

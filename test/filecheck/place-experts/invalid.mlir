@@ -18,7 +18,7 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
   %e = graph.moe_experts @l0.moe(%x, %g) on <(9, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_ffn = 16 : i64, shared_experts = 0 : i64, expert_regions = [#mesh.cores<(10, 0, 2, 2)>, #mesh.cores<(10, 2, 2, 2)>], placement = array<i64: 0, 0, 1, 1>} : !graph.act<32>, !graph.routing<4, 2> -> !graph.act<32>
 }
 
-// POLICY: invalid.mlir:15:1: error: 'graph.model' op place-experts: unknown policy 'bogus', expected one of contiguous, eplb, vibe
+// POLICY: invalid.mlir:15:1: error: 'graph.model' op pass 'place-experts': option 'policy': unknown policy 'bogus', expected one of contiguous, eplb, vibe
 // NO-PROFILE: invalid.mlir:15:1: error: 'graph.model' op place-experts: policy=eplb needs profile="FILE" (an expert-activation profile)
 // MISSING: Inputs/no_such_profile.json: error: no such expert profile file
 // BAD-JSON: Inputs/profile_bad_json.json:4:3: error: expert profile is not valid JSON: Expecting property name enclosed in double quotes
