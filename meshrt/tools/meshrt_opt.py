@@ -20,6 +20,7 @@ from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseE
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from meshrt.diagnostics import MeshrtError, parse_module, verify_located
+from meshrt.output import output_stream
 
 
 class MeshrtOptMain(xDSLOptMain):
@@ -67,6 +68,14 @@ class MeshrtOptMain(xDSLOptMain):
         self.pipeline = PassPipeline.parse_spec(
             self.available_passes, self.args.passes, verify_between
         )
+
+    def run(self):
+        # -o is written atomically: replaced only when every chunk went through
+        with output_stream(self.args.output_file) as self._output:
+            super().run()
+
+    def prepare_output(self) -> IO[str]:
+        return self._output
 
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0):
         if file_extension != "mlir" and file_extension in self.available_frontends:

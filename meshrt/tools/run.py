@@ -61,11 +61,11 @@ def _program(model: str, target: str | None, static: bool):
     return compile_program(model, tname, dynamism=() if static else None), tname
 
 
-# The passes still to run on IR of each level to reach checked, coloured segments.
+# The first pass still to run on IR of each level to reach checked, coloured segments.
 _REST = {
     "graph.model": "segments",
-    "mesh_kernel.program": "lower-to-mesh-kernels",
-    "event.schedule": "synthesize-schedules",
+    "mesh_kernel.program": "synthesize-schedules",
+    "event.schedule": "materialize-segments",
     "segment.program": "color-routes",
 }
 

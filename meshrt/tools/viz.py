@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshrt.kernels import registry
+from meshrt.output import save_figure
 
 WHATS = ("mapping", "classes", "routes", "load")
 DEFAULT_STEPS = 8
@@ -432,7 +433,7 @@ class _Layout:
     def save(self, out: str) -> None:
         plt = _plt()
         try:
-            self.fig.savefig(out, dpi=DPI, format=Path(out).suffix[1:].lower())
+            save_figure(self.fig, out, dpi=DPI)
         finally:
             plt.close(self.fig)
 
