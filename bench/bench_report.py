@@ -39,6 +39,7 @@ from meshrt.runtime.cost_model import (
 )
 from meshrt.driver import segment_program
 from meshrt.runtime.mesh_sim import MeshSim
+from meshrt.output import write_text
 from meshrt.targets import load_target
 from meshrt.tools.bench import PADDING_WORKLOADS, run_bench, write_outputs
 
@@ -82,8 +83,8 @@ def main(argv=None) -> int:
     else:
         print("== calibration", file=sys.stderr, flush=True)
         calib = calibration()
-        calib_file.write_text(json.dumps(calib, indent=1) + "\n", encoding="utf-8")
-    REPORT.write_text(report(runs, calib), encoding="utf-8")
+        write_text(calib_file, json.dumps(calib, indent=1) + "\n")
+    write_text(REPORT, report(runs, calib))
     print(f"wrote {REPORT.relative_to(REPO)} and bench/results/", file=sys.stderr)
     return 0
 

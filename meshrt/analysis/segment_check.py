@@ -4,11 +4,15 @@
 bookkeeping and returns every violation, each with the op it is located at.
 For a `segment.program`:
 
-1. Capacity: for every core class and segment, what its subs bind together
+1. Messages: every flow's sends and receives balance class by class over
+   a step, as the interpreter pairs them (`meshrt.analysis.balance`): a
+   duplicated or deleted `event.send` / `event.recv` names the flow, the
+   classes and their counts.
+2. Capacity: for every core class and segment, what its subs bind together
    (sum of demands, max of switch positions) fits the class's budget and
    the target's per-core capacity, and the recorded `use` does not
    understate it.
-2. Colours: every live, routed flow (see the liveness definition in
+3. Colours: every live, routed flow (see the liveness definition in
    `meshrt.analysis.liveness`) has exactly one `segment.route`, on a user
    colour, whose routers cover the flow's XY route; and no router carries
    two live flows on one colour. The second check is done pair by pair over
@@ -17,7 +21,7 @@ For a `segment.program`:
    disjoint sets of segments, and no part may lie on an idle router (the
    segments are recomputed from the definition position by position, not
    with the passes' arc arithmetic).
-3. Boundaries: a class with n > 1 segments has the boundaries 0 to 1, ...,
+4. Boundaries: a class with n > 1 segments has the boundaries 0 to 1, ...,
    n-2 to n-1 and n-1 to 0 (the table repeats every decode step); every
    boundary whose closing segment does not end on a collective has a marker
    sync whose region covers the class's cores and the routers of every flow
@@ -25,7 +29,7 @@ For a `segment.program`:
    segment's `routes` are exactly the flows live at the class's routers, and
    each reconfigure releases and installs exactly the difference; no class
    holds a route of another wafer.
-4. Route handshakes (see `meshrt.dialects.segment` and
+5. Route handshakes (see `meshrt.dialects.segment` and
    `meshrt.passes.insert_route_handshakes`), re-derived from the liveness
    above: at every boundary, each installed flow that carries messages
    (`event.send`) is `notify`d (its install credit exists) and each released
@@ -46,6 +50,7 @@ from dataclasses import dataclass
 
 from xdsl.ir import Operation
 
+from meshrt.analysis.balance import check_balance
 from meshrt.analysis.liveness import (
     ClassTable,
     flow_refs,
@@ -123,7 +128,11 @@ def check_program(program: sg.ProgramOp, target: Target | None,
     flows = {f.flow_name: f for f in program.flows()}
     cap = target.budget() if target is not None else None
 
-    # -- 1. capacity -------------------------------------------------------
+    # -- 1. messages --------------------------------------------------------
+    for imbalance in check_balance(program, tables):
+        add(imbalance.message, imbalance.op)
+
+    # -- 2. capacity -------------------------------------------------------
     for cls in program.core_classes():
         budget = cls.effective_budget()
         for seg in cls.segments():
@@ -164,7 +173,7 @@ def check_program(program: sg.ProgramOp, target: Target | None,
             seg_cache[key] = {s for s, held in enumerate(holds[cls]) if held & win}
         return seg_cache[key]
 
-    # -- 2. colours --------------------------------------------------------
+    # -- 3. colours --------------------------------------------------------
     routes: dict[str, list[sg.RouteOp]] = defaultdict(list)
     for r in program.routes():
         routes[r.flow_name].append(r)
@@ -203,7 +212,7 @@ def check_program(program: sg.ProgramOp, target: Target | None,
                 add(f"flows @{a.flow_name} and @{b.flow_name} are both live on colour {colour} "
                     f"at {clash}", b)
 
-    # -- 3. boundaries -------------------------------------------------------
+    # -- 4. boundaries -------------------------------------------------------
     flow_order = list(flows)
     route_index = {
         wafer: BoxIndex([(b, n) for n in flow_order if flows[n].wafer_index == wafer and windows[n]
@@ -263,7 +272,7 @@ def check_program(program: sg.ProgramOp, target: Target | None,
             if over.clip(w, h).count >= w * h and w * h > 1:
                 add(f"marker sync {i} to {j} of core class @{t.name} spans the whole chip", sync)
 
-    # -- 4. route handshakes ----------------------------------------------------
+    # -- 5. route handshakes ----------------------------------------------------
     if handshakes is False or (handshakes is None and not _states_handshakes(program)):
         return problems
     sends: dict[str, list[int]] = defaultdict(list)  # flow -> positions of its event.send

@@ -161,18 +161,36 @@ class MappedProgramOp(IRDLOperation):
         """Level-specific checks of the contained ops."""
 
 
-def require_programs(module: Operation, cls: type[MappedProgramOp], requirement: str) -> list:
-    """The top-level programs of level `cls` in `module`; a located error if none.
+LEVEL_ORDER: tuple[str, ...] = ("graph", "mesh_kernel", "event", "segment")
+"""The IR levels from the top: the dialect of each level's program op."""
 
-    Passes call this so that IR of the wrong level is one clear diagnostic.
+
+def require_programs(module: Operation, who: str, *classes: type[MappedProgramOp],
+                     hint: str | None = None) -> list:
+    """The top-level programs of the levels `classes` in `module`; a located error if none.
+
+    Every pass (and the CSL backend) calls this, so that IR of the wrong level
+    is the same one line everywhere: "`who` needs mesh_kernel IR (a
+    'mesh_kernel.program'), found graph.model", with "; run `hint` first" when
+    the IR found is of an earlier level than the one needed.
     """
     from meshrt.diagnostics import MeshrtError
 
     ops = body_ops(module.regions[0])
-    found = [o for o in ops if isinstance(o, cls)]
-    if not found:
-        raise MeshrtError(requirement, ops[0] if ops else module)
-    return found
+    found = [o for o in ops if isinstance(o, classes)]
+    if found:
+        return found
+    names = [c.name for c in classes]
+    levels = [n.split(".")[0] for n in names]
+    article = "an" if names[0][0] in "aeiou" else "a"
+    need = f"{' or '.join(levels)} IR ({article} {' or '.join(repr(n) for n in names)})"
+    others = list(dict.fromkeys(o.name for o in ops))
+    what = f"found {', '.join(others)}" if others else "found an empty module"
+    rank = {lv: i for i, lv in enumerate(LEVEL_ORDER)}
+    got = [rank[o.split(".")[0]] for o in others if o.split(".")[0] in rank]
+    earlier = bool(got) and max(got) < min(rank.get(lv, 0) for lv in levels)
+    then = f"; run {hint} first" if hint and earlier else ""
+    raise MeshrtError(f"{who} needs {need}, {what}{then}", ops[0] if ops else module)
 
 
 def enclosing_program(op: Operation) -> MappedProgramOp | None:

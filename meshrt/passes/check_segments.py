@@ -1,9 +1,9 @@
 """`check-segments`: prove a segment program safe to install.
 
 `check_segments(module, target)` runs the check of
-`meshrt.analysis.segment_check` (capacity, colours, boundaries, route
-handshakes, all re-derived from the segment IR) on every `segment.program`
-and returns one located diagnostic line per violation; the `check-segments`
+`meshrt.analysis.segment_check` (message balance, capacity, colours,
+boundaries, route handshakes, all re-derived from the segment IR) on every
+`segment.program` and returns one located diagnostic line per violation; the `check-segments`
 pass raises the first one.
 """
 
@@ -62,7 +62,7 @@ class CheckSegments(ModulePass):
     handshakes: bool | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        require_programs(op, sg.ProgramOp, "check-segments needs segment IR (a segment.program)")
+        require_programs(op, self.name, sg.ProgramOp, hint="materialize-segments,color-routes")
         problems = _problems(op, self.target, self.handshakes)
         if problems:
             first = problems[0]

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, SymbolRefAttr, i64
-from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 
 from meshrt.analysis.coloring import colour_flows
@@ -34,6 +33,7 @@ from meshrt.analysis.liveness import Clique, Liveness, liveness_of_program
 from meshrt.analysis.segmenting import split_segment
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import segment as sg
+from meshrt.dialects.base import require_programs
 
 
 def describe_router(clique: Clique) -> str:
@@ -121,15 +121,6 @@ class ColorRoutes(ModulePass):
     split: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        programs = [o for o in op.body.block.ops if isinstance(o, sg.ProgramOp)]
-        if not programs:
-            raise MeshrtError("color-routes needs segment IR (a segment.program); "
-                              "run materialize-segments first", _first_op(op))
-        for program in programs:
+        for program in require_programs(op, self.name, sg.ProgramOp, hint="materialize-segments"):
             colour_program(program, limit=self.colors, split=self.split)
-
-
-def _first_op(module: ModuleOp) -> Operation:
-    ops = list(module.body.block.ops)
-    return ops[0] if ops else module
 

@@ -152,8 +152,7 @@ class InsertRouteHandshakes(ModulePass):
     name = "insert-route-handshakes"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        programs = require_programs(
-            op, sg.ProgramOp, "insert-route-handshakes needs coloured segment IR (a segment.program); "
-            "run materialize-segments and color-routes first")
+        programs = require_programs(op, self.name, sg.ProgramOp,
+                                    hint="materialize-segments,color-routes")
         for program in programs:
             insert_handshakes(program)

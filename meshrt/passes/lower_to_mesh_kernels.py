@@ -29,7 +29,7 @@ from xdsl.utils.exceptions import VerifyException
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import graph
 from meshrt.dialects import mesh_kernel as mk
-from meshrt.dialects.base import topological_order
+from meshrt.dialects.base import require_programs, topological_order
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.kernels import registry
 
@@ -90,7 +90,7 @@ class LowerToMeshKernels(ModulePass):
     name = "lower-to-mesh-kernels"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for model in [o for o in op.body.block.ops if isinstance(o, graph.ModelOp)]:
+        for model in require_programs(op, self.name, graph.ModelOp):
             program = lower_model(model)
             op.body.block.insert_op_before(program, model)
             op.body.block.erase_op(model, safe_erase=False)

@@ -121,9 +121,7 @@ class MaterializeSegments(ModulePass):
     ctrl: int | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        schedules = require_programs(
-            op, ev.ScheduleOp, "materialize-segments needs event IR (an event.schedule); "
-            "run synthesize-schedules first")
+        schedules = require_programs(op, self.name, ev.ScheduleOp, hint="synthesize-schedules")
         overrides = {f: getattr(self, f) for f in RESOURCE_FIELDS}
         for schedule in schedules:
             target = target_of(self.target, schedule)

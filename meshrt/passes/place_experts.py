@@ -49,7 +49,7 @@ from xdsl.passes import ModulePass
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import graph
 from meshrt.dialects import mesh_kernel as mk
-from meshrt.dialects.base import MappedProgramOp, body_ops, int_value
+from meshrt.dialects.base import MappedProgramOp, body_ops, int_value, require_programs
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.expert_placement import POLICIES, Placement, place
 from meshrt.frontend.errors import FrontendError
@@ -143,11 +143,7 @@ class PlaceExperts(ModulePass):
     refine: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        programs = [p for p in body_ops(op.body) if isinstance(p, MappedProgramOp)]
-        anchor = programs[0] if programs else op
-        if not any(isinstance(p, graph.ModelOp | mk.ProgramOp) for p in programs):
-            raise MeshrtError("place-experts runs on graph or mesh_kernel IR (a graph.model or "
-                              "mesh_kernel.program)", anchor)
+        anchor = require_programs(op, self.name, graph.ModelOp, mk.ProgramOp)[0]
         self._check_options(anchor)
         profile = self._load(ExpertProfile.load, self.profile) if self.profile else None
         models = self._load(RegionModels.load, self.models) if self.models else None

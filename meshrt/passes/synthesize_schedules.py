@@ -46,7 +46,7 @@ from meshrt.core_classes import partition
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import mesh_kernel as mk
-from meshrt.dialects.base import kernel_deps, topological_order
+from meshrt.dialects.base import kernel_deps, require_programs, topological_order
 from meshrt.dialects.graph import ActType, RoutingType
 from meshrt.dialects.mesh import (
     RESOURCE_NAMES,
@@ -471,7 +471,7 @@ class SynthesizeSchedules(ModulePass):
     target: str | Target | None = None
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for program in [o for o in op.body.block.ops if isinstance(o, mk.ProgramOp)]:
+        for program in require_programs(op, self.name, mk.ProgramOp, hint="lower-to-mesh-kernels"):
             try:
                 target = target_for(self.target, program.target.data)
             except FrontendError as e:

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshrt.frontend.errors import FrontendError, Loc, locate_text
+from meshrt.output import atomic_file
 
 PROFILE_FORMAT = "meshrt-expert-profile"
 MODELS_FORMAT = "meshrt-region-models"
@@ -218,7 +219,7 @@ class ExpertProfile:
         return out
 
     def save(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as f:
+        with atomic_file(path) as f:
             json.dump(self.to_json(), f, indent=1)
             f.write("\n")
 
@@ -448,7 +449,7 @@ class RegionModels:
         return out
 
     def save(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as f:
+        with atomic_file(path) as f:
             json.dump(self.to_json(), f, indent=1)
             f.write("\n")
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from meshrt.output import atomic_file
+
 
 def trace_events(result, *, by_class: bool = False) -> dict[str, Any]:
     if result.spans is None:
@@ -66,5 +68,5 @@ def trace_events(result, *, by_class: bool = False) -> dict[str, Any]:
 
 
 def write_trace(result, path: str, *, by_class: bool = False) -> None:
-    with open(path, "w") as fh:
+    with atomic_file(path) as fh:
         json.dump(trace_events(result, by_class=by_class), fh)

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from meshrt.output import atomic_file
+
 __all__ = [
     "CHAT_OUTPUT",
     "CHAT_PROMPT",
@@ -343,7 +345,7 @@ def load_jsonl(path: str | os.PathLike, vocab: int) -> list[Request]:
 
 def write_jsonl(path: str | os.PathLike, requests: Iterable[Request]) -> None:
     """Write requests in the format :func:`load_jsonl` reads."""
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_file(path) as f:
         for r in requests:
             rec = {
                 "id": r.id,

@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError
+from meshrt.output import save_figure, write_text
 
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 ABLATION_MICRO_BATCH = 4  # the paper's Table 4 decode column (the largest swept if 4 is not)
@@ -723,8 +724,7 @@ def write_outputs(results: dict, out: Path) -> None:
     """bench.json and the plots into `out` (created)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.json").write_text(json.dumps(results, indent=1, default=float) + "\n",
-                                        encoding="utf-8")
+        write_text(out / "bench.json", json.dumps(results, indent=1, default=float) + "\n")
         write_plots(results, out)
     except OSError as e:
         raise BenchError(f"{out}: error: cannot write results: {e.strerror or e}") from None
@@ -767,7 +767,7 @@ def _pareto_plot(plt, p: dict, title: str, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -786,7 +786,7 @@ def _padding_plot(plt, pad: dict, path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -804,7 +804,7 @@ def _ablation_plot(plt, a: dict, title: str, path: Path) -> None:
     ax.set_ylabel("system throughput vs static bs=1")
     ax.set_title(f"Policy ablation, micro-batch {a['micro_batch']}: {title}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -822,7 +822,7 @@ def _governance_plot(plt, g: dict, title: str, path: Path) -> None:
     ax.set_title(f"Governance overhead: {title}", fontsize=10)
     ax.set_xlabel(f"critical path change (cycles): {delta or 'none'}", fontsize=7, wrap=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

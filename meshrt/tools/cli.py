@@ -16,6 +16,7 @@ from pathlib import Path
 
 from meshrt.frontend.errors import FrontendError
 from meshrt.tools.common import fail as _fail
+from meshrt.output import atomic_directory, atomic_file
 
 
 class _UsageError(Exception):
@@ -141,7 +142,7 @@ def _compile(args: argparse.Namespace) -> int:
         return _emit_csl(args, module, target)
     try:
         if args.output:
-            with open(args.output, "w", encoding="utf-8") as f:
+            with atomic_file(args.output) as f:
                 _print_module(module, f)
         else:
             _print_module(module, sys.stdout)
@@ -172,12 +173,13 @@ def _emit_csl(args: argparse.Namespace, module, target) -> int:
             root = Path(args.output)
             if root.exists() and not root.is_dir():
                 return _fail(f"{args.output}: error: --emit csl writes a directory, and this is a file")
-            for name, text in out.files.items():
-                path = root / name
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text, encoding="utf-8")
-                if name.endswith(".sh"):
-                    path.chmod(0o755)
+            with atomic_directory(root) as built:
+                for name, text in out.files.items():
+                    path = built / name
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(text, encoding="utf-8")
+                    if name.endswith(".sh"):
+                        path.chmod(0o755)
         elif not args.report:
             sys.stdout.write(out.as_text())
         if args.report:

@@ -49,12 +49,18 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 from meshrt import __version__
 from meshrt.diagnostics import MeshrtError, format_parse_error, parse_module, verify_located
 from meshrt.kernels import registry
+from meshrt.output import output_stream
 
 PROG = "meshrt-opt"
 
 
 class UsageError(Exception):
     """A bad command line: str() is the complete one-line message."""
+
+
+class _RunFailed(Exception):
+    def __init__(self, code: int):
+        self.code = code
 
 
 class MeshrtOptMain(xDSLOptMain):
@@ -194,14 +200,29 @@ class MeshrtOptMain(xDSLOptMain):
                                       "(give -f mlir to read it as MLIR)")
         return data, extension
 
+    def run(self) -> int:
+        """Process every chunk; return the exit code (0 or 1). -o is written
+        atomically: replaced only when the run succeeds, else left as it was."""
+        try:
+            with output_stream(self.args.output_file) as self._output:
+                code = self._run_chunks()
+                if code and self.args.output_file is not None:
+                    raise _RunFailed(code)  # discards the temporary output
+        except _RunFailed as e:
+            return e.code
+        return code
+
+    def prepare_output(self) -> IO[str]:
+        return self._output
+
     def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0):
         if file_extension != "mlir" and file_extension in self.available_frontends:
             return self.available_frontends[file_extension](chunk)
         return parse_module(self.ctx, chunk.read(), self.get_input_name(), start_offset,
                             empty_ok=True)
 
-    def run(self) -> int:
-        """Process every chunk; return the exit code (0 or 1)."""
+    def _run_chunks(self) -> int:
+        """Process every chunk into the prepared output; the exit code (0 or 1)."""
         name = self.get_input_name()
         data, extension = self.read_input()
         chunks = split_chunks(data) if self.args.split_input_file else [(data, 0)]
@@ -234,9 +255,6 @@ class MeshrtOptMain(xDSLOptMain):
             assert self.args.shrink
             print("Success, can shrink")
             return 0
-        finally:
-            if output is not sys.stdout:
-                output.close()
         if self.args.shrink:
             print("Failure, can't shrink")
             return 1

@@ -67,6 +67,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshrt.output import save_figure
 from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -586,5 +587,5 @@ def write_plot(plt, p: dict, path: Path) -> None:
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)

@@ -47,6 +47,7 @@ from pathlib import Path
 from meshrt.driver import program_of
 from meshrt.kernels import registry
 from meshrt.tools.common import fail as _fail
+from meshrt.output import save_figure
 
 WHATS = ("mapping", "classes", "routes", "load")
 DEFAULT_STEPS = 8
@@ -422,7 +423,7 @@ class _Layout:
     def save(self, out: str) -> None:
         plt = _plt()
         try:
-            self.fig.savefig(out, dpi=DPI, format=Path(out).suffix[1:].lower())
+            save_figure(self.fig, out, dpi=DPI)
         finally:
             plt.close(self.fig)
 

@@ -84,6 +84,12 @@ def event_program(seed: int, scale: int = 1, n_kernels: int | None = None) -> st
                 break
             a, b = rng.sample(part, 2)
             pattern = rng.choice(["all", "all", "row", "col"])
+            # every sender must reach a receiver and every receiver hear a sender
+            # (check-segments' message balance): the strips are disjoint columns,
+            # so `col` never connects them and `row` only where their rows meet
+            (_, ya, _, ha), (_, yb, _, hb) = a[1], b[1]
+            if pattern == "col" or pattern == "row" and max(ya, yb) >= min(ya + ha, yb + hb):
+                pattern = "all"
             flows.append((f"{k}.f{j}", k, ki, ki, a, b, pattern))
     # one flow that wraps into the next step: from the class that runs the
     # last kernel to the one that runs the first

@@ -156,7 +156,7 @@ def test_cli_run_compare_side_by_side(capsys):
     assert out["speedup_system_throughput"] > 0
 
 
-@pytest.mark.parametrize("level", ["kernels", "segments"])
+@pytest.mark.parametrize("level", ["kernels", "events", "segments"])
 def test_cli_run_restarts_from_printed_ir(level, tmp_path, capsys):
     ir = tmp_path / f"tiny.{level}.mlir"
     assert cli_main(["compile", "examples/tiny_dense.mrt", "--target", "test32", "--emit", level,

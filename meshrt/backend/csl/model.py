@@ -17,6 +17,7 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
+from meshrt.dialects.base import require_programs
 from meshrt.analysis.liveness import host_primed
 from meshrt.kernels import registry
 from meshrt.kernels.interface import KernelOp
@@ -294,11 +295,5 @@ def read_program(program: sg.ProgramOp) -> Program:
 
 
 def segment_programs(module: ModuleOp) -> list[sg.ProgramOp]:
-    programs = [op for op in module.body.block.ops if isinstance(op, sg.ProgramOp)]
-    if not programs:
-        others = sorted({op.name for op in module.body.block.ops})
-        what = f"found {', '.join(others)}" if others else "the module is empty"
-        raise MeshrtError(
-            "the CSL backend needs segment IR (a 'segment.program'; run "
-            f"materialize-segments,color-routes first), {what}", module)
-    return programs
+    return require_programs(module, "the CSL backend", sg.ProgramOp,
+                            hint="materialize-segments,color-routes")

@@ -472,4 +472,4 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 event.schedule @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   event.flow @u kernel @k1 role "input" operand 0 wafer 0 from <(4, 0, 1, 1)> to <(6, 0, 1, 1)> pattern "row" bytes 32
 }
-// CHECK: check_invalid.mlir:472:1: error: 'event.schedule' op check-segments needs segment IR (a segment.program)
+// CHECK: check_invalid.mlir:472:1: error: 'event.schedule' op check-segments needs segment IR (a 'segment.program'), found event.schedule; run materialize-segments,color-routes first

@@ -1,6 +1,6 @@
 // RUN: meshrt-opt %s -p color-routes,check-segments | filecheck %s
 
-// Hand-written segment IR on an 8 x 2 mesh (two wafers; only wafer 0 used).
+// Hand-written segment IR on an 8 x 2 mesh (two wafers; wafer 1 only receives @w).
 // @p sends @x and @z to @q in kernel @k1 (segment 0 of both) and @y in
 // kernel @k2 (their segment 1); all three take the routers (0..2, 0).
 // @r4 sends @u (in @k1) and @v (in @k2) to @r6 across the idle router
@@ -91,9 +91,17 @@ segment.program @m target "test32" mesh 8 x 2 wafers 2 stages 2 micro_batch 1 dy
       }
     }
   }
+  segment.core_class @sink wafer 1 cores <(7, 1, 1, 1)> {
+    segment.segment 0 use <iq = 1> {
+      event.sub @k3 "dst" after [@k2] demand <iq = 1> {
+        event.recv @w bytes 32 meta 0
+      }
+    }
+  }
 }
 
 // CHECK:      segment.core_class @far
+// CHECK:      segment.core_class @sink
 // CHECK:      segment.route @x color 0 via <(0, 0, 3, 1)>
 // CHECK-NEXT: segment.route @z color 1 via <(0, 0, 3, 1)>
 // CHECK-NEXT: segment.route @y color 0 via <(0, 0, 3, 1)>

@@ -89,4 +89,4 @@ event.schedule @m target "test32" mesh 4 x 1 wafers 1 stages 1 micro_batch 1 dyn
 segment.program @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 2> colors 8 reserved [6, 7] {
   event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 8
 }
-// CHECK: materialize_invalid.mlir:89:1: error: 'segment.program' op materialize-segments needs event IR (an event.schedule); run synthesize-schedules first
+// CHECK: materialize_invalid.mlir:89:1: error: 'segment.program' op materialize-segments needs event IR (an 'event.schedule'), found segment.program{{$}}

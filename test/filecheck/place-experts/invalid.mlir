@@ -28,4 +28,4 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // NO-MODELS: invalid.mlir:15:1: error: 'graph.model' op place-experts: policy=vibe needs region models: models="FILE", or spread=S for synthetic region speeds (spread=0: all regions alike)
 // BOTH: invalid.mlir:15:1: error: 'graph.model' op place-experts: give models="FILE" or spread=S, not both
 // REGIONS: Inputs/models_wrong_regions.json:4:5: error: layer 0 has 3 region models, but @l0.moe has 2 expert regions
-// LEVEL: invalid.mlir:15:1: error: '{{event\.[a-z_]+}}' op place-experts runs on graph or mesh_kernel IR (a graph.model or mesh_kernel.program)
+// LEVEL: invalid.mlir:15:1: error: '{{event\.[a-z_]+}}' op place-experts needs graph or mesh_kernel IR (a 'graph.model' or 'mesh_kernel.program'), found {{event\.[a-z_]+}}{{$}}
