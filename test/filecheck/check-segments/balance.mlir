@@ -6,7 +6,7 @@
 // A gather: @q's one recv of @a takes one message from each of the two
 // sender classes (an `all` flow from two cores).
 segment.program @gather target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 2)> to <(2, 0, 1, 1)> pattern "all" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 2)> to <(2, 0, 1, 1)> pattern "all" bytes 32
   segment.core_class @p1 wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -39,8 +39,8 @@ segment.program @gather target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch
 // @a still pairs with its send; and a loop-carried flow @t, received before
 // its send in the step, whose first messages the host primes.
 segment.program @multicast target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(0, 0, 3, 1)> pattern "row" bytes 32
-  event.flow @t kernel @k1 wafer 0 from <(2, 0, 1, 1)> to <(0, 0, 1, 1)> pattern "all" bytes 8
+  event.flow @a kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(0, 0, 3, 1)> pattern "row" bytes 32
+  event.flow @t kernel @k1 role "input" operand 0 wafer 0 from <(2, 0, 1, 1)> to <(0, 0, 1, 1)> pattern "all" bytes 8
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 3, iq = 2, oq = 1> routes [@a, @t] {
       event.sub @k1 "embed" after [] demand <colors = 1, iq = 1> {

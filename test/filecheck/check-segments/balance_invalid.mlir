@@ -7,7 +7,7 @@
 // A duplicated send: @p sends @a twice per step, @q receives it once (the
 // second message would be taken by the next step's receive).
 segment.program @shift target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(1, 0, 1, 1)> pattern "shift" by 1, 0 bytes 32
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -31,8 +31,8 @@ segment.program @shift target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 
 
 // A deleted receive: @q no longer receives its part of the multicast @a.
 segment.program @multicast target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(0, 0, 3, 1)> pattern "row" bytes 32
-  event.flow @t kernel @k1 wafer 0 from <(2, 0, 1, 1)> to <(0, 0, 1, 1)> pattern "all" bytes 8
+  event.flow @a kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(0, 0, 3, 1)> pattern "row" bytes 32
+  event.flow @t kernel @k1 role "input" operand 0 wafer 0 from <(2, 0, 1, 1)> to <(0, 0, 1, 1)> pattern "all" bytes 8
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 3, iq = 2, oq = 1> routes [@a, @t] {
       event.sub @k1 "embed" after [] demand <colors = 1, iq = 1> {
@@ -72,7 +72,7 @@ segment.program @multicast target "test32" mesh 8 x 2 wafers 1 stages 1 micro_ba
 // A gather missing a sender: @p2's send is deleted, so @q's receive, which
 // takes one message from each sender that targets it, waits forever.
 segment.program @gather target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 2)> to <(2, 0, 1, 1)> pattern "all" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 2)> to <(2, 0, 1, 1)> pattern "all" bytes 32
   segment.core_class @p1 wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -102,8 +102,8 @@ segment.program @gather target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch
 // @p is sender and receiver of @a: it takes its own part in place, once per
 // send; a second receive matches nothing.
 segment.program @multicast target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(0, 0, 3, 1)> pattern "row" bytes 32
-  event.flow @t kernel @k1 wafer 0 from <(2, 0, 1, 1)> to <(0, 0, 1, 1)> pattern "all" bytes 8
+  event.flow @a kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(0, 0, 3, 1)> pattern "row" bytes 32
+  event.flow @t kernel @k1 role "input" operand 0 wafer 0 from <(2, 0, 1, 1)> to <(0, 0, 1, 1)> pattern "all" bytes 8
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 3, iq = 2, oq = 1> routes [@a, @t] {
       event.sub @k1 "embed" after [] demand <colors = 1, iq = 1> {
@@ -145,8 +145,8 @@ segment.program @multicast target "test32" mesh 8 x 2 wafers 1 stages 1 micro_ba
 // A loop-carried flow is balanced too: the host primes @p's first receive of
 // @t, and from then on each receive takes what @r sent the step before.
 segment.program @multicast target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k2 wafer 0 from <(0, 0, 1, 1)> to <(0, 0, 3, 1)> pattern "row" bytes 32
-  event.flow @t kernel @k1 wafer 0 from <(2, 0, 1, 1)> to <(0, 0, 1, 1)> pattern "all" bytes 8
+  event.flow @a kernel @k2 role "input" operand 0 wafer 0 from <(0, 0, 1, 1)> to <(0, 0, 3, 1)> pattern "row" bytes 32
+  event.flow @t kernel @k1 role "input" operand 0 wafer 0 from <(2, 0, 1, 1)> to <(0, 0, 1, 1)> pattern "all" bytes 8
   segment.core_class @p wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 3, iq = 2, oq = 1> routes [@a, @t] {
       event.sub @k1 "embed" after [] demand <colors = 1, iq = 1> {
@@ -187,7 +187,7 @@ segment.program @multicast target "test32" mesh 8 x 2 wafers 1 stages 1 micro_ba
 
 // A receive in a class that no sender of the flow targets.
 segment.program @gather target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 2)> to <(2, 0, 1, 1)> pattern "all" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 2)> to <(2, 0, 1, 1)> pattern "all" bytes 32
   segment.core_class @p1 wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
@@ -224,7 +224,7 @@ segment.program @gather target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch
 
 // A send in a class none of whose cores is a sender of the flow.
 segment.program @gather target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 3, iq = 2, oq = 2, routes = 4, switches = 2, sram = 4096, ctrl = 128> colors 8 reserved [6, 7] {
-  event.flow @a kernel @k1 wafer 0 from <(0, 0, 1, 2)> to <(2, 0, 1, 1)> pattern "all" bytes 32
+  event.flow @a kernel @k1 role "input" operand 0 wafer 0 from <(0, 0, 1, 2)> to <(2, 0, 1, 1)> pattern "all" bytes 32
   segment.core_class @p1 wafer 0 cores <(0, 0, 1, 1)> {
     segment.segment 0 use <colors = 1, oq = 1> routes [@a] {
       event.sub @k1 "src" after [] demand <colors = 1, oq = 1> {
