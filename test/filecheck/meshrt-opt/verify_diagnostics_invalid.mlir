@@ -1,4 +1,4 @@
-// RUN: not meshrt-opt %s --split-input-file --verify-diagnostics -o %t 2>&1 | filecheck %s
+// RUN: echo old > %t && not meshrt-opt %s --split-input-file --verify-diagnostics -o %t 2>&1 | filecheck %s
 // RUN: filecheck %s --check-prefix=OUT --input-file=%t
 
 // With `expected-*` comments, --verify-diagnostics fails (exit 1) on every
@@ -34,7 +34,7 @@ graph.model @ok target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism
 }
 // CHECK-NEXT: verify_diagnostics_invalid.mlir:31:6: error: expected warning "a warning" was not produced
 // CHECK-NEXT: verify_diagnostics_invalid.mlir:32:6: error: expected note "a note" was not produced
-// OUT: graph.model @ok
+// (this chunk transforms fine, but the run fails: -o keeps its old content)
 
 // -----
 
@@ -44,3 +44,7 @@ graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism 
 }
 // CHECK-NEXT: verify_diagnostics_invalid.mlir:43:3: error: unexpected error: 'graph.embed' op kernel @embed: region (0, 0, 20, 1) spans columns 0..19 and rows 0..0, outside the 16 x 16 mesh
 // CHECK-NOT: error
+
+// A failed run leaves -o as it was (outputs are replaced only on success).
+// OUT: old
+// OUT-NOT: graph.model
