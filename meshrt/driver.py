@@ -102,9 +102,13 @@ def read_ir(path: str | Path) -> ModuleOp:
     """`parse_ir` of a file; one that cannot be read or holds no program is a
     located MeshrtError."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as e:
         raise MeshrtError.located(f"{path}: error: cannot read: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MeshrtError.located(f"{path}: error: not UTF-8 at byte {e.start}") from None
     module = parse_ir(text, str(path))
     if level_of(module) is None:
         raise MeshrtError.located(f"{path}: error: {NO_PROGRAM}")

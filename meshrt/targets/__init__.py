@@ -174,8 +174,8 @@ def _check(t: Target) -> None:
                          ("reserved_output_queues", "output_queues")):
         if len(getattr(t, k)) >= getattr(t, count_key):
             raise bad(k, f"reserves every one of the {getattr(t, count_key)} {count_key}")
-    if not t.clock_hz > 0:
-        raise bad("clock_hz", f"must be > 0, got {t.clock_hz}")
+    if not (t.clock_hz > 0 and math.isfinite(t.clock_hz)):
+        raise bad("clock_hz", f"must be a finite number > 0, got {t.clock_hz}")
     if not 0 <= t.speed_spread < 1:
         raise bad("speed_spread", f"must be a fraction in [0, 1), got {t.speed_spread}")
     missing = [k for k in COST_KEYS if k not in t.costs]

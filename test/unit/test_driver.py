@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import re
 from functools import cache
 from pathlib import Path
@@ -153,3 +155,14 @@ def test_cli_run_user_target_by_path(tmp_path, capsys):
     assert cli_main(["run", str(ir), "--requests", "1"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown target 'my-chip'" in err
+
+
+@pytest.mark.parametrize("cmd", [["run"], ["viz", "--target", "test32", "-o", "out.png"]])
+def test_ir_that_is_not_utf8_is_one_located_line(tmp_path, cmd):
+    bad = tmp_path / "bad.mlir"
+    bad.write_bytes(b"builtin.module {\n}\n\xff\xfe")
+    proc = subprocess.run([sys.executable, "-m", "meshrt.tools.cli", cmd[0], str(bad), *cmd[1:]],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"{bad}: error: not UTF-8 at byte 19"]
+    assert not (tmp_path / "out.png").exists()
