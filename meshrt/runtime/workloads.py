@@ -228,6 +228,17 @@ def reasoning_like(
 # --------------------------------------------------------------------------
 
 _FIELDS = ("id", "arrival", "prompt", "prompt_len", "max_new_tokens", "output_len")
+# Bounds a request file may ask for: beyond them a number is an error, not an
+# allocation or an overflow (a year of arrivals; a million tokens, 8x the longest
+# context any model here has).
+MAX_ARRIVAL_S = 86_400.0 * 365
+MAX_REQUEST_TOKENS = 1 << 20
+
+
+def _short(v: int | float) -> str:
+    """A number for a one-line message (a 400-digit integer is cut)."""
+    text = repr(v)
+    return text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
 
 
 def _is_int(v: Any) -> bool:
@@ -241,13 +252,15 @@ def _parse_line(obj: Any, vocab: int, lineno: int, err: Callable[[str], Workload
     if unknown:
         raise err(f"unknown field {unknown[0]!r} (allowed: {', '.join(_FIELDS)})")
 
-    def need_int(name: str, minimum: int) -> int:
+    def need_int(name: str, minimum: int, maximum: int = MAX_REQUEST_TOKENS) -> int:
         v = obj[name]
         if not _is_int(v):
             raise err(f"{name} must be an integer, got {json.dumps(v)}")
         if v < minimum:
             what = "negative" if v < 0 else "too small"
             raise err(f"{name} is {what}: {v} (must be >= {minimum})")
+        if v > maximum:
+            raise err(f"{name} is too large: {_short(v)} (at most {maximum})")
         return v
 
     if "arrival" not in obj:
@@ -255,10 +268,12 @@ def _parse_line(obj: Any, vocab: int, lineno: int, err: Callable[[str], Workload
     arrival = obj["arrival"]
     if isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
         raise err(f"arrival must be a number of seconds, got {json.dumps(arrival)}")
-    if not math.isfinite(arrival):
+    if isinstance(arrival, float) and not math.isfinite(arrival):
         raise err("arrival must be finite")
     if arrival < 0:
-        raise err(f"arrival is negative: {arrival}")
+        raise err(f"arrival is negative: {_short(arrival)}")
+    if arrival > MAX_ARRIVAL_S:
+        raise err(f"arrival is too late: {_short(arrival)} s (at most {MAX_ARRIVAL_S:.0f} s)")
 
     if "max_new_tokens" not in obj:
         raise err("missing field 'max_new_tokens'")

@@ -194,6 +194,10 @@ GOOD = '{"arrival": 0, "prompt": [1], "max_new_tokens": 4}'
         ('{"arrival": 0, "prompt": [1], "max_new_tokens": 4, "max_tokens": 3}', "unknown field 'max_tokens'"),
         ('{"arrival": 0, "prompt": [1], "max_new_tokens": 4, "id": [1]}', "id must be"),
         ('{"arrival": 0, "prompt": [1], "max_new_tokens": 0}', "max_new_tokens is too small"),
+        ('{"arrival": 1e300, "prompt": [1], "max_new_tokens": 4}', "arrival is too late"),
+        ('{"arrival": ' + "9" * 400 + ', "prompt": [1], "max_new_tokens": 4}', "(400 digits)"),
+        ('{"arrival": 0, "prompt_len": 2000000000, "max_new_tokens": 4}', "prompt_len is too large"),
+        ('{"arrival": 0, "prompt": [1], "max_new_tokens": 1099511627776}', "max_new_tokens is too large"),
     ],
 )
 def test_jsonl_errors_are_located(tmp_path, bad, needle):
