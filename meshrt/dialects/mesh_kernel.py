@@ -43,8 +43,4 @@ class ProgramOp(MappedProgramOp):
                 )
 
 
-def _dialect() -> Dialect:
-    return Dialect("mesh_kernel", [ProgramOp, *registry.op_classes()], [])
-
-
-MeshKernel = _dialect()
+MeshKernel = Dialect("mesh_kernel", [ProgramOp, *registry.op_classes()], [])

@@ -37,7 +37,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from xdsl.dialects.builtin import IntegerAttr, i64
 from xdsl.ir import Operation, SSAValue
 
 from meshrt.dialects.base import MappedKernelOp
@@ -123,10 +122,6 @@ class Footprint:
         return self.state + self.buffers
 
 
-def rect(x: int, y: int, w: int, h: int) -> CoreSetAttr:
-    return CoreSetAttr.of(x, y, w, h)
-
-
 # Layouts of a kernel's vector values over its grid (x, y, w, h); the data
 # plane of the interpreter follows the same rules.
 #   rows     split over the grid's rows, the same in every column
@@ -138,6 +133,10 @@ def rect(x: int, y: int, w: int, h: int) -> CoreSetAttr:
 LAYOUTS = ("rows", "cols", "full", "flat", "sparse", "partial")
 
 UNARY_FORMAT = "$sym_name `(` $input `)` `on` $region attr-dict `:` type($input) `->` type($output)"
+ROUTED_FORMAT = (  # a kernel of a token vector and its routing
+    "$sym_name `(` $input `,` $routing `)` `on` $region attr-dict `:` "
+    "type($input) `,` type($routing) `->` type($output)"
+)
 
 
 class KernelOp(MappedKernelOp):
@@ -222,13 +221,17 @@ class KernelOp(MappedKernelOp):
 
         `make(cls, src, operands, result_type, name=..., region=..., **props)`
         builds a kernel op with the graph op's name, region, layer, stage and
-        wafer unless overridden.
+        wafer unless overridden. By default the graph op becomes one kernel of
+        this kind with the properties `lower_props` gives; kinds that lower to
+        several kernels override this.
         """
-        raise NotImplementedError(f"kernel kind {cls.kernel_kind()} lowers no graph op")
+        k = make(cls, op, operands, op.results[0].type, **cls.lower_props(op))
+        return [k], k.results[0]
 
-
-def int_prop(value: int) -> IntegerAttr:
-    return IntegerAttr(value, i64)
+    @classmethod
+    def lower_props(cls, op: Operation) -> dict:
+        """The kernel's own properties, read off graph op `op` (for the default `lower`)."""
+        return {}
 
 
 def holds_input(producer: KernelOp, consumer: KernelOp) -> bool:

@@ -76,6 +76,7 @@ def kernels() -> dict[str, type[KernelOp]]:
     from meshrt.kernels.interface import KernelOp
 
     found: dict[str, type[KernelOp]] = {}
+    folders: dict[str, Path] = {}
     for module, folder in _kind_dirs():
         op = getattr(_load(module, folder), "OP", None)
         if not (isinstance(op, type) and issubclass(op, KernelOp)):
@@ -86,36 +87,38 @@ def kernels() -> dict[str, type[KernelOp]]:
         if kind in found:
             raise KernelRegistryError(f"{folder}: kernel kind '{kind}' is defined twice")
         found[kind] = op
-    _check(found)
+        folders[kind] = folder
+    _check(found, folders)
     return found
 
 
-def _check(found: dict[str, type[KernelOp]]) -> None:
+def _check(found: dict[str, type[KernelOp]], folders: dict[str, Path]) -> None:
     from meshrt.kernels.interface import KernelOp
     from meshrt.targets import COST_KEYS
 
     seen: dict[str, tuple[ComputeOp, str]] = {}
     for kind, op in found.items():
+        where = folders[kind]
         missing = [m for m in ("roles", "input_share", "input_layout", "output_layout")
                    if getattr(op, m) is getattr(KernelOp, m)]
         if missing:
-            raise KernelRegistryError(f"kernel kind '{kind}' does not define {', '.join(missing)}")
+            raise KernelRegistryError(f"{where}: kernel kind '{kind}' does not define {', '.join(missing)}")
         for c in op.COMPUTE:
             if c.cost not in COST_KEYS:
                 raise KernelRegistryError(
-                    f"kernel kind '{kind}': compute op '{c.name}' has cost key '{c.cost}', which is "
+                    f"{where}: kernel kind '{kind}': compute op '{c.name}' has cost key '{c.cost}', which is "
                     f"not a target cost (expected one of {', '.join(COST_KEYS)})")
             other = seen.get(c.name)
             if other is not None and other[0] is not c:
                 raise KernelRegistryError(
-                    f"compute op '{c.name}' is declared by kernel kinds '{other[1]}' and '{kind}'; "
+                    f"{where}: compute op '{c.name}' is declared by kernel kinds '{other[1]}' and '{kind}'; "
                     "declare it once (meshrt/kernels/compute.py holds the shared ones)")
             seen[c.name] = (c, kind)
         if op.NUMERICS is not None:
             extra = sorted(op.NUMERICS.OPS - {c.name for c in op.COMPUTE})
             if extra:
                 raise KernelRegistryError(
-                    f"kernel kind '{kind}' has numerics for compute ops it does not declare: "
+                    f"{where}: kernel kind '{kind}' has numerics for compute ops it does not declare: "
                     + ", ".join(extra))
 
 

@@ -171,7 +171,6 @@ class Synthesizer:
             data = act_bytes * op.input_share(value.type.width.data)
             src = producer.output_cores
             name = f"{op.kernel_name}.in{i}"
-            route_meta = False
             if op.INPUT_FROM_ROUTING_PRODUCER:
                 # The gate forwards the tokens it gated with its routing metainfo prepended.
                 gate = self.plans[op.routing.owner]

@@ -480,6 +480,10 @@ class MeshSim:
         grants = [cs.grants for cs in sched.classes]
         drains = [{f for ins in cs.instrs if type(ins) is RouteDrain for f in ins.flows}
                   for cs in sched.classes]
+        # per class and pc: whether the compute there has numerics (asked once, at build)
+        self.numeric: list[tuple[bool, ...]] = [
+            tuple(type(ins) is Compute and self.data is not None and self.data.computes(ins.kernel, ins.op)
+                  for ins in cs.instrs) for cs in sched.classes]
 
         # cores
         self.cores: list[_Core] = []
@@ -716,7 +720,7 @@ class MeshSim:
             k = type(ins)
             if k is Compute:
                 extra = 0
-                if self.data is not None and self.data.computes(ins.kernel, ins.op):
+                if self.numeric[core.cls][core.pc]:
                     r = self._data(core, t, self.data.compute, ins.op)
                     if r is None:
                         return

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from meshrt import driver
 from meshrt.kernels import registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,10 +171,14 @@ def test_registry_derives_the_closed_sets():
     ks = registry.kernels()
     assert {op.name for op in MeshKernel.operations} == {"mesh_kernel.program"} | {op.name for op in ks.values()}
     assert set(kind_colors()) == set(ks)
-    # every compute op any kind's roles run is declared, with a target cost key
-    from meshrt.targets import COST_KEYS
-    for c in registry.compute_ops().values():
-        assert c.cost in COST_KEYS
+    # every compute op the kinds' roles run is declared by the kind that runs it
+    from meshrt.kernels.interface import KernelContext
+    kctx = KernelContext(1, 1, 2, 2, 2, 1, ())
+    module = driver.compile(str(ROOT / "examples" / "tiny_moe.mrt"), "test32", to="kernels")
+    for op in driver.program_of(module).kernels():
+        roles, _ = op.roles(kctx)
+        ran = {e[1] for r in roles for e in r.events if e[0] == "compute"}
+        assert ran <= {c.name for c in op.COMPUTE}, op.kernel_kind()
 
 
 def test_unknown_kind_and_compute_op_are_errors():
@@ -190,20 +195,21 @@ def test_unknown_kind_and_compute_op_are_errors():
 # --------------------------------------------------------------------------
 
 
-def _cli(*args: str, env_path: Path | None = FIXTURES, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _tool(module: str, *args: str, env_path: Path | None) -> subprocess.CompletedProcess:
+    """`python -m module args`, with `env_path` (if any) as the extra kind folders."""
     env = dict(os.environ)
     if env_path is not None:
         env[registry.PATH_VARIABLE] = str(env_path)
-    return subprocess.run([sys.executable, "-m", "meshrt.tools.cli", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd or ROOT, timeout=600)
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=600)
 
 
-def _opt(*args: str, stdin: str | None = None, env_path: Path | None = FIXTURES) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    if env_path is not None:
-        env[registry.PATH_VARIABLE] = str(env_path)
-    return subprocess.run([sys.executable, "-m", "meshrt.tools.meshrt_opt", *args], input=stdin,
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+def _cli(*args: str, env_path: Path | None = FIXTURES) -> subprocess.CompletedProcess:
+    return _tool("meshrt.tools.cli", *args, env_path=env_path)
+
+
+def _opt(*args: str, env_path: Path | None = FIXTURES) -> subprocess.CompletedProcess:
+    return _tool("meshrt.tools.meshrt_opt", *args, env_path=env_path)
 
 
 
@@ -288,6 +294,11 @@ def test_fixture_kind_emits_csl_that_lints(scaled_kernels, tmp_path):
     ("X = 1\n", "exports no OP"),
     ("raise ImportError('boom')\n", "failed to load: ImportError: boom"),
     ("from meshrt.kernels.gemv.op import GemvOp as OP\n", "kernel kind 'gemv' is defined twice"),
+    ("from meshrt.kernels.gemv.op import GemvOp\n"
+     "from meshrt.kernels.compute import ComputeOp\n"
+     "class OP(GemvOp):\n"
+     "    name = 'mesh_kernel.gemv2'\n"
+     "    COMPUTE = (ComputeOp('fma2', 'flops', lambda b: []),)\n", "has cost key 'flops'"),
 ])
 def test_bad_kind_folder_is_one_line(tmp_path, body, message):
     (tmp_path / "bad").mkdir()

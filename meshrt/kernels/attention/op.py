@@ -114,10 +114,9 @@ class AttentionOp(KernelOp):
         return True
 
     @classmethod
-    def lower(cls, op, operands, make):
+    def lower_props(cls, op):
         model = op.parent_op()
         assert isinstance(model, graph.ModelOp)
-        k = make(cls, op, operands, op.results[0].type, heads=op.heads, kv_heads=op.kv_heads,
-                 head_dim=op.head_dim, max_seq=op.max_seq, slots=HParams.of(model).kv_slots(model))
-        return [k], k.results[0]
+        return dict(heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim, max_seq=op.max_seq,
+                    slots=HParams.of(model).kv_slots(model))
 

@@ -13,6 +13,7 @@ from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.dispatch import csl
 from meshrt.kernels.dispatch.numerics import Dispatch
 from meshrt.kernels.dispatch.relay import RelayOp
+from meshrt.kernels.interface import ROUTED_FORMAT
 
 ROUTE = ComputeOp("route", "add", csl.route)
 """Read the routing table: does each token turn into the expert regions here."""
@@ -31,10 +32,7 @@ class DispatchOp(RelayOp):
     input = operand_def(ActType)
     routing = operand_def(RoutingType)
     output = result_def(ActType)
-    assembly_format = (
-        "$sym_name `(` $input `,` $routing `)` `on` $region attr-dict `:` "
-        "type($input) `,` type($routing) `->` type($output)"
-    )
+    assembly_format = ROUTED_FORMAT
 
     VIZ_COLOR: ClassVar[str] = "#f781bf"
     VIZ_RANK: ClassVar[int] = 6

@@ -15,7 +15,6 @@ from meshrt.kernels.interface import (
     KernelOp,
     Role,
     ceil_div,
-    rect,
 )
 
 
@@ -65,7 +64,7 @@ def relay_roles(kernel: KernelOp, kctx: KernelContext, backwards: bool,
     length = h if along_y else w
 
     def cell(i: int, n: int = 1) -> CoreSetAttr:
-        return rect(x, y + i, w, n) if along_y else rect(x + i, y, n, h)
+        return CoreSetAttr.of(x, y + i, w, n) if along_y else CoreSetAttr.of(x + i, y, n, h)
 
     if length == 1:
         return [Role("head", kernel.region, [INPUTS, ("compute", "route", b * kctx.top_k), OUTPUTS],

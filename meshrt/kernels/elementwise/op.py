@@ -96,12 +96,9 @@ class ElementwiseOp(KernelOp):
         return self.is_rmsnorm
 
     @classmethod
-    def lower(cls, op, operands, make):
+    def lower_props(cls, op):
         if isinstance(op, graph.RMSNormOp):
-            kind = StringAttr("rmsnorm")
-        elif isinstance(op, graph.AddOp):
-            kind = StringAttr("add")
-        else:
-            kind = op.kind
-        k = make(cls, op, operands, op.results[0].type, kind=kind)
-        return [k], k.results[0]
+            return {"kind": StringAttr("rmsnorm")}
+        if isinstance(op, graph.AddOp):
+            return {"kind": StringAttr("add")}
+        return {"kind": op.kind}

@@ -69,6 +69,5 @@ class EmbedOp(KernelOp):
         return "sparse"
 
     @classmethod
-    def lower(cls, op, operands, make):
-        k = make(cls, op, [], op.results[0].type, vocab=op.vocab)
-        return [k], k.results[0]
+    def lower_props(cls, op):
+        return {"vocab": op.vocab}

@@ -19,6 +19,7 @@ from meshrt.kernels.interface import (
     ACT_BYTES,
     OUTPUTS,
     ROUTE_BYTES_PER_CHOICE,
+    ROUTED_FORMAT,
     Footprint,
     KernelContext,
     KernelOp,
@@ -51,10 +52,7 @@ class ExpertFFNOp(KernelOp):
     input = operand_def(ActType)
     routing = operand_def(RoutingType)
     output = result_def(ActType)
-    assembly_format = (
-        "$sym_name `(` $input `,` $routing `)` `on` $region attr-dict `:` "
-        "type($input) `,` type($routing) `->` type($output)"
-    )
+    assembly_format = ROUTED_FORMAT
 
     VIZ_COLOR: ClassVar[str] = "#4daf4a"
     VIZ_RANK: ClassVar[int] = 0

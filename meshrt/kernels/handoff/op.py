@@ -56,6 +56,5 @@ class HandoffOp(KernelOp):
         return "flat"
 
     @classmethod
-    def lower(cls, op, operands, make):
-        k = make(cls, op, operands, op.results[0].type, to_stage=op.to_stage, to_wafer=op.to_wafer)
-        return [k], k.results[0]
+    def lower_props(cls, op):
+        return {"to_stage": op.to_stage, "to_wafer": op.to_wafer}

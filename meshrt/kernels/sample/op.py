@@ -63,6 +63,5 @@ class SampleOp(KernelOp):
         return True
 
     @classmethod
-    def lower(cls, op, operands, make):
-        k = make(cls, op, operands, op.results[0].type, eos=op.eos)
-        return [k], k.results[0]
+    def lower_props(cls, op):
+        return {"eos": op.eos}

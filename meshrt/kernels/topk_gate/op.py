@@ -58,8 +58,3 @@ class TopKGateOp(KernelOp):
 
     def is_collective(self) -> bool:
         return True
-
-    @classmethod
-    def lower(cls, op, operands, make):
-        k = make(cls, op, operands, op.results[0].type)
-        return [k], k.results[0]
