@@ -108,6 +108,12 @@ class Role:
     ctrl: int = 0  # control-state bytes per core
     switches: int = 1  # switch positions its colours need (relays choose among 2)
     sends_output: bool = False
+    part_of: str | None = None  # the kind's role this one is the part of (split by its senders)
+
+    @property
+    def kind_role(self) -> str:
+        """The role as the kind declared it (what its dynamism answers are keyed by)."""
+        return self.part_of or self.name
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 from xdsl.context import Context
@@ -56,6 +56,7 @@ from meshrt.dialects.mesh import (
     Resources,
 )
 from meshrt.frontend.errors import FrontendError
+from meshrt.routing import RectSet
 from meshrt.shape import HParams
 from meshrt.targets import Target, target_for
 
@@ -126,6 +127,70 @@ def _same_shape(a: CoreSetAttr, b: CoreSetAttr) -> tuple[int, int] | None:
     return offsets.pop() if same and len(offsets) == 1 else None
 
 
+def _nearest(lines: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """Of the positions in the ranges [a, b) (columns or rows), the one nearest to [lo, hi)."""
+    def candidate(a: int, b: int) -> tuple[int, int]:  # (distance, position)
+        if a < hi and lo < b:
+            return 0, max(a, lo)
+        return (lo - (b - 1), b - 1) if b <= lo else (a - (hi - 1), a)
+    return min(candidate(a, b) for a, b in lines)[1]
+
+
+def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAttr,
+                    dst: CoreSetAttr) -> tuple[CoreSetAttr, str]:
+    """Who sends a value laid out over the producer's grid to the consumer, and the pattern.
+
+    Only one replica of the value sends: a value split over rows and the same
+    in every column is sent by one column, one split over columns by one row
+    (the line nearest the consumer). Where the producer's split lines up with
+    the consumer's (the same rows, or the same columns), each sender
+    multicasts its slice along its row (column) to exactly the receivers that
+    need it: one message per receiver. Otherwise every receiver gathers the
+    replica's slices (an `all` flow from that one line).
+    """
+    op = producer.op
+    held, need = op.output_layout(), consumer.input_layout()
+    out = RectSet.from_cores(src)
+    if held not in ("rows", "cols") or not producer.resident_cores.covers(src):
+        return src, "all"
+    px, py, pw, ph = op.tiles()[0]
+    cx, cy, cw, ch = consumer.tiles()[0]
+    x0, y0, x1, y1 = dst.extent
+    if held == "rows":  # one column of the producer holds all of it
+        full = [(b[0], b[2]) for b in out if b[1] <= py and b[3] >= py + ph]
+        if not full:
+            return src, "all"
+        x = _nearest(full, x0, x1)
+        line = CoreSetAttr.of(x, py, 1, ph)
+        aligned = need == "rows" and (py, ph) == (cy, ch)
+        return line, "row" if aligned else "all"
+    full = [(b[1], b[3]) for b in out if b[0] <= px and b[2] >= px + pw]
+    if not full:
+        return src, "all"
+    y = _nearest(full, y0, y1)
+    line = CoreSetAttr.of(px, y, pw, 1)
+    aligned = need == "cols" and (px, pw) == (cx, cw)
+    return line, "col" if aligned else "all"
+
+
+def _split_senders(plan: _KernelPlan) -> None:
+    """Split every sending role of `plan` whose cores only partly send one of its output flows,
+    so that each role either sends a flow on all its cores or on none."""
+    for f in plan.outputs:
+        src = RectSet.from_cores(f.spec.src)
+        roles: list[kr.Role] = []
+        for role in plan.roles:
+            cores = RectSet.from_cores(role.cores)
+            inside = cores & src
+            if not role.sends_output or not inside or inside == cores:
+                roles.append(role)
+                continue
+            part = f"{role.kind_role}.{len(plan.roles) + len(roles)}"
+            roles.append(replace(role, name=part, cores=inside.to_coreset(), part_of=role.kind_role))
+            roles.append(replace(role, cores=(cores - inside).to_coreset()))
+        plan.roles = roles
+
+
 class Synthesizer:
     def __init__(self, program: mk.ProgramOp, target: Target):
         self.program = program
@@ -152,7 +217,8 @@ class Synthesizer:
         if offset is not None and offset != (0, 0) and in_place:
             spec = kr.FlowSpec(name, src, dst, "shift", data, *offset, role=ev.FlowRole.INPUT, operand=operand)
         else:
-            spec = kr.FlowSpec(name, src, dst, "all", data, role=ev.FlowRole.INPUT, operand=operand)
+            src, pattern = _redistribution(producer, consumer, src, dst)
+            spec = kr.FlowSpec(name, src, dst, pattern, data, role=ev.FlowRole.INPUT, operand=operand)
         flow = _Flow(spec, consumer.kernel_name, producer.op.wafer_index, cross)
         self.flows[name] = flow
         producer.outputs.append(flow)
@@ -248,6 +314,8 @@ class Synthesizer:
             self._wire_token_loop(samples[-1], embeds[0])
         if "continuous_batching" in self.kctx.dynamism:
             self._carry_cf_payload()
+        for plan in self.plans.values():
+            _split_senders(plan)
 
         budget = self.target.budget()
         subs_by_key: dict[tuple[int, str], ev.SubScheduleOp] = {}
@@ -305,8 +373,8 @@ class Synthesizer:
     def _sub_schedule(self, plan: _KernelPlan, role: kr.Role, guard: ArrayAttr,
                       budget: Resources) -> ev.SubScheduleOp:
         op = plan.op
-        recv_kinds = op.receives_dynamism(role.name, self.kctx, plan.stage_entry)
-        prod_kinds = op.produces_dynamism(role.name, self.kctx)
+        recv_kinds = op.receives_dynamism(role.kind_role, self.kctx, plan.stage_entry)
+        prod_kinds = op.produces_dynamism(role.kind_role, self.kctx)
         events: list = []
         # The kernel's own events, inputs and outputs filled in
         sends: set[str] = set()
@@ -323,6 +391,8 @@ class Synthesizer:
                 if not role.sends_output:
                     continue
                 for f in plan.outputs:
+                    if not f.spec.src.overlaps(role.cores):
+                        continue  # another line of the kernel sends this one
                     # Metainfo producers, right before the send the metainfo rides on
                     if f.meta_kind in prod_kinds:
                         events.append(ev.MetaProduceOp.create(properties={

@@ -24,8 +24,9 @@ class AllReduce(KernelExec):
                 self._finish(cd)
 
     def _has_down_send(self, cd) -> bool:
+        """Whether the core forwards its partial (every core of the chain but its root)."""
         _, i, j, w, h = self.grid_pos(cd)
-        return j < h - 1
+        return i < w - 1 if self.info.param("axis") == "row" else j < h - 1
 
     def _finish(self, cd):
         c0, c1, _ = self._own(cd)

@@ -15,6 +15,7 @@ class Elementwise(KernelExec):
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.kind = info.param("kind")
+        self.by_rows = info.param("layout", "cols") == "rows"
         if self.kind == "rmsnorm":
             self.gain = plane.norm_gain(self.name, self.layer)
 
@@ -40,7 +41,7 @@ class Elementwise(KernelExec):
             return
         if op != self.kind:
             return
-        c0, c1 = part(n, w, i)
+        c0, c1 = part(n, h, j) if self.by_rows else part(n, w, i)
         if self.kind == "add":
             a = self.input(cd, 0).need(c0, c1, where)
             b = self.input(cd, 1).need(c0, c1, where)

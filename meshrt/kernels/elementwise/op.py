@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xdsl.dialects.builtin import StringAttr
-from xdsl.irdl import irdl_op_definition, prop_def, result_def, var_operand_def
+from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, result_def, var_operand_def
 
 from meshrt.dialects import graph
 from meshrt.dialects.graph import ActType
@@ -39,6 +39,8 @@ class ElementwiseOp(KernelOp):
 
     name = "mesh_kernel.elementwise"
     kind = prop_def(StringAttr)
+    # add / silu_mul: "cols" (the default) or "rows", the layout of the operands it reads in place
+    layout = opt_prop_def(StringAttr)
     inputs = var_operand_def(ActType)
     output = result_def(ActType)
     assembly_format = (
@@ -63,6 +65,21 @@ class ElementwiseOp(KernelOp):
             )
         if len(self.inputs) != ELEMENTWISE_KINDS[kind]:
             raise self.fail(f"'{kind}' takes {ELEMENTWISE_KINDS[kind]} operands, got {len(self.inputs)}")
+        if self.layout is not None and (self.is_rmsnorm or self.layout.data not in ("rows", "cols")):
+            raise self.fail(f"layout must be 'rows' or 'cols' (and rmsnorm has none), got "
+                            f"'{self.layout.data}'")
+
+    @property
+    def value_layout(self) -> str:
+        """How its operands and result are laid out: rmsnorm over rows, the others as `layout` says."""
+        if self.is_rmsnorm:
+            return "rows"
+        return self.layout.data if self.layout is not None else "cols"
+
+    def _split(self) -> int:
+        """Cores its vectors are split over (rows of its grid, or columns)."""
+        _, _, w, h = self.grid()
+        return h if self.value_layout == "rows" else w
 
     def roles(self, kctx: KernelContext):
         _x, _y, w, h = self.grid()
@@ -79,21 +96,33 @@ class ElementwiseOp(KernelOp):
                 if r.events[-1] != OUTPUTS:
                     r.events.append(OUTPUTS)
             return roles, flows
-        return [Role("tile", self.region,  # cols layout
-                     [INPUTS, ("compute", self.kind.data, b * ceil_div(n, w)), OUTPUTS], 0,
+        return [Role("tile", self.region,
+                     [INPUTS, ("compute", self.kind.data, b * ceil_div(n, self._split())), OUTPUTS], 0,
                      sends_output=True)], []
 
     def input_share(self, width: int) -> int:
-        return ceil_div(width, self.tiles()[0][3])
+        return ceil_div(width, self._split())
 
     def input_layout(self) -> str:
-        return "rows" if self.is_rmsnorm else "cols"
+        return self.value_layout
 
     def output_layout(self) -> str:
-        return "rows" if self.is_rmsnorm else "cols"
+        return self.value_layout
 
     def is_collective(self) -> bool:
         return self.is_rmsnorm
+
+    @classmethod
+    def lower(cls, op, operands, make):
+        """One kernel; add / silu_mul take the "rows" layout of an operand already held in
+        rows on their own region (so it is read in place), else "cols"."""
+        props = cls.lower_props(op)
+        if not isinstance(op, graph.RMSNormOp) and any(
+                isinstance(v.owner, KernelOp) and v.owner.region == op.region
+                and v.owner.output_layout() == "rows" for v in operands):
+            props["layout"] = StringAttr("rows")
+        k = make(cls, op, operands, op.results[0].type, **props)
+        return [k], k.results[0]
 
     @classmethod
     def lower_props(cls, op):

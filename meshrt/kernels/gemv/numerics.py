@@ -13,14 +13,19 @@ class Gemv(KernelExec):
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.weight = plane.matrix(self.name, self.layer, grid=self.tiles[0])
+        self.transposed = info.param("axis", "col") == "row"
 
     def compute(self, cd, op):
         if op != "fmac":
             return
         _, i, j, w, h = self.grid_pos(cd)
         n_in, n_out = self.weight.shape
-        r0, r1 = part(n_in, h, j)
-        c0, c1 = part(n_out, w, i)
+        if self.transposed:  # input over the columns, output over the rows
+            r0, r1 = part(n_in, w, i)
+            c0, c1 = part(n_out, h, j)
+        else:
+            r0, r1 = part(n_in, h, j)
+            c0, c1 = part(n_out, w, i)
         x = self.input(cd).need(r0, r1, self.where(cd))
         partial = np.zeros((self.b, n_out), F64)
         partial[:, c0:c1] = x.astype(F64) @ cd.tile(self.name, lambda: self.weight[r0:r1, c0:c1])

@@ -1,11 +1,18 @@
-"""Tiled GEMV: core (column i, row j) of the w x h grid holds W[in-chunk j, out-chunk i]."""
+"""Tiled GEMV on a w x h grid, in either orientation (`axis`, the direction its partials reduce).
+
+axis "col" (the default): core (column i, row j) holds W[in-chunk j, out-chunk i]; the input is
+split over rows, the partials reduce down each column. axis "row": core (i, j) holds
+W[in-chunk i, out-chunk j]; the input is split over columns, the partials reduce along each row.
+Consecutive GEMVs on one region alternate orientations, so each one's result is already laid out
+as the next one's input (WaferLLM's MeshGEMV): no data moves between them but the reductions.
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 from xdsl.dialects.builtin import StringAttr
-from xdsl.irdl import irdl_op_definition, operand_def, result_def
+from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, result_def
 
 from meshrt.dialects import graph
 from meshrt.dialects.graph import ActType
@@ -26,14 +33,16 @@ from meshrt.kernels.interface import (
 
 @irdl_op_definition
 class GemvOp(KernelOp):
-    """Tiled GEMV: core (column i, row j) of the w x h grid holds W[in-chunk j, out-chunk i].
+    """Tiled GEMV on its grid, in the orientation `axis` names (default "col").
 
-    The input is split over rows and the output over columns, so the result
-    is partial sums in every row; the column `allreduce` that follows
-    completes them.
+    axis "col": the input is split over rows and the output over columns, so
+    the result is partial sums in every row; the column `allreduce` that
+    follows completes them. axis "row": transposed (input over columns,
+    partials completed by a row `allreduce`).
     """
 
     name = "mesh_kernel.gemv"
+    axis = opt_prop_def(StringAttr)
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = UNARY_FORMAT
@@ -44,41 +53,62 @@ class GemvOp(KernelOp):
     NUMERICS: ClassVar[type] = Gemv
     LOWERS: ClassVar[tuple] = (graph.MatmulOp,)
 
-    def verify_kernel(self) -> None:
+    @property
+    def reduce_axis(self) -> str:
+        return self.axis.data if self.axis is not None else "col"
+
+    def splits(self) -> tuple[int, int]:
+        """(cores the input is split over, cores the output is split over)."""
         _, _, w, h = self.grid()
+        return (h, w) if self.reduce_axis == "col" else (w, h)
+
+    def verify_kernel(self) -> None:
+        if self.reduce_axis not in ("row", "col"):
+            raise self.fail(f"axis must be 'row' or 'col', got '{self.reduce_axis}'")
+        across_in, across_out = self.splits()
         n_in, n_out = self.input.type.width.data, self.output.type.width.data
-        if n_in < h or n_out < w:
+        if n_in < across_in or n_out < across_out:
+            _, _, w, h = self.grid()
             raise self.fail(
                 f"a {w} x {h} grid is too large for a {n_in} x "
                 f"{n_out} matrix: every core needs at least one row and column"
             )
 
     @staticmethod
-    def footprint(n_in: int, n_out: int, weight_bytes: float, micro_batch: int, w: int, h: int) -> Footprint:
+    def footprint(n_in: int, n_out: int, weight_bytes: float, micro_batch: int, w: int, h: int,
+                  axis: str = "col") -> Footprint:
         """The weight tile, plus input and output buffers and one input row of staging."""
-        it, ot = ceil_div(n_in, h), ceil_div(n_out, w)
+        across_in, across_out = (h, w) if axis == "col" else (w, h)
+        it, ot = ceil_div(n_in, across_in), ceil_div(n_out, across_out)
         return Footprint(it * ot * weight_bytes, micro_batch * (it + ot) * ACT_BYTES + it * weight_bytes)
 
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()
         n_in, n_out = self.input.type.width.data, self.output.type.width.data
-        state = self.footprint(n_in, n_out, kctx.weight_bytes, kctx.micro_batch, w, h).state
-        work = kctx.micro_batch * ceil_div(n_in, h) * ceil_div(n_out, w)
+        state = self.footprint(n_in, n_out, kctx.weight_bytes, kctx.micro_batch, w, h, self.reduce_axis).state
+        across_in, across_out = self.splits()
+        work = kctx.micro_batch * ceil_div(n_in, across_in) * ceil_div(n_out, across_out)
         return [Role("tile", self.region, [INPUTS, ("compute", "fmac", work)], int(state))], []
 
     def input_share(self, width: int) -> int:
-        return ceil_div(width, self.tiles()[0][3])
+        return ceil_div(width, self.splits()[0])
 
     def input_layout(self) -> str:
-        return "rows"
+        return "rows" if self.reduce_axis == "col" else "cols"
 
     def output_layout(self) -> str:
         return "partial"
 
     @classmethod
     def lower(cls, op, operands, make):
+        """A GEMV and its allreduce; transposed when its input is already laid out over the
+        columns of its own region (the previous GEMV's result there), so it is read in place."""
         rt = op.results[0].type
-        gemv = make(cls, op, operands, rt)
+        producer = operands[0].owner
+        transposed = (isinstance(producer, KernelOp) and producer.output_layout() == "cols"
+                      and producer.region == op.region)
+        props = {"axis": StringAttr("row")} if transposed else {}
+        gemv = make(cls, op, operands, rt, **props)
         red = make(AllReduceOp, op, gemv.results, rt, name=f"{op.kernel_name}.reduce",
-                   axis=StringAttr("col"))
+                   axis=StringAttr("row" if transposed else "col"))
         return [gemv, red], red.results[0]
