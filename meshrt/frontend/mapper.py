@@ -110,6 +110,15 @@ class Sizer:
             return relay_footprint(s.top_k, s.hidden, mb, w, h).total
         raise ValueError(kind)
 
+    def layer_gemvs(self, w: int, h: int) -> float:
+        """Bytes per core of a dense layer's four GEMVs sharing one w x h region, in
+        alternating orientations (qkv and up reduce down columns, o and down along rows)."""
+        s, d = self.shape, self.shape.dtype_bytes
+        return (self.matmul(s.hidden, s.qkv_width, d, w, h)
+                + GemvOp.footprint(s.attn_width, s.hidden, d, self.micro_batch, w, h, "row").total
+                + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
+                + GemvOp.footprint(s.ffn, s.hidden, d, self.micro_batch, w, h, "row").total)
+
     def max_width(self, kind: str) -> int:
         s = self.shape
         return {
@@ -150,7 +159,7 @@ def _min_width(fn: Callable[[int], float], max_w: int, usable: int) -> int | Non
 # Units and their widths at a given block height
 # ---------------------------------------------------------------------------
 
-DENSE_BANDS = ("qkv", "attn", "o", "up", "down")
+DENSE_BANDS = ("layer",)  # attention on its top rows, the GEMVs on one region below
 MOE_BANDS = ("qkv", "attn", "o", "gate", "relay")
 
 
@@ -185,6 +194,8 @@ class ExpertGrid:
 class UnitShape:
     widths: tuple[int, ...]  # per band
     grid: ExpertGrid | None
+    attn_rows: int = 0  # dense layers: rows of attention on top of the GEMV region
+    splits_heads: bool = False  # attention columns split head_dim (no interpreter numerics)
 
     @property
     def width(self) -> int:
@@ -229,7 +240,50 @@ class Planner:
                 best = cand
         return best
 
+    def _least(self, fn: Callable[[int], float], most: int) -> int | None:
+        """Least n in 1..most with fn(n) within usable SRAM (fn non-increasing), else None."""
+        return _min_width(fn, most, self.sizer.usable) if most >= 1 else None
+
+    def stack(self, height: int) -> tuple[int, int] | None:
+        """(width, attention rows) of a dense layer `height` rows high, or None.
+
+        The layer is one region: attention's KV on the top rows, all four
+        GEMVs tiled over the rows below, the same columns, so every GEMV reads
+        its input where the previous one left it. The least width whose
+        attention and GEMV rows both fit in `height` (square-ish at the
+        heights the mapper tries); the GEMVs get every row attention leaves.
+        """
+        sz, s = self.sizer, self.sizer.shape
+        max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim)
+
+        def rows(w: int) -> tuple[int, int] | None:
+            ha = self._least(lambda a: sz.band("attn", w, a), min(s.max_seq, height - 1))
+            if ha is None:
+                return None
+            hr = self._least(lambda r: sz.layer_gemvs(w, r), min(s.hidden, height - ha))
+            return None if hr is None else (ha, hr)
+
+        if rows(max_w) is None:
+            return None
+        lo, hi = 1, max_w
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if rows(mid) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        # Whole KV heads per column (the interpreter's attention needs no dot
+        # products across columns); wider layers split head_dim instead.
+        kv = s.kv_heads
+        w = next((d for d in range(lo, kv + 1) if kv % d == 0), lo)
+        found = rows(w)
+        return None if found is None else (w, found[0])
+
     def _unit_shape(self, kind: str, height: int, with_experts: bool = True) -> UnitShape | None:
+        if kind == "dense":
+            st = self.stack(height)
+            return None if st is None else UnitShape((st[0],), None, st[1],
+                                                     st[0] > self.sizer.shape.kv_heads)
         widths = []
         for band in Unit(kind, 0).bands:
             w = self.band_width(band, height)
@@ -294,8 +348,8 @@ def _pack(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int,
     return Layout(placed, wafer + 1, height, 0)
 
 
-def _score(lay: Layout) -> tuple[int, int, int]:
-    """Fewest wafers, then least hop latency, then least area.
+def _score(lay: Layout) -> tuple[int, int, int, int]:
+    """Fewest wafers, then fewest attentions splitting heads, then least hop latency, then least area.
 
     A band's collectives (row and column reduction trees) cost about w + h
     hops, so square bands are fastest; expert regions run in parallel and
@@ -306,7 +360,7 @@ def _score(lay: Layout) -> tuple[int, int, int]:
         hops += sum(w + p.h for w in p.shape.widths)
         if p.shape.grid:
             hops += p.shape.grid.w + p.shape.grid.h
-    return lay.wafers, hops, lay.area
+    return lay.wafers, sum(p.shape.splits_heads for p in lay.placed), hops, lay.area
 
 
 def _heights(target: Target, shape: ModelShape) -> list[int]:
@@ -661,6 +715,13 @@ class _Emitter:
     def layer(self, p: Placed, b: dict[str, CoreSetAttr], x, common) -> SSAValue:
         s, i = self.s, p.unit.layer
         kw = dict(layer=i, **common)
+        if p.unit.kind == "dense":
+            # One region: attention on the top rows, every other kernel below.
+            x0, y0, x1, y1 = b["layer"].extent
+            ha = p.shape.attn_rows
+            below = CoreSetAttr.of(x0, y0 + ha, x1 - x0, y1 - y0 - ha)
+            b = {"qkv": below, "attn": CoreSetAttr.of(x0, y0, x1 - x0, ha), "o": below,
+                 "up": below, "down": below}
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
         qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
         a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
@@ -674,6 +735,10 @@ class _Emitter:
             act = self.add(g.ElementwiseOp(f"l{i}_act", b["up"], up, "silu_mul", **kw))
             y = self.add(g.MatmulOp(f"l{i}_down", b["down"], act, s.hidden, **kw))
             return self.add(g.AddOp(f"l{i}_add2", b["down"], h, y, **kw))
+        return self.moe_tail(p, b, h, kw)
+
+    def moe_tail(self, p: Placed, b: dict[str, CoreSetAttr], h, kw) -> SSAValue:
+        s, i = self.s, p.unit.layer
         n2 = self.add(g.RMSNormOp(f"l{i}_norm2", b["gate"], h, **kw))
         route = self.add(g.GateTopKOp(f"l{i}_gate", b["gate"], n2, experts=s.experts,
                                       top_k=s.top_k, **kw))

@@ -240,14 +240,25 @@ class KernelOp(MappedKernelOp):
         return {}
 
 
+def effective_layout(layout: str, w: int, h: int) -> str:
+    """`layout` on a w x h grid as the simplest layout that says the same: a split over
+    one line is the whole vector, a flat split of one column is a split over its rows."""
+    if layout == "cols" and w == 1 or layout == "rows" and h == 1 or layout == "flat" and w * h == 1:
+        return "full"
+    if layout == "flat" and (w == 1 or h == 1):
+        return "rows" if w == 1 else "cols"
+    return layout
+
+
 def holds_input(producer: KernelOp, consumer: KernelOp) -> bool:
     """Whether every core of `consumer` that also runs `producer` already holds
     the part of the producer's value it needs (so no flow is needed)."""
-    held, need = producer.output_layout(), consumer.input_layout()
     px, py, pw, ph = producer.tiles()[0]
     cx, cy, cw, ch = consumer.tiles()[0]
-    if held == "cols" and pw == 1 or held == "rows" and ph == 1 or held == "flat" and pw * ph == 1:
-        held = "full"
+    held = effective_layout(producer.output_layout(), pw, ph)
+    need = consumer.input_layout()
+    if need == "flat":
+        need = effective_layout(need, cw, ch)
     if need == "partial":
         return held == "partial" and (px, py, pw, ph) == (cx, cy, cw, ch)
     if held == "full":

@@ -129,7 +129,7 @@ class Payload:
 class CoreData:
     pos: tuple[int, int, int]  # (wafer, x, y)
     values: dict[str, object] = field(default_factory=dict)
-    recvd: dict[tuple[str, str], Vec] = field(default_factory=dict)
+    recvd: dict[str, Vec] = field(default_factory=dict)  # producer -> what arrived of its value
     acc: dict[str, object] = field(default_factory=dict)  # chain partials per kernel
     inbox: dict[tuple[str, FlowRole], list] = field(default_factory=dict)  # (kernel, role) -> payloads
     kv: dict[str, np.ndarray] = field(default_factory=dict)
@@ -197,7 +197,7 @@ class KernelExec:
         plus whatever arrived on the input flow."""
         prod = self.inputs[k]
         local = cd.values.get(prod)
-        got = cd.recvd.get((self.name, prod))
+        got = cd.recvd.get(prod)
         if local is None and got is None:
             raise DataLayoutError(f"{self.where(cd)}: holds no part of the value of @{prod}")
         if not isinstance(local, Vec):

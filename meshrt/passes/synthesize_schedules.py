@@ -137,7 +137,7 @@ def _nearest(lines: list[tuple[int, int]], lo: int, hi: int) -> int:
 
 
 def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAttr,
-                    dst: CoreSetAttr) -> tuple[CoreSetAttr, str]:
+                    dst: CoreSetAttr, cross_wafer: bool) -> tuple[CoreSetAttr, str]:
     """Who sends a value laid out over the producer's grid to the consumer, and the pattern.
 
     Only one replica of the value sends: a value split over rows and the same
@@ -146,30 +146,36 @@ def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAt
     the consumer's (the same rows, or the same columns), each sender
     multicasts its slice along its row (column) to exactly the receivers that
     need it: one message per receiver. Otherwise every receiver gathers the
-    replica's slices (an `all` flow from that one line).
+    replica's slices (an `all` flow from that one line). A value every core
+    holds whole is sent by one core. Across wafers every flow is `all` (the
+    wafer link carries it).
     """
     op = producer.op
-    held, need = op.output_layout(), consumer.input_layout()
-    out = RectSet.from_cores(src)
-    if held not in ("rows", "cols") or not producer.resident_cores.covers(src):
-        return src, "all"
     px, py, pw, ph = op.tiles()[0]
     cx, cy, cw, ch = consumer.tiles()[0]
+    held = kr.effective_layout(op.output_layout(), pw, ph)
+    need = kr.effective_layout(consumer.input_layout(), cw, ch)
+    out = RectSet.from_cores(src)
+    if held not in ("rows", "cols", "full") or not producer.resident_cores.covers(src):
+        return src, "all"
     x0, y0, x1, y1 = dst.extent
+    if held == "full":
+        b = next(iter(out))
+        return CoreSetAttr.of(_nearest([(b[0], b[2])], x0, x1), _nearest([(b[1], b[3])], y0, y1), 1, 1), "all"
     if held == "rows":  # one column of the producer holds all of it
         full = [(b[0], b[2]) for b in out if b[1] <= py and b[3] >= py + ph]
         if not full:
             return src, "all"
         x = _nearest(full, x0, x1)
         line = CoreSetAttr.of(x, py, 1, ph)
-        aligned = need == "rows" and (py, ph) == (cy, ch)
+        aligned = need == "rows" and (py, ph) == (cy, ch) and not cross_wafer
         return line, "row" if aligned else "all"
     full = [(b[1], b[3]) for b in out if b[0] <= px and b[2] >= px + pw]
     if not full:
         return src, "all"
     y = _nearest(full, y0, y1)
     line = CoreSetAttr.of(px, y, pw, 1)
-    aligned = need == "cols" and (px, pw) == (cx, cw)
+    aligned = need == "cols" and (px, pw) == (cx, cw) and not cross_wafer
     return line, "col" if aligned else "all"
 
 
@@ -216,13 +222,29 @@ class Synthesizer:
             return None
         if offset is not None and offset != (0, 0) and in_place:
             spec = kr.FlowSpec(name, src, dst, "shift", data, *offset, role=ev.FlowRole.INPUT, operand=operand)
+        elif consumer.INPUT_FROM_ROUTING_PRODUCER:  # the gate forwards its input, not its output
+            spec = kr.FlowSpec(name, src, dst, "all", data, role=ev.FlowRole.INPUT, operand=operand)
         else:
-            src, pattern = _redistribution(producer, consumer, src, dst)
+            src, pattern = _redistribution(producer, consumer, src, dst, cross)
             spec = kr.FlowSpec(name, src, dst, pattern, data, role=ev.FlowRole.INPUT, operand=operand)
         flow = _Flow(spec, consumer.kernel_name, producer.op.wafer_index, cross)
         self.flows[name] = flow
         producer.outputs.append(flow)
         return flow
+
+    def _received_before(self, producer: _KernelPlan, consumer: mk.KernelOp, data: int) -> bool:
+        """Whether an input flow of `producer`'s value into an earlier kernel already brings
+        every core of `consumer` the part it needs (one value is moved once, not per reader)."""
+        dst = self.plans[consumer].input_cores
+        for f in producer.outputs:
+            reader = self.flows[f.spec.name].kernel
+            if f.spec.role is not ev.FlowRole.INPUT or f.spec.bytes != data or reader == consumer.kernel_name:
+                continue
+            other = next(p.op for p in self.plans.values() if p.op.kernel_name == reader)
+            if (other.input_layout() == consumer.input_layout() and other.tiles() == consumer.tiles()
+                    and f.spec.dst.covers(dst)):
+                return True
+        return False
 
     def _wire_inputs(self, plan: _KernelPlan) -> None:
         op = plan.op
@@ -242,6 +264,9 @@ class Synthesizer:
                 gate = self.plans[op.routing.owner]
                 producer, src = gate, gate.output_cores
             route_meta = moe and op.ROUTED_INPUTS
+            if not route_meta and self._received_before(producer, op, data):
+                plan.local_inputs.append(producer)  # an earlier kernel on its cores received it
+                continue
             flow = self._transfer(name, i, producer, op, src, data)
             if flow is None:
                 plan.local_inputs.append(producer)

@@ -188,7 +188,7 @@ class DataPlane:
             k.recv(cd, role, [p.value for p in payloads])
             return
         for p in payloads:
-            key = (k.name, p.src)
+            key = p.src  # what a core received is there for every kernel it runs this step
             v = p.value
             if not isinstance(v, Vec):
                 raise DataLayoutError(f"{k.where(cd)}: unexpected payload on @{flow}")

@@ -1116,7 +1116,8 @@ class MeshSim:
                 return
         for pk in core.parked.values():
             for m in pk:
-                if not self._check(m, core.rid, t, "reconfigure"):
+                # a cross-wafer message arrived by the wafer link, on no colour of this mesh
+                if self.flow_color[m.flow] >= 0 and not self._check(m, core.rid, t, "reconfigure"):
                     return
 
     # -- deadlock ------------------------------------------------------------
