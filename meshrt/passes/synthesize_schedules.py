@@ -128,12 +128,12 @@ def _same_shape(a: CoreSetAttr, b: CoreSetAttr) -> tuple[int, int] | None:
 
 
 def _nearest(lines: list[tuple[int, int]], lo: int, hi: int) -> int:
-    """Of the positions in the ranges [a, b) (columns or rows), the one nearest to [lo, hi)."""
-    def candidate(a: int, b: int) -> tuple[int, int]:  # (distance, position)
-        if a < hi and lo < b:
-            return 0, max(a, lo)
-        return (lo - (b - 1), b - 1) if b <= lo else (a - (hi - 1), a)
-    return min(candidate(a, b) for a, b in lines)[1]
+    """Of the first and last positions of the ranges [a, b) (columns or rows), the one
+    nearest to [lo, hi). Only the ends: a sending line inside a region would split its
+    reduction chains' core classes in two."""
+    def distance(p: int) -> int:
+        return max(0, lo - p, p - (hi - 1))
+    return min((p for a, b in lines for p in (a, b - 1)), key=lambda p: (distance(p), p))
 
 
 def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAttr,
@@ -204,6 +204,7 @@ class Synthesizer:
         self.kctx = kernel_context(program)
         self.flows: dict[str, _Flow] = {}
         self.plans: dict[mk.KernelOp, _KernelPlan] = {}
+        self.by_name: dict[str, mk.KernelOp] = {k.kernel_name: k for k in program.kernels()}
 
     # -- flows between kernels ------------------------------------------
     def _transfer(self, name: str, operand: int, producer: _KernelPlan, consumer: mk.KernelOp,
@@ -240,7 +241,7 @@ class Synthesizer:
             reader = self.flows[f.spec.name].kernel
             if f.spec.role is not ev.FlowRole.INPUT or f.spec.bytes != data or reader == consumer.kernel_name:
                 continue
-            other = next(p.op for p in self.plans.values() if p.op.kernel_name == reader)
+            other = self.by_name[reader]
             if (other.input_layout() == consumer.input_layout() and other.tiles() == consumer.tiles()
                     and f.spec.dst.covers(dst)):
                 return True
