@@ -58,10 +58,10 @@ from meshrt.analysis.liveness import (
     step_order,
     tables_of_program,
 )
-from meshrt.analysis.segmenting import accumulate
+from meshrt.analysis.segmenting import segment_use
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import segment as sg
-from meshrt.dialects.mesh import RESOURCE_NAMES, Resources
+from meshrt.dialects.mesh import RESOURCE_NAMES
 from meshrt.routing import BoxIndex, RectSet, flow_routers, intersecting_pairs
 from meshrt.targets import Target
 
@@ -136,9 +136,7 @@ def check_program(program: sg.ProgramOp, target: Target | None,
     for cls in program.core_classes():
         budget = cls.effective_budget()
         for seg in cls.segments():
-            use = Resources()
-            for sub in seg.subs():
-                use = accumulate(use, sub.demand.value)
+            use = segment_use(list(seg.subs()))
             for what, limit in (("budget", budget), ("target capacity", cap)):
                 if limit is None:
                     continue

@@ -1,14 +1,16 @@
 """Cutting core class tables into segments, and the segment IR of a class.
 
-What a segment binds (`accumulate`, `segment_use`) and the greedy cut of a
+What a segment binds (`SegmentUse`, `segment_use`) and the greedy cut of a
 class's table into segments that fit a per-core budget (`cut_table`, §4.3):
 
 1. R <- the per-core budget (the target's, tightened by pass options).
 2. Append the next sub to the current segment while what the segment binds
-   together still fits R. What a segment binds is the sum of its subs'
-   demands (colours, queues, route entries, SRAM buffers, control state all
-   stay bound until the segment is released), except switch positions, a
-   per-colour limit, which take the maximum.
+   together still fits R. What a segment binds is its subs' demands
+   together (colours, queues, route entries, SRAM buffers, control state all
+   stay bound until the segment is released): the distinct flows its subs
+   use, each one colour, queue and route entry however many subs use it,
+   the sum of SRAM and control state, and the maximum of switch positions,
+   a per-colour limit (`SegmentUse`).
 3. On overflow close the segment. If the last kernel the class took part in
    (the closing segment's last sub) is a collective, its all-or-nothing
    completion is already a consistent cut and the boundary is a bare
@@ -42,6 +44,7 @@ class.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, SymbolRefAttr, i64
 from xdsl.ir import Block, Region
@@ -62,11 +65,41 @@ def accumulate(a: Resources, b: Resources) -> Resources:
     ))
 
 
+def _sub_flows(sub: ev.SubScheduleOp) -> tuple[frozenset[str], frozenset[str]]:
+    """(flows the sub receives on, flows it sends on)."""
+    recvs = frozenset(e.flow_name for e in sub.events() if isinstance(e, ev.RecvOp))
+    sends = frozenset(e.flow_name for e in sub.events() if isinstance(e, ev.SendOp))
+    return recvs, sends
+
+
+class SegmentUse:
+    """What a run of sub-schedules binds together (step 2 above): a flow that several of
+    them use (kernels whose chains share a route) binds its colour, queue and route entry
+    once; SRAM and control state add up; switch positions take the maximum."""
+
+    def __init__(self) -> None:
+        self.recvs: frozenset[str] = frozenset()
+        self.sends: frozenset[str] = frozenset()
+        self.rest = Resources()
+
+    def with_sub(self, sub: ev.SubScheduleOp) -> SegmentUse:
+        nxt = SegmentUse()
+        r, s = _sub_flows(sub)
+        nxt.recvs, nxt.sends = self.recvs | r, self.sends | s
+        nxt.rest = accumulate(self.rest, sub.demand.value)
+        return nxt
+
+    @property
+    def resources(self) -> Resources:
+        flows = len(self.recvs | self.sends)
+        return replace(self.rest, colors=flows, iq=len(self.recvs), oq=len(self.sends), routes=flows)
+
+
 def segment_use(subs: Sequence[ev.SubScheduleOp]) -> Resources:
-    use = Resources()
+    use = SegmentUse()
     for s in subs:
-        use = accumulate(use, s.demand.value)
-    return use
+        use = use.with_sub(s)
+    return use.resources
 
 
 def sub_too_big(sub: ev.SubScheduleOp, cls: str, budget: Resources) -> MeshrtError | None:
@@ -86,15 +119,15 @@ def cut_table(cls: str, subs: Sequence[ev.SubScheduleOp], budget: Resources,
     """Greedy first-fit segmentation; `cuts` are sub indices that must start a segment."""
     segments: list[list[ev.SubScheduleOp]] = []
     cur: list[ev.SubScheduleOp] = []
-    use = Resources()
+    use = SegmentUse()
     for i, sub in enumerate(subs):
         err = sub_too_big(sub, cls, budget)
         if err is not None:
             raise err
-        nxt = accumulate(use, sub.demand.value)
-        if cur and (i in cuts or nxt.exceeded(budget)):
+        nxt = use.with_sub(sub)
+        if cur and (i in cuts or nxt.resources.exceeded(budget)):
             segments.append(cur)
-            cur, nxt = [], sub.demand.value
+            cur, nxt = [], SegmentUse().with_sub(sub)
         cur.append(sub)
         use = nxt
     segments.append(cur)

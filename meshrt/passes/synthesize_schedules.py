@@ -205,6 +205,8 @@ class Synthesizer:
         self.flows: dict[str, _Flow] = {}
         self.plans: dict[mk.KernelOp, _KernelPlan] = {}
         self.by_name: dict[str, mk.KernelOp] = {k.kernel_name: k for k in program.kernels()}
+        self.route_of: dict[tuple, str] = {}  # an internal flow's route -> the flow taking it
+        self.alias: dict[str, str] = {}  # internal flow -> the flow of the same route it uses
 
     # -- flows between kernels ------------------------------------------
     def _transfer(self, name: str, operand: int, producer: _KernelPlan, consumer: mk.KernelOp,
@@ -321,6 +323,21 @@ class Synthesizer:
                 need.append(producer_of[id(data_flows[0])])  # which now forwards it too
             need.extend(plan.local_inputs)
 
+    def _add_internal(self, spec: kr.FlowSpec, op: mk.KernelOp) -> None:
+        """A kernel's own chain or relay flow; one flow serves every kernel whose chain takes
+        the same route (the reductions of a layer's kernels on one region run one after
+        another down the same columns), so they share its colour and input queue."""
+        key = (spec.role, spec.src, spec.dst, spec.pattern, spec.dx, spec.dy, op.wafer_index)
+        same = self.route_of.get(key)
+        if same is None:
+            self.route_of[key] = spec.name
+            self.flows[spec.name] = _Flow(spec, op.kernel_name, op.wafer_index)
+            return
+        self.alias[spec.name] = same
+        shared = self.flows[same]
+        if spec.bytes > shared.spec.bytes:
+            shared.spec = replace(shared.spec, bytes=spec.bytes)
+
     # -- Algorithm 1 ------------------------------------------------------
     def run(self) -> ev.ScheduleOp:
         try:
@@ -330,7 +347,7 @@ class Synthesizer:
         for op in order:
             roles, internal = op.roles(self.kctx)
             for spec in internal:
-                self.flows[spec.name] = _Flow(spec, op.kernel_name, op.wafer_index)
+                self._add_internal(spec, op)
             plan = _KernelPlan(op, roles, [], [], _output_cores(op, roles))
             self.plans[op] = plan
             self._wire_inputs(plan)
@@ -430,6 +447,7 @@ class Synthesizer:
                 events.append(ev.ComputeOp.create(properties={"op": _str(e[1]), "work": _int(int(e[2]))}))
             else:
                 kind, flow, nbytes, *rest = e
+                flow = self.alias.get(flow, flow)
                 meta = rest[0] if rest else 0
                 events.append((_recv if kind == "recv" else _send)(flow, nbytes, meta))
                 (recvs if kind == "recv" else sends).add(flow)

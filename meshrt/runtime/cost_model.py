@@ -415,8 +415,11 @@ class CostModel:
         cx0, cy0, cx1, cy1 = extent(cores)
         return _span(cx0, cx1, x0, x1) + _span(cy0, cy1, y0, y1)
 
-    def _peers_of(self, f: int, receiver: int | None = None, sender: int | None = None):
-        """(receiver class, _Peer) pairs of flow f, optionally for one receiver or sender."""
+    def _peers_of(self, f: int, receiver: int | None = None, sender: int | None = None,
+                  nbytes: int | None = None):
+        """(receiver class, _Peer) pairs of flow f, optionally for one receiver or sender;
+        `nbytes`: the message's size, where it is not the flow's (kernels whose chains
+        share a flow send messages of their own sizes on it)."""
         fo = self.flow_ops[f]
         pattern = fo.pattern.data
         off = fo.offset
@@ -452,7 +455,7 @@ class CostModel:
                     lat = float(tg.wafer_link_latency_cycles)  # plus the shared link, at the send
                 else:
                     hops = max_hops(scores, rcores, pattern, off)
-                    ser = math.ceil(self._msg_bytes(f) / tg.link_bytes_per_cycle)
+                    ser = math.ceil((nbytes or self._msg_bytes(f)) / tg.link_bytes_per_cycle)
                     lat = float(hops * tg.hop_latency_cycles + ser * self._load(f, r))
                 yield r, _Peer(s, lat, n)
 
@@ -470,7 +473,8 @@ class CostModel:
         return int(self.flow_ops[f].bytes.value.data)
 
     def _recv_spec(self, ci: int, f: int, c1: float, primed: int, at: int, sends_after) -> _Recv:
-        peers = [p for _, p in self._peers_of(f, receiver=ci)]
+        cl = self.classes[ci]
+        peers = [p for _, p in self._peers_of(f, receiver=ci, nbytes=cl.instrs[at].nbytes)]
         spec = _Recv(f, c1, [], 0, primed)
         later = [i for i in sends_after.get(f, ()) if i > at]
         fo = self.flow_ops[f]
@@ -478,8 +482,7 @@ class CostModel:
             if p.cls == ci and later and fo.pattern.data == "shift":
                 # a chain through the class's own cores: closed form
                 dx, dy = fo.offset
-                spec.chain = max(1, run_length(self.classes[ci].cores & self.dst[f], dx, dy))
-                cl = self.classes[ci]
+                spec.chain = max(1, run_length(cl.cores & self.dst[f], dx, dy))
                 work = sum(cl.cycles[i] for i in range(at + 1, later[0]) if type(cl.instrs[i]) in _LOCAL)
                 net = p.latency
                 spec.chain_step = work + net + c1

@@ -60,7 +60,7 @@ class DataPlane:
             self.declared[info.kernel_name] = frozenset(c.name for c in kind.COMPUTE)
         self.routing_counts = np.zeros((self.shape.layers, max(self.shape.experts, 1)), np.int64)
         # flow name -> (role, kernel): the kernels' hooks see a flow's role, not its name
-        self.roles = {f.flow_name: (f.flow_role, f.kernel.root_reference.data) for f in program.flows()}
+        self.roles = {f.flow_name: f.flow_role for f in program.flows()}
         # live re-placements: layer -> [(first step, placement, cycles per destination region)]
         self.replacements: dict[int, list[tuple[int, tuple[int, ...], dict[int, int]]]] = {}
 
@@ -154,21 +154,23 @@ class DataPlane:
 
     def send(self, cd: CoreData, flow: str, meta: int) -> Payload:
         k = cd.kernel
-        role = self.roles[flow][0]
+        role = self.roles[flow]
         value = k.send(cd, role)
         cb, route = k.metainfo(cd, role, meta)
         return Payload(k.payload_src(role), value, cb, route)
 
-    def _flow_kind(self, kernel: KernelExec, role: FlowRole, owner: str) -> str:
-        """"tokens", "internal" (the kernel's own chain/relay flows) or "input"."""
+    @staticmethod
+    def _flow_kind(role: FlowRole) -> str:
+        """"tokens", "internal" (chain/relay flows: they serve the kernel the core runs, as
+        kernels whose chains take one route share its flow) or "input"."""
         if role is FlowRole.TOKENS:
             return "tokens"
-        return "internal" if role.internal and owner == kernel.name else "input"
+        return "internal" if role.internal else "input"
 
     def recv(self, cd: CoreData, flow: str, payloads: list[Payload]) -> None:
         k = cd.kernel
-        role, owner = self.roles[flow]
-        kind = self._flow_kind(k, role, owner)
+        role = self.roles[flow]
+        kind = self._flow_kind(role)
         for p in payloads:
             if p.cb is not None:
                 cd.cb = p.cb

@@ -132,7 +132,7 @@ def test_event_ir_size_does_not_grow_with_mesh_area(model):
 # full wse3, all its wafers). It depends on kernels and roles only; a change
 # here is a change in the class-level structure of schedules and should be
 # deliberate.
-LARGEST_CONFIG_OPS = 10996  # 10,275 before event.kernel records and layout-aware flows
+LARGEST_CONFIG_OPS = 10852  # 10,275 before event.kernel records; 10,996 before a value read by several kernels of one region moved once
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -124,8 +124,7 @@ class ProgramWriter:
 
     def _internal(self, e: Event, kernel: str) -> bool:
         """A flow of the kernel's own chain (reduction down / up, relay hop), not an input."""
-        flow = self.p.flows[e.flow]
-        return flow.kernel == kernel and flow.role.internal
+        return self.p.flows[e.flow].role.internal  # chains of several kernels may share a flow
 
     def _plan_buffers(self) -> None:
         nx = np_ = ny = 1
