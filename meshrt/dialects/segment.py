@@ -391,6 +391,10 @@ class ReconfigureOp(IRDLOperation):
     def notify_names(self) -> list[str]:
         return [r.root_reference.data for r in self.notify.data] if self.notify is not None else []
 
+    def rebound_names(self) -> list[str]:
+        """The flows the boundary releases or installs."""
+        return [r.root_reference.data for r in (*self.release.data, *self.install.data)]
+
     def drain_names(self) -> list[str]:
         return [r.root_reference.data for r in self.drain.data] if self.drain is not None else []
 

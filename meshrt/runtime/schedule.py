@@ -140,7 +140,7 @@ class MarkerSync:
     dst: int
     region: RectSet
     box: Box  # the region's bounding box (x0, y0, x1, y1), exclusive
-    touching: frozenset[int]  # flows whose routes touch the region
+    touching: frozenset[int]  # flows rebound at the boundary whose routes touch the region
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +289,11 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
             src, dst, sync, reconf = b
             if sync is not None:
                 region = RectSet.from_cores(sync.over)
-                touching = frozenset(f for f, v in enumerate(flow_via) if v.intersects(region))
+                # Only the flows the boundary rebinds need flushing: a message of a flow
+                # bound on both sides is unaffected (and may be one the class receives
+                # only after the boundary, parked at its own router).
+                changed = {fidx[x] for x in reconf.rebound_names()}
+                touching = frozenset(f for f in changed if flow_via[f].intersects(region))
                 instrs.append(MarkerSync(src, dst, region, extent(region), touching))
             dr = tuple(fidx[x] for x in reconf.drain_names()) if handshakes else ()
             if dr:
