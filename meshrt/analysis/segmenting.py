@@ -73,26 +73,32 @@ def _sub_flows(sub: ev.SubScheduleOp) -> tuple[frozenset[str], frozenset[str]]:
 
 
 class SegmentUse:
-    """What a run of sub-schedules binds together (step 2 above): a flow that several of
-    them use (kernels whose chains share a route) binds its colour, queue and route entry
-    once; SRAM and control state add up; switch positions take the maximum."""
+    """What a run of sub-schedules binds together (step 2 above): the sum of their
+    demands, but a flow that several of them use (kernels whose chains share a route)
+    binds its colour, input or output queue and route entry once; switch positions
+    take the maximum."""
 
     def __init__(self) -> None:
         self.recvs: frozenset[str] = frozenset()
         self.sends: frozenset[str] = frozenset()
-        self.rest = Resources()
+        self.total = Resources()
+        self.shared = Resources()  # what `total` counts more than once
 
     def with_sub(self, sub: ev.SubScheduleOp) -> SegmentUse:
         nxt = SegmentUse()
         r, s = _sub_flows(sub)
+        again = len((self.recvs | self.sends) & (r | s))
         nxt.recvs, nxt.sends = self.recvs | r, self.sends | s
-        nxt.rest = accumulate(self.rest, sub.demand.value)
+        nxt.total = accumulate(self.total, sub.demand.value)
+        nxt.shared = self.shared + Resources(colors=again, iq=len(self.recvs & r),
+                                             oq=len(self.sends & s), routes=again)
         return nxt
 
     @property
     def resources(self) -> Resources:
-        flows = len(self.recvs | self.sends)
-        return replace(self.rest, colors=flows, iq=len(self.recvs), oq=len(self.sends), routes=flows)
+        t, d = self.total, self.shared
+        return replace(t, colors=t.colors - d.colors, iq=t.iq - d.iq, oq=t.oq - d.oq,
+                       routes=t.routes - d.routes)
 
 
 def segment_use(subs: Sequence[ev.SubScheduleOp]) -> Resources:
