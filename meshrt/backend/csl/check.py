@@ -74,7 +74,7 @@ _TRANSFERS = [  # (event, pattern whose group 1 is the fabric DSD)
 ]
 _COMPUTE = re.compile(r"k\d+_(\w+)\(\);")
 _PRODUCE = re.compile(r"produce_(\w+)\(\);")
-_DSD_SEGMENT = re.compile(r"_s\d+$")
+_DSD_SEGMENT = re.compile(r"_s\d+(?:_n\d+)?$")
 
 
 def program_trace(text: str, program: Program) -> list[tuple]:

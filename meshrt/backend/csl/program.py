@@ -98,6 +98,7 @@ class ProgramWriter:
         self.decls: list[str] = []
         self.fns: list[str] = []
         self.dsds: dict[str, str] = {}  # name -> declaration
+        self.fab_extent: dict[str, int] = {}  # fabric DSD name -> the extent it was made with
         self.states: list[tuple[list[str], bool, str]] = []  # (body, waits, comment)
         self.notes: list[str] = []
         self._own: dict[str, list] = {}
@@ -250,6 +251,9 @@ class ProgramWriter:
         """A fabric DSD of `flow` in segment `seg`: kind fabin / fabout / control."""
         tag = {"data": "", "meta": "m", "ctl": "c"}[what]
         name = f"f{'i' if kind == 'fabin' else 'o'}{tag}_{flow.ident}_s{seg}"
+        if self.fab_extent.setdefault(name, n) != n:
+            # kernels whose chains share the flow send messages of their own lengths
+            name = f"{name}_n{n}"
         if name in self.dsds:
             return name
         c = flow.color

@@ -3,7 +3,7 @@
 // RUN: meshrt compile %examples/tiny_moe.mrt --target test32 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=TIGHT
 // RUN: meshrt compile %examples/tiny_dense.mrt --target wse3 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
 // RUN: meshrt compile %examples/tiny_moe.mrt --target wse3 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
-// RUN: meshrt compile %examples/tiny_dense.mrt --target wse2 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
+// RUN: meshrt compile %examples/tiny_dense.mrt --target wse2 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=WSE2
 // RUN: meshrt compile %examples/tiny_moe.mrt --target wse2 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
 
 // A correct program (color-routes{colors=1} of ../color-routes/color_split.mlir)
@@ -58,7 +58,14 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 // TIGHT:      segment.marker_sync
 // TIGHT:      segment.route
 
-// On a real wafer every class fits one segment.
+// On a WSE-3 every class fits one segment, and on a WSE-2 those of tiny_moe.
+// A dense layer's region on a WSE-2 receives on six flows (its input, the
+// attention result, the chains down its columns and along its rows), more
+// than the four input queues left beside memcpy: it takes two segments, the
+// second holding the row reduction of the o projection.
+// WSE2:      segment.program
+// WSE2:      segment.reconfigure 0 to 1 release [@l0_norm1.in0, @l0_attn.in0, @l0_o.in0] install [@l0_o.reduce.down, @l0_o.reduce.up]
+
 // ROOMY:      segment.program
 // ROOMY-NOT:  segment.reconfigure
 // ROOMY-NOT:  segment.marker_sync

@@ -61,12 +61,13 @@ segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 // CHECK:      segment.core_class @c wafer 0 cores <(2, 0, 1, 1)> {
 // CHECK-NEXT:   segment.segment 0 use <colors = 2> routes [@f, @g] {
 
-// The reduction race of the examples: the edge class's first send of
-// .reduce.down waits for the root class's install credits, which
-// they send when they enter the segment holding it (and their reconfigures
-// drain the flows they release).
-// DENSE:      segment.core_class @l0_qkv.reduce.edge
-// DENSE:        segment.reconfigure 0 to 1 release [@l0_norm1.down, @l0_norm1.up, @l0_norm1.in0] install [@l0_qkv.reduce.down, @l0_qkv.reduce.up] notify [@l0_qkv.reduce.down, @l0_qkv.reduce.up] drain [@l0_norm1.down, @l0_norm1.up, @l0_norm1.in0]
-// DENSE-NEXT:   segment.segment 1 {{.*}} await [{{.*}}@l0_qkv.reduce.root::@l0_qkv.reduce.down{{.*}}] {
-// DENSE:      segment.core_class @l0_qkv.reduce.root
-// DENSE:        segment.reconfigure 0 to 1 {{.*}} notify [@l0_qkv.reduce.down, @l0_qkv.reduce.up]
+// The reduction race of the examples: the first column of layer 0's region
+// (edge of the row reduction of @l0_o.reduce) sends .reduce.down only after
+// the install credits of the cores down the row, the root column (where the
+// stage's handoff runs) among them, which they send when they enter the
+// segment holding it (and their reconfigures drain the flows they release).
+// DENSE:      segment.core_class @l0_add2.tile wafer
+// DENSE:        segment.reconfigure 0 to 1 release [@l0_norm1.in0, @l0_attn.in0, @l0_o.in0] install [@l0_o.reduce.down, @l0_o.reduce.up] notify [@l0_o.reduce.down, @l0_o.reduce.up] drain [@l0_norm1.in0, @l0_attn.in0, @l0_o.in0]
+// DENSE-NEXT:   segment.segment 1 {{.*}} await [{{.*}}@handoff_s1.egress::@l0_o.reduce.down{{.*}}] {
+// DENSE:      segment.core_class @handoff_s1.egress wafer
+// DENSE:        segment.reconfigure 1 to 2 {{.*}} notify [@l0_o.reduce.down, @l0_o.reduce.up, @l1_norm1.in0]
