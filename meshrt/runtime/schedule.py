@@ -228,6 +228,11 @@ def op_cycles(costs: Mapping[str, float], op: str, work: int, param) -> float:
     return registry.compute_op(op).cycles(costs, work, param)
 
 
+def _no_params(key: str, default=None):
+    """The parameters of a kernel the program has no `event.kernel` for: none."""
+    return default
+
+
 def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
             pos: dict[str, int] | None = None) -> Schedule:
     """The tables of `program`'s core classes, costed by `target`'s cost table.
@@ -269,7 +274,8 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
                     if isinstance(e, ev.ComputeOp):
                         work = e.work.value.data
                         instrs.append(Compute(kernel, e.op.data, work,
-                                              op_cycles(costs, e.op.data, work, params[kernel])))
+                                              op_cycles(costs, e.op.data, work,
+                                                        params.get(kernel, _no_params))))
                     elif isinstance(e, ev.SendOp):
                         f = fidx[e.flow_name]
                         meta = e.meta.value.data

@@ -40,7 +40,10 @@ def merge_cycles(costs, work: int, param) -> float:
     Heads merged = ceil(work / (head_dim + 2)): exact when the columns hold whole heads (the
     layout the interpreter computes); a core holding part of a head counts it once.
     """
-    heads = -(-work // (param("head_dim") + 2))
+    d = param("head_dim")
+    if d is None:
+        raise ValueError("softmax_merge is priced per head: its kernel needs a head_dim parameter")
+    heads = -(-work // (d + 2))
     return (heads * (costs["argmax"] + 2 * costs["exp"])
             + (work - heads) * (costs["mul"] + costs["fmac"]))
 
