@@ -14,7 +14,7 @@ buffer holding the partner's partial in a chain ("p") or None.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,13 +22,31 @@ if TYPE_CHECKING:
     from meshrt.backend.csl.kernels import ComputeBody
 
 
+Price = Callable[[Mapping[str, float], int, Callable[[str], int]], float]
+"""cycles(costs, work, param): an op's own formula; `param` reads the kernel's parameters."""
+
+
 @dataclass(frozen=True)
 class ComputeOp:
     name: str
-    cost: str  # the target cost key charged per element of work
+    cost: str | tuple[str, ...]  # the target cost key charged per element of work, or the keys `price` reads
     csl: Callable[[ComputeBody], list[str]]
     reads_input: bool = False  # reads the kernel's input buffer x (the CSL receives into it)
     admits_requests: bool = False  # where the first stage admits waiting requests (CSL)
+    price: Price | None = None  # the op's own formula; None: work x costs[cost]
+
+    def cost_keys(self) -> tuple[str, ...]:
+        """The target cost keys this op is priced by."""
+        return (self.cost,) if isinstance(self.cost, str) else self.cost
+
+    def cycles(self, costs: Mapping[str, float], work: int, param: Callable[[str], int]) -> float:
+        """Cycles of one `event.compute` of this op with `work` elements, on one core.
+
+        `param(key)` is the kernel's parameter `key` (`event.kernel` params).
+        """
+        if self.price is not None:
+            return float(self.price(costs, work, param))
+        return work * float(costs[self.cost])
 
 
 def _fmac(b: ComputeBody) -> list[str]:

@@ -104,10 +104,15 @@ def _check(found: dict[str, type[KernelOp]], folders: dict[str, Path]) -> None:
         if missing:
             raise KernelRegistryError(f"{where}: kernel kind '{kind}' does not define {', '.join(missing)}")
         for c in op.COMPUTE:
-            if c.cost not in COST_KEYS:
+            if c.price is None and not isinstance(c.cost, str):
                 raise KernelRegistryError(
-                    f"{where}: kernel kind '{kind}': compute op '{c.name}' has cost key '{c.cost}', which is "
-                    f"not a target cost (expected one of {', '.join(COST_KEYS)})")
+                    f"{where}: kernel kind '{kind}': compute op '{c.name}' names several cost keys "
+                    "but no price formula; give one key or a price")
+            for key in c.cost_keys():
+                if key not in COST_KEYS:
+                    raise KernelRegistryError(
+                        f"{where}: kernel kind '{kind}': compute op '{c.name}' has cost key '{key}', which "
+                        f"is not a target cost (expected one of {', '.join(COST_KEYS)})")
             other = seen.get(c.name)
             if other is not None and other[0] is not c:
                 raise KernelRegistryError(

@@ -11,7 +11,8 @@ the cost model (`meshrt.runtime.cost_model`, one virtual core per class).
   interpreter's `ceil(base * speed * jitter)` and the cost model's expected
   value start from): compute `work N` of op o costs N * cost[o]
   (`op_cycles`: cost[o] is the target's cost of the key o's kernel kind
-  declares, `meshrt.kernels`), metainfo resolve /
+  declares, `meshrt.kernels`, or the op's own price formula over several
+  keys and the kernel's parameters), metainfo resolve /
   produce `meta_*_slot` * micro-batch slots, a sub `task_switch`, send /
   recv `send_wavelet` / `recv_wavelet` per 32-bit wavelet of data +
   metainfo, a reconfigure `reconfigure` + `reconfigure_route` per released
@@ -218,9 +219,18 @@ def wavelets(nbytes: int) -> int:
     return math.ceil(nbytes / WAVELET_BYTES)
 
 
-def op_cycles(costs: dict[str, float], op: str) -> float:
-    """Cycles per element of compute op `op`: the target's cost of the op's cost key."""
-    return float(costs[registry.compute_op(op).cost])
+def op_cycles(costs: Mapping[str, float], op: str, work: int, param) -> float:
+    """Cycles of one `event.compute` of op `op` with `work` elements, by the target's costs.
+
+    The op's own formula (`ComputeOp.cycles`): `work x` its cost key, or its
+    `price`; `param(key)` reads the computing kernel's parameters.
+    """
+    return registry.compute_op(op).cycles(costs, work, param)
+
+
+def _no_params(key: str, default=None):
+    """The parameters of a kernel the program has no `event.kernel` for: none."""
+    return default
 
 
 def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
@@ -241,6 +251,7 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
     cidx = {c.class_name: i for i, c in enumerate(classes)}
     primed_recvs = host_primed(program, pos)
     ts = costs["task_switch"]
+    params = {k.kernel_name: k.param for k in program.kernels()}
     out = []
     for ci, c in enumerate(classes):
         instrs: list[Instr] = []
@@ -262,7 +273,9 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
                 for e in sub.events():
                     if isinstance(e, ev.ComputeOp):
                         work = e.work.value.data
-                        instrs.append(Compute(kernel, e.op.data, work, work * op_cycles(costs, e.op.data)))
+                        instrs.append(Compute(kernel, e.op.data, work,
+                                              op_cycles(costs, e.op.data, work,
+                                                        params.get(kernel, _no_params))))
                     elif isinstance(e, ev.SendOp):
                         f = fidx[e.flow_name]
                         meta = e.meta.value.data

@@ -29,6 +29,11 @@ from and how each configuration is modelled) and PNG plots into DIR:
   scenario with and without recalibration ("placement" in bench.json,
   placement.png).
 
+Beside each TPOT the tables and bench.json give the build's lower bound
+(`meshrt.runtime.lower_bound`: each layer's compute at the SIMD rate over the
+cores the layer uses, plus one hop per core along each dependent reduction)
+and TPOT / bound, so a reader sees how far the build is from the limit.
+
 Numbers come from three places, and the JSON says which is which: the cost
 model (every cycle count and throughput on any target), the interpreter
 (`mesh_sim`, run beside the cost model only on targets small enough to
@@ -73,6 +78,10 @@ SOURCES = {
     "workload": "meshrt.runtime.workloads: synthetic chat-like / reasoning-like length "
                 "distributions (not the ShareGPT / OpenThoughts datasets) or a JSONL file",
     "modelled": "assumptions on top of cost-model numbers, stated in 'modelling'",
+    "lower_bound": "meshrt.runtime.lower_bound: each layer's compute (the build's compute events "
+                   "at the target's SIMD rate) spread over the cores the layer uses, plus the "
+                   "longest dependent chain of reductions at one hop per core along each, plus "
+                   "a wafer-link latency per wafer crossed on it; TPOT >= bound",
 }
 
 ABLATION_NOTES = {
@@ -257,6 +266,10 @@ class Build:
     stage_cycles: list[float] = field(default_factory=list)
     stage_kernels: list[tuple[str, str]] = field(default_factory=list)
     critical_path: dict[str, float] = field(default_factory=dict)
+    bound_cycles: float = 0.0  # lower bound on the decode step (meshrt.runtime.lower_bound)
+    bound_compute_cycles: float = 0.0
+    bound_hop_cycles: float = 0.0
+    bound_wafer_cycles: float = 0.0
     no_ep_cycles: float | None = None  # static MoE builds: step with the top-k experts in series
     interpreter_cycles: float | None = None  # mesh_sim, where the target is small
     interpreter_error: str | None = None
@@ -342,6 +355,7 @@ class Builder:
             kernels_where,
             measured_cycles_per_step,
         )
+        from meshrt.runtime.lower_bound import lower_bound
 
         t0 = time.perf_counter()
         try:
@@ -358,6 +372,9 @@ class Builder:
         b.stage_cycles = [s.cycles for s in est.latency.stages]
         b.stage_kernels = [(s.first_kernel, s.last_kernel) for s in est.latency.stages]
         b.critical_path = est.latency.critical_path
+        lb = lower_bound(program, self.target)
+        b.bound_cycles, b.bound_compute_cycles = lb.cycles, lb.compute_cycles
+        b.bound_hop_cycles, b.bound_wafer_cycles = lb.hop_cycles, lb.wafer_cycles
         experts = kernels_where(program, lambda op: op.PLACES_EXPERTS)
         if experts and not b.dynamism:
             b.no_ep_cycles = CostModel(program, self.target, kernel_scale=dict.fromkeys(
@@ -466,8 +483,15 @@ def _build_json(b: Build) -> dict:
     d = asdict(b)
     d["dynamism"] = list(b.dynamism)
     d["stage_kernels"] = [list(k) for k in b.stage_kernels]
-    d["source"] = {"cycles": "cost_model", "interpreter_cycles": "interpreter"}
+    d["source"] = {"cycles": "cost_model", "interpreter_cycles": "interpreter",
+                   "bound_cycles": "lower_bound"}
     return d
+
+
+def _bound_json(b: Build, tpot_cycles: float, clock: float) -> dict:
+    """The build's lower bound beside one of its TPOTs."""
+    return {"bound_cycles": b.bound_cycles, "bound_us": 1e6 * b.bound_cycles / clock,
+            "tpot_over_bound": tpot_cycles / b.bound_cycles if b.bound_cycles else None}
 
 
 def no_ep_cycles(b: Build) -> float:
@@ -483,9 +507,11 @@ def governance(builder: Builder, kinds: Sequence[str], clock: float) -> dict:
     out = {
         "micro_batch": 1,
         "dynamic": {"dynamism": list(dyn.dynamism), "tpot_cycles": dyn.latency_cycles,
-                    "tpot_us": 1e6 * dyn.latency_cycles / clock, "stages": dyn.stages},
+                    "tpot_us": 1e6 * dyn.latency_cycles / clock, "stages": dyn.stages,
+                    **_bound_json(dyn, dyn.latency_cycles, clock)},
         "static": {"dynamism": [], "tpot_cycles": st.latency_cycles,
-                   "tpot_us": 1e6 * st.latency_cycles / clock, "stages": st.stages},
+                   "tpot_us": 1e6 * st.latency_cycles / clock, "stages": st.stages,
+                   **_bound_json(st, st.latency_cycles, clock)},
         "overhead_cycles": dyn.latency_cycles - st.latency_cycles,
         "overhead_us": 1e6 * (dyn.latency_cycles - st.latency_cycles) / clock,
         "overhead_percent": 100.0 * (dyn.latency_cycles - st.latency_cycles) / st.latency_cycles,
@@ -562,7 +588,8 @@ def pareto(builder: Builder, static: dict[int, Build], meshrt: dict[int, Build],
             cyc = no_ep_cycles(s)
             points.append({"system": "static", "micro_batch": b, "stages": s.stages, "in_flight": b,
                            "tpot_cycles": cyc, "step_cycles": cyc,
-                           "user_tokens_per_s": clock / cyc, "system_tokens_per_s": b * clock / cyc})
+                           "user_tokens_per_s": clock / cyc, "system_tokens_per_s": b * clock / cyc,
+                           **_bound_json(s, cyc, clock)})
     for b, m in meshrt.items():
         if m.ok:
             points.append({"system": "meshrt", "micro_batch": b, "stages": m.stages,
@@ -570,7 +597,8 @@ def pareto(builder: Builder, static: dict[int, Build], meshrt: dict[int, Build],
                            "step_cycles": m.interval_cycles,
                            "user_tokens_per_s": clock / m.tpot_cycles,
                            "system_tokens_per_s": b * clock / m.interval_cycles,
-                           "bottleneck_stage_cycles": max(m.stage_cycles, default=0.0)})
+                           "bottleneck_stage_cycles": max(m.stage_cycles, default=0.0),
+                           **_bound_json(m, m.tpot_cycles, clock)})
     best = {sys_: max((p["system_tokens_per_s"] for p in points if p["system"] == sys_), default=0.0)
             for sys_ in ("static", "meshrt")}
     return {"points": points, "peak_system_ratio": best["meshrt"] / best["static"] if best["static"] else None,
@@ -630,6 +658,12 @@ def _fmt(v: float, digits: int = 0) -> str:
     return f"{v:,.{digits}f}"
 
 
+def _bound_cells(row: dict) -> tuple[str, str]:
+    """The lower bound (us) and how far the TPOT is above it."""
+    r = row.get("tpot_over_bound")
+    return _fmt(row["bound_us"], 1), f"{r:,.1f}x" if r is not None else "-"
+
+
 def print_tables(results: dict, file=None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -642,14 +676,15 @@ def print_tables(results: dict, file=None) -> None:
 
     g = results["governance"]
     t = Table(title="Governance overhead (micro-batch 1, same one-stage mapping)")
-    for col in ("build", "dynamism", "TPOT cycles", "TPOT us", "interpreter cycles"):
-        t.add_column(col, justify="right" if "TPOT" in col or "cycles" in col else "left")
+    for col in ("build", "dynamism", "TPOT cycles", "TPOT us", "bound us", "TPOT / bound",
+                "interpreter cycles"):
+        t.add_column(col, justify="left" if col in ("build", "dynamism") else "right")
     gi = g.get("interpreter", {})
     t.add_row("static", "none", _fmt(g["static"]["tpot_cycles"]), _fmt(g["static"]["tpot_us"], 1),
-              _fmt(gi["static_tpot_cycles"]) if gi else "-")
+              *_bound_cells(g["static"]), _fmt(gi["static_tpot_cycles"]) if gi else "-")
     t.add_row("meshrt", ", ".join(g["dynamic"]["dynamism"]) or "none",
               _fmt(g["dynamic"]["tpot_cycles"]), _fmt(g["dynamic"]["tpot_us"], 1),
-              _fmt(gi["dynamic_tpot_cycles"]) if gi else "-")
+              *_bound_cells(g["dynamic"]), _fmt(gi["dynamic_tpot_cycles"]) if gi else "-")
     t.caption = (f"overhead {_fmt(g['overhead_cycles'])} cycles = {g['overhead_percent']:.2f} %"
                  + (f" (interpreter {gi['overhead_percent']:.2f} %)" if gi else "")
                  + f"; paper: {g['paper']}")
@@ -669,12 +704,12 @@ def print_tables(results: dict, file=None) -> None:
 
     p = results["pareto"]
     t = Table(title="Single-user vs system throughput (decode)")
-    for col in ("system", "micro-batch", "stages", "in flight", "TPOT cycles", "user tok/s",
-                "system tok/s"):
+    for col in ("system", "micro-batch", "stages", "in flight", "TPOT cycles", "bound us",
+                "TPOT / bound", "user tok/s", "system tok/s"):
         t.add_column(col, justify="left" if col == "system" else "right")
     for pt in p["points"]:
         t.add_row(pt["system"], str(pt["micro_batch"]), str(pt["stages"]), str(pt["in_flight"]),
-                  _fmt(pt["tpot_cycles"]), _fmt(pt["user_tokens_per_s"], 1),
+                  _fmt(pt["tpot_cycles"]), *_bound_cells(pt), _fmt(pt["user_tokens_per_s"], 1),
                   _fmt(pt["system_tokens_per_s"], 1))
     if p["peak_system_ratio"] is not None:
         t.caption = f"peak system throughput meshrt / static: {p['peak_system_ratio']:.2f}x"
@@ -692,14 +727,14 @@ def print_tables(results: dict, file=None) -> None:
 
     t = Table(title="Builds")
     for col in ("build", "micro-batch", "stages", "wafers", "step cycles", "interval cycles",
-                "interpreter", "compile s", "model s"):
+                "bound cycles", "interpreter", "compile s", "model s"):
         t.add_column(col, justify="left" if col == "build" else "right")
     for b in results["builds"]:
         if b["error"] and not b["latency_cycles"]:
-            t.add_row(b["label"], str(b["micro_batch"]), "-", "-", "not built", "", "", "", "")
+            t.add_row(b["label"], str(b["micro_batch"]), "-", "-", "not built", "", "", "", "", "")
             continue
         t.add_row(b["label"], str(b["micro_batch"]), str(b["stages"]), str(b["wafers"]),
-                  _fmt(b["latency_cycles"]), _fmt(b["interval_cycles"]),
+                  _fmt(b["latency_cycles"]), _fmt(b["interval_cycles"]), _fmt(b["bound_cycles"]),
                   _fmt(b["interpreter_cycles"]) if b["interpreter_cycles"] else "-",
                   f"{b['compile_s']:.1f}", f"{b['model_s']:.1f}")
     con.print(t)

@@ -78,6 +78,20 @@ def test_bench_numbers_are_consistent(bench_run):
         assert b["interpreter_cycles"] and abs(b["latency_cycles"] / b["interpreter_cycles"] - 1) < 0.1
 
 
+def test_bench_shows_the_lower_bound_beside_each_tpot(bench_run):
+    _, stdout, res = bench_run
+    assert "lower_bound" in res["sources"] and "TPOT / bound" in stdout
+    rows = [res["governance"]["static"], res["governance"]["dynamic"], *res["pareto"]["points"]]
+    for r in rows:
+        assert 0 < r["bound_cycles"] <= r["tpot_cycles"]
+        assert r["tpot_over_bound"] == pytest.approx(r["tpot_cycles"] / r["bound_cycles"])
+        assert r["bound_us"] == pytest.approx(1e6 * r["bound_cycles"] / res["meta"]["clock_hz"])
+    for b in res["builds"]:  # the bound also holds against the interpreter, and adds up
+        assert 0 < b["bound_cycles"] < b["interpreter_cycles"]
+        assert b["bound_cycles"] == pytest.approx(
+            b["bound_compute_cycles"] + b["bound_hop_cycles"] + b["bound_wafer_cycles"])
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["bench", TINY], "--target"),
     (["bench", TINY, "--target", "test32", "--micro-batch", "0"], "--micro-batch"),

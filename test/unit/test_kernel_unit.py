@@ -299,6 +299,18 @@ def test_fixture_kind_emits_csl_that_lints(scaled_kernels, tmp_path):
      "class OP(GemvOp):\n"
      "    name = 'mesh_kernel.gemv2'\n"
      "    COMPUTE = (ComputeOp('fma2', 'flops', lambda b: []),)\n", "has cost key 'flops'"),
+    ("from meshrt.kernels.gemv.op import GemvOp\n"
+     "from meshrt.kernels.compute import ComputeOp\n"
+     "class OP(GemvOp):\n"
+     "    name = 'mesh_kernel.gemv2'\n"
+     "    COMPUTE = (ComputeOp('fma2', ('fmac', 'exp'), lambda b: []),)\n",
+     "names several cost keys but no price formula"),
+    ("from meshrt.kernels.gemv.op import GemvOp\n"
+     "from meshrt.kernels.compute import ComputeOp\n"
+     "class OP(GemvOp):\n"
+     "    name = 'mesh_kernel.gemv2'\n"
+     "    COMPUTE = (ComputeOp('fma2', ('fmac', 'flops'), lambda b: [], price=lambda c, w, p: w),)\n",
+     "has cost key 'flops'"),
 ])
 def test_bad_kind_folder_is_one_line(tmp_path, body, message):
     (tmp_path / "bad").mkdir()

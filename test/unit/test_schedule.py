@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from meshrt.dialects import event as ev
 from meshrt.driver import segment_program
+from meshrt.kernels import registry
 from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.runtime.schedule import (
     WAVELET_BYTES,
@@ -52,6 +53,7 @@ def test_tables_follow_the_ir(model, target):
     p, tg = program(model, target), load_target(target)
     sched = flatten(p, tg)
     classes = p.core_classes()
+    params = {k.kernel_name: k.param for k in p.kernels()}
     assert sched.flows == tuple(f.flow_name for f in p.flows())
     assert all(sched.flow_index[n] == i for i, n in enumerate(sched.flows))
     assert [c.name for c in sched.classes] == [c.class_name for c in classes]
@@ -74,7 +76,11 @@ def test_tables_follow_the_ir(model, target):
             elif type(x) is AwaitCredits:  # right before the segment's first send of the flow
                 assert type(ins[j + 1]) is Send and ins[j + 1].flow == x.flow
             elif type(x) is Compute:
-                assert x.cycles == x.work * op_cycles(tg.costs, x.op)
+                op = registry.compute_op(x.op)
+                if op.price is None:  # work x the op's cost key
+                    assert x.cycles == x.work * tg.costs[op.cost]
+                else:  # the op's own formula, over the computing kernel's parameters
+                    assert x.cycles == op.price(tg.costs, x.work, params[x.kernel])
             elif type(x) is Send:
                 assert x.cycles == math.ceil(x.nbytes / WAVELET_BYTES) * tg.costs["send_wavelet"]
         # end of flow: the class's last send of each flow in the step, and only that one
@@ -84,6 +90,18 @@ def test_tables_follow_the_ir(model, target):
             assert flags == [False] * (len(flags) - 1) + [True]
         primed = Counter(x.flow for x in ins if type(x) is Recv and x.primed)
         assert dict(primed) == dict(cs.primed)
+
+
+def test_op_cycles_prices_each_op_by_its_own_formula():
+    """A plain op is work x its cost key; the attention merge is per head a max and two exps,
+    then a multiply and an FMAC over each head's outputs and sum (hand-computed)."""
+    costs = {"add": 0.5, "argmax": 1.0, "exp": 20.0, "mul": 0.25, "fmac": 0.125}
+    param = {"head_dim": 16}.__getitem__
+    assert op_cycles(costs, "add", 10, param) == 5.0
+    # 2 heads x (16 outputs + max + sum) = 36 elements: 2 x (1 + 2 x 20) + 34 x (0.25 + 0.125)
+    assert op_cycles(costs, "softmax_merge", 36, param) == 82.0 + 12.75
+    # a core holding half a head (8 outputs + max + sum) still merges one head
+    assert op_cycles(costs, "softmax_merge", 10, param) == 41.0 + 9 * 0.375
 
 
 def test_the_test_builds_have_handshakes_markers_and_primed_recvs():

@@ -10,7 +10,15 @@ import pytest
 
 from meshrt.dialects.mesh import Resources
 from meshrt.frontend.errors import FrontendError
-from meshrt.targets import COST_KEYS, TARGET_DIR, available_targets, load_target
+from meshrt.targets import (
+    _FLOAT_FIELDS,
+    _ID_LIST_FIELDS,
+    _INT_FIELDS,
+    COST_KEYS,
+    TARGET_DIR,
+    available_targets,
+    load_target,
+)
 
 
 def test_bundled_targets_exist():
@@ -65,10 +73,36 @@ def test_costs_complete_and_documented():
         for key in COST_KEYS:
             line = re.search(rf"^{key}\s*=.*$", costs, re.MULTILINE)
             assert line, (name, key)
-        # every cost line of the wse3 file explains its figure
-        if name == "wse3":
-            for key in COST_KEYS:
-                assert "#" in re.search(rf"^{key}\s*=.*$", costs, re.MULTILINE).group(0), key
+
+
+@pytest.mark.parametrize("name", ["wse3", "wse2"])
+def test_every_hardware_figure_names_its_source(name):
+    """Each figure of the hardware targets cites a public source (a tag the file's header
+    defines) or says it is an assumption, on its line or in the comment block right above
+    its group of lines."""
+    text = (TARGET_DIR / f"{name}.toml").read_text()
+    header = text.split("\nname =", 1)[0]
+    tags = set(re.findall(r"^#\s+\[(\w+)\]", header, re.MULTILINE))
+    if name == "wse2":  # cites wse3.toml's tags too
+        tags |= set(re.findall(r"^#\s+\[(\w+)\]", (TARGET_DIR / "wse3.toml").read_text(), re.MULTILINE))
+    block, checked, after_key = "", 0, False  # a comment block covers the keys right below it
+    for line in text.splitlines():
+        if not line.strip():
+            block = ""
+        elif line.startswith("#"):
+            block = (block if not after_key else "") + line + "\n"
+            after_key = False
+        elif "=" in line and not line.startswith("["):
+            key = line.split("=", 1)[0].strip()
+            if key not in ("name", "description"):
+                said = block + line
+                assert "assumption" in said.lower() or any(f"[{t}]" in said for t in tags), (name, key)
+                for tag in re.findall(r"\[(\w+)\]", line.split("#", 1)[-1] if "#" in line else ""):
+                    assert tag in tags, (name, key, tag)
+                checked += 1
+            after_key = True
+    schema = len(_INT_FIELDS) + len(_ID_LIST_FIELDS) + len(_FLOAT_FIELDS) + len(COST_KEYS)
+    assert checked == schema  # every key of the schema but name / description
 
 
 def test_with_overrides():

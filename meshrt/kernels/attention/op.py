@@ -30,8 +30,27 @@ EXP = ComputeOp("exp", "exp", csl.exp)
 """exp(s - max) of the scores and their sum."""
 AV = ComputeOp("av", "fmac", csl.av)
 """The scores' weighted sum of this core's V rows."""
-SOFTMAX_MERGE = ComputeOp("softmax_merge", "exp", csl.softmax_merge)
-"""Flash-decoding merge of a partner's (out, max, sum) into this core's."""
+
+
+def merge_cycles(costs, work: int, param) -> float:
+    """One flash-decoding merge of `work` message elements: per head (head_dim outputs, max,
+    sum) a max of the two maxima and two exps (the rescale factors), then a multiply and an
+    FMAC over the head's outputs and sum (rescale own, add partner's rescaled).
+
+    Heads merged = ceil(work / (head_dim + 2)): exact when the columns hold whole heads (the
+    layout the interpreter computes); a core holding part of a head counts it once.
+    """
+    d = param("head_dim")
+    if d is None:
+        raise ValueError("softmax_merge is priced per head: its kernel needs a head_dim parameter")
+    heads = -(-work // (d + 2))
+    return (heads * (costs["argmax"] + 2 * costs["exp"])
+            + (work - heads) * (costs["mul"] + costs["fmac"]))
+
+
+SOFTMAX_MERGE = ComputeOp("softmax_merge", ("argmax", "exp", "mul", "fmac"), csl.softmax_merge,
+                          price=merge_cycles)
+"""Flash-decoding merge of a partner's (out, max, sum) into this core's (`merge_cycles`)."""
 NORMALIZE = ComputeOp("normalize", "mul", csl.normalize)
 """Divide by the softmax sum at the root."""
 
