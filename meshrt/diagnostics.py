@@ -155,6 +155,13 @@ def parse_module(ctx, text: str | bytes, filename: str, line_offset: int = 0,
         module = parser.parse_module()
     except ParseError as e:
         raise MeshrtError.located(format_parse_error(e, filename, line_offset)) from e
+    except RecursionError:
+        # xDSL's parser recurses once per nested attribute, type or region:
+        # about a hundred levels fill Python's stack (meshrt's IR needs ~10).
+        loc = parser._current_token.span.get_location()
+        raise MeshrtError.located(
+            f"{filename}:{loc.line + line_offset}:{loc.col}: error: attributes, types or regions "
+            f"nested too deeply for the parser (meshrt IR nests about 10 levels)") from None
     except DiagnosticException as e:
         # Attribute verifiers run while parsing: report where the parser stood.
         loc = parser._current_token.span.get_location()

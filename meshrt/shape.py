@@ -19,6 +19,7 @@ stage, so every attention keeps KV for micro_batch x stages requests
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -36,6 +37,62 @@ SHAPE_INTS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn
               "top_k", "expert_ffn", "shared_experts", "max_seq", "eos_token")
 MAPPING_INTS = ("kv_slots", "experts_per_region")  # what the mapper chose
 SHAPE_FLOATS = ("dtype_bytes", "expert_dtype_bytes", "kv_bytes")
+
+# Sanity bounds, far above any real model and far below what would hang the
+# mapper or overflow an i64 product: a larger number is a typo or garbage.
+MAX_LAYERS = 1 << 16
+MAX_EXPERTS = 1 << 16
+MAX_DIM = 1 << 24
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "layers": (1, MAX_LAYERS), "hidden": (1, MAX_DIM), "heads": (1, MAX_DIM),
+    "kv_heads": (1, MAX_DIM), "head_dim": (1, MAX_DIM), "vocab": (1, MAX_DIM),
+    "ffn": (0, MAX_DIM), "experts": (0, MAX_EXPERTS), "top_k": (0, MAX_EXPERTS),
+    "expert_ffn": (0, MAX_DIM), "shared_experts": (0, MAX_EXPERTS), "max_seq": (1, MAX_DIM),
+    "eos_token": (0, MAX_DIM), "kv_slots": (1, MAX_DIM), "experts_per_region": (0, MAX_EXPERTS),
+}
+
+
+def int_problem(key: str, v: Any) -> str | None:
+    """Why `v` is not a sane value of the integer field `key` (INT_RANGES), or None."""
+    lo, hi = INT_RANGES[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        return f"{key} must be an integer, got {v!r}"
+    if v < lo:
+        return f"{key} must be at least {lo}, got {v}" if lo else f"{key} must not be negative, got {v}"
+    if v > hi:
+        return f"{key} must be at most {hi:,}, got {v:,}"
+    return None
+
+
+def bytes_problem(key: str, v: Any) -> str | None:
+    """Why `v` is not a byte size (a positive multiple of 1/32 up to 8), or None."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 8 or (v * 32) % 1:
+        return f"{key} must be a positive multiple of 1/32 up to 8, got {v}"
+    return None
+
+
+def hparams_problem(hparams: Any) -> str | None:
+    """What is wrong with an IR `hparams` dictionary, or None: every numeric
+    key present is checked (INT_RANGES, byte sizes), and hparams that hold the
+    six dimensions are checked as a whole ModelShape (top_k <= experts, ...)."""
+    hp = HParams.of(hparams)
+    for key, attr in hp.attrs.items():
+        if key in INT_RANGES or key in SHAPE_FLOATS:
+            if not isinstance(attr, IntegerAttr | FloatAttr):
+                return f"{key} must be a number, got {attr}"
+            v = attr.value.data
+            if key in SHAPE_FLOATS:
+                problem = bytes_problem(key, v)
+            else:
+                problem = int_problem(key, v if isinstance(attr, IntegerAttr) or v % 1 else int(v))
+            if problem:
+                return problem
+    if all(k in hp for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab")):
+        try:
+            ModelShape.from_hparams(hp)
+        except FrontendError as e:
+            return e.message
+    return None
 
 
 def kv_bytes_default(dtype_bytes: float) -> float:
@@ -84,6 +141,10 @@ class ModelShape:
     locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
+        for key in SHAPE_INTS:  # before anything is built per layer (eos_token: below)
+            problem = None if key == "eos_token" else int_problem(key, getattr(self, key))
+            if problem:
+                raise FrontendError(problem, field_loc(self.locs, key, self.source))
         if self.experts and not self.moe_layers:
             object.__setattr__(self, "moe_layers", tuple(range(self.layers)))
         if not self.expert_dtype_bytes:
@@ -98,7 +159,11 @@ class ModelShape:
         return self.experts > 0
 
     def is_moe_layer(self, layer: int) -> bool:
-        return layer in self.moe_layers
+        return layer in self._moe_set
+
+    @functools.cached_property
+    def _moe_set(self) -> frozenset[int]:
+        return frozenset(self.moe_layers)
 
     @property
     def qkv_width(self) -> int:
@@ -112,20 +177,22 @@ class ModelShape:
         """K and V of one token in one layer."""
         return 2 * self.kv_heads * self.head_dim * self.kv_bytes
 
+    def weight_counts(self) -> tuple[int, int]:
+        """(weights stored at dtype_bytes, expert weights at expert_dtype_bytes),
+        counted in elements (embedding and lm_head separately, untied)."""
+        h = self.hidden
+        attn = h * self.qkv_width + self.attn_width * h + 2 * h  # + two norm gains
+        moe = len(self.moe_layers) if self.is_moe else 0
+        plain = 2 * self.vocab * h + h  # embed, lm_head, final norm
+        plain += self.layers * attn + moe * h * self.experts  # attention, routers
+        plain += (self.layers - moe) * 3 * h * self.ffn
+        experts = moe * (self.experts + self.shared_experts) * 3 * h * self.expert_ffn
+        return plain, experts
+
     def weight_bytes(self) -> float:
         """All weights (embedding and lm_head counted separately, untied)."""
-        h, d = self.hidden, self.dtype_bytes
-        attn = h * self.qkv_width + self.attn_width * h + 2 * h  # + two norm gains
-        total = 2 * self.vocab * h * d + h * d  # embed, lm_head, final norm
-        for layer in range(self.layers):
-            total += attn * d
-            if self.is_moe_layer(layer):
-                total += h * self.experts * d  # router
-                total += (self.experts + self.shared_experts) * 3 * h * self.expert_ffn \
-                    * self.expert_dtype_bytes
-            else:
-                total += 3 * h * self.ffn * d
-        return total
+        plain, experts = self.weight_counts()
+        return plain * self.dtype_bytes + experts * self.expert_dtype_bytes
 
     # -- the IR's hparams ------------------------------------------------
     def to_hparams(self, kv_slots: int, experts_per_region: int) -> dict[str, Attribute]:
@@ -160,10 +227,6 @@ class ModelShape:
         def err(key: str, msg: str) -> FrontendError:
             return FrontendError(msg, field_loc(self.locs, key, self.source))
 
-        for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "max_seq"):
-            v = getattr(self, key)
-            if v < 1:
-                raise err(key, f"{key} must be at least 1, got {v}")
         if self.hidden % self.heads:
             raise err("hidden", f"hidden size {self.hidden} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
@@ -171,16 +234,13 @@ class ModelShape:
                       f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
         if self.head_dim % 2:
             raise err("head_dim", f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        for key in ("dtype_bytes", "expert_dtype_bytes", "kv_bytes"):
-            v = getattr(self, key)
-            if not 0 < v <= 8 or (v * 32) % 1:
-                raise err(key, f"{key} must be a positive multiple of 1/32 up to 8, got {v}")
+        for key in SHAPE_FLOATS:
+            problem = bytes_problem(key, getattr(self, key))
+            if problem:
+                raise err(key, problem)
         if self.eos_token is not None and not 0 <= self.eos_token < self.vocab:
             raise err("eos_token",
                       f"eos_token {self.eos_token} is outside the vocabulary 0..{self.vocab - 1}")
-        for key in ("ffn", "experts", "top_k", "expert_ffn", "shared_experts"):
-            if getattr(self, key) < 0:
-                raise err(key, f"{key} must not be negative, got {getattr(self, key)}")
         if self.experts:
             if not 1 <= self.top_k <= self.experts:
                 raise err("top_k",

@@ -150,6 +150,11 @@ class MappedProgramOp(IRDLOperation):
         ):
             if v <= 0:
                 raise VerifyException(f"@{self.program_name}: {what} must be > 0, got {v}")
+        from meshrt.shape import hparams_problem
+
+        problem = hparams_problem(self.hparams)
+        if problem:
+            raise VerifyException(f"@{self.program_name}: hparams: {problem}")
         if self.num_stages < self.num_wafers:
             raise VerifyException(
                 f"@{self.program_name}: {self.num_wafers} wafers need at least as many "
@@ -235,12 +240,13 @@ class MappedKernelOp(IRDLOperation):
         program = enclosing_program(self)
         if program is not None:
             w, h = program.mesh_size
-            if not self.region.fits_mesh(w, h):
-                x0, y0, x1, y1 = self.region.extent
-                raise self.fail(
-                    f"region {self.region} spans columns {x0}..{x1 - 1} and rows "
-                    f"{y0}..{y1 - 1}, outside the {w} x {h} mesh"
-                )
+            for what, cores in self.core_sets():  # region, and e.g. expert_regions[3]
+                if not cores.fits_mesh(w, h):
+                    x0, y0, x1, y1 = cores.extent
+                    raise self.fail(
+                        f"{what} {cores} spans columns {x0}..{x1 - 1} and rows "
+                        f"{y0}..{y1 - 1}, outside the {w} x {h} mesh"
+                    )
             if not 0 <= self.stage_index < program.num_stages:
                 raise self.fail(f"stage {self.stage_index} is not in 0..{program.num_stages - 1}")
             if not 0 <= self.wafer_index < program.num_wafers:
@@ -249,6 +255,17 @@ class MappedKernelOp(IRDLOperation):
 
     def verify_kernel(self) -> None:
         """Kernel-specific structural checks."""
+
+    def core_sets(self):
+        """(name, CoreSetAttr) of every core set among the properties: `region`,
+        and the entries of arrays of them (`expert_regions[i]`)."""
+        for name, attr in self.properties.items():
+            if isinstance(attr, CoreSetAttr):
+                yield name, attr
+            elif isinstance(attr, ArrayAttr):
+                for i, a in enumerate(attr.data):
+                    if isinstance(a, CoreSetAttr):
+                        yield f"{name}[{i}]", a
 
     @staticmethod
     def common_props(

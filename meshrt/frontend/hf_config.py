@@ -31,6 +31,7 @@ from typing import Any
 
 from meshrt.frontend.errors import FrontendError, Loc, locate_text
 from meshrt.frontend.model import DEFAULT_MAX_SEQ, ModelShape, ModelSpec
+from meshrt.limits import JSONInputError, parse_json
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
 
@@ -84,9 +85,9 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     except OSError as e:
         raise FrontendError(f"cannot read config: {e.strerror or e}", path)
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FrontendError(f"invalid JSON: {e.msg}", Loc(path, e.lineno, e.colno)) from None
+        data = parse_json(text)
+    except JSONInputError as e:
+        raise FrontendError(f"invalid JSON: {e.msg}", e.loc(path)) from None
     if not isinstance(data, dict):
         raise FrontendError("a config.json must hold a JSON object", Loc(path, 1, 1))
     return hf_spec_from_dict(data, path, text)

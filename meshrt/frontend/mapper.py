@@ -55,11 +55,13 @@ from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.kernels.gemv.op import GemvOp
 from meshrt.kernels.interface import ceil_div
+from meshrt.limits import format_bytes as _fmt_bytes
 from meshrt.shape import kv_slots
 from meshrt.targets import Target
 
 MIN_EXPERT_CORES = 4  # below this an expert region has no room for distinct roles
 MAX_ROW_CHOICES = 64  # candidate block heights tried per wafer
+MAX_WAFERS = 2048  # the largest wafer budget mapped without a `wafers` given (a CS-3 cluster)
 # Share of usable SRAM the mapper leaves free: the kernel lowering adds
 # per-role message buffers and reduction scratch this byte model only
 # approximates, so regions are sized to fill at most 95 %.
@@ -390,6 +392,7 @@ class _Mapper:
         self.budget_loc = spec.locs.get("wafers") if from_spec else None
         self.budget_loc = self.budget_loc or Loc(spec.source)
         s = self.shape
+        self._check_capacity()
         self.units = [Unit("embed", -1)] + [
             Unit("moe" if s.is_moe_layer(i) else "dense", i) for i in range(s.layers)
         ] + [Unit("lm_head", -1)]
@@ -398,6 +401,23 @@ class _Mapper:
 
     def where(self) -> Loc:
         return Loc(self.spec.source)
+
+    def _check_capacity(self) -> None:
+        """Without a wafer budget, fail fast, before anything is built per
+        layer, when the weights and one request slot of KV per layer exceed the
+        SRAM of MAX_WAFERS wafers (a budget given is checked in detail later)."""
+        if self.wafers is not None:
+            return
+        s, t = self.shape, self.target
+        need = s.weight_bytes() + s.layers * s.max_seq * s.kv_bytes_per_token()
+        wafer = t.cores * t.usable_sram_bytes
+        unit = max(s.vocab * s.hidden * s.dtype_bytes, need / s.layers)  # embed, a mean layer
+        if need > MAX_WAFERS * wafer and unit <= wafer:  # else no_fit_unit names the unit
+            have = MAX_WAFERS * wafer
+            raise FrontendError(
+                f"model does not fit: its weights and one request's KV need at least "
+                f"{_fmt_bytes(need)} of SRAM, more than the {_fmt_bytes(have)} of {MAX_WAFERS} "
+                f"{t.name} wafers (the most the mapper tries without a wafer budget)", self.where())
 
     def _expert_group(self) -> int:
         s, m = self.shape, self.spec.mapping
@@ -573,13 +593,6 @@ def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
         return attn + 3 * s.hidden * s.ffn * d
     return attn + s.hidden * s.experts * d + \
         (s.experts + s.shared_experts) * 3 * s.hidden * s.expert_ffn * s.expert_dtype_bytes
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _spread(p: Placed, width: int | None = None) -> Placed:

@@ -216,7 +216,14 @@ class _Builder:
         name = str(name_node.children[0])
         if name_node.data == "string":
             name = name[1:-1]
+            if not name.strip():
+                raise self.err("the model's name is empty", name_node)
         vals, locs = self.fields(block, MODEL_FIELDS, "model", block.children[1:])
+        for key, default in (("expert_dtype_bytes", "dtype_bytes"),
+                             ("kv_bytes", "max(dtype_bytes, 2)")):
+            if vals.get(key) == 0:  # 0 is how ModelShape spells "not given"
+                raise FrontendError(f"{key} must be positive, got 0 (leave it out for the "
+                                    f"default, {default})", locs[key])
         for key in REQUIRED_MODEL_FIELDS:
             if key not in vals:
                 raise self.err(f"model '{name}' is missing the field '{key}'", block)

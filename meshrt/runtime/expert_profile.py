@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshrt.frontend.errors import FrontendError, Loc, locate_text
+from meshrt.limits import JSONInputError, parse_json
 from meshrt.output import atomic_file
 
 PROFILE_FORMAT = "meshrt-expert-profile"
@@ -118,9 +119,9 @@ def _read_json(path: str | os.PathLike, what: str) -> tuple[Any, _Src]:
 
 def _parse_json(text: str, name: str, what: str) -> tuple[Any, _Src]:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FrontendError(f"{what} is not valid JSON: {e.msg}", Loc(name, e.lineno, e.colno)) from None
+        data = parse_json(text)
+    except JSONInputError as e:
+        raise FrontendError(f"{what} is not valid JSON: {e.msg}", e.loc(name)) from None
     src = _Src(name, text)
     if not isinstance(data, dict):
         raise FrontendError(f"{what} must be a JSON object", Loc(name, 1, 1))

@@ -162,6 +162,7 @@ from meshrt.runtime.schedule import (
 RUN, W_RECV, W_SEND, W_MARKER, W_DRAIN, DONE, W_CREDIT, W_RDRAIN = range(8)
 STATE_NAMES = ("run", "recv", "send", "marker", "drain", "done", "credit", "route-drain")
 STALL_NAMES = ("recv", "send", "marker", "drain", "credit", "route_drain")
+PROGRESS_EVENTS = 1 << 14  # events between two calls of `run`'s progress callback
 # Heap event kinds.
 E_RESUME, E_HOP, E_DELIVER, E_MARKER_DONE, E_CREDIT = range(5)
 
@@ -613,7 +614,10 @@ class MeshSim:
                                   max(self.queue_depth, n * self.inflight) * len(core.senders.get(f, ())))
 
     # -- running ---------------------------------------------------------
-    def run(self, steps: int = 1) -> SimResult:
+    def run(self, steps: int = 1, progress: Callable[[MeshSim], None] | None = None) -> SimResult:
+        """Simulate `steps` decode steps (or until `stop` is set); `progress`
+        is called every PROGRESS_EVENTS events with the simulator (its `now`,
+        `step_end`), e.g. to draw a progress bar."""
         self.steps = steps
         heap: list = []
         self.heap = heap
@@ -663,6 +667,8 @@ class MeshSim:
                 advance(a, t)
             if self.stop or self.done == ncores:
                 break
+            if progress is not None and not n_events % PROGRESS_EVENTS:
+                progress(self)
         wall = _time.perf_counter() - t0
         if not heap and self.done < ncores and not self.stop and not self.reports:
             self.reports.append(self._deadlock())

@@ -27,6 +27,7 @@ each owns its own KV slots.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,8 @@ from meshrt.runtime.dataplane import DataPlane
 from meshrt.runtime.cost_model import default_in_flight
 from meshrt.runtime.mesh_sim import MeshSim, SimResult
 from meshrt.runtime.workloads import Request
+from meshrt.diagnostics import FrontendError, Loc, op_location
+from meshrt.limits import check_memory
 from meshrt.shape import HParams, ModelShape
 
 
@@ -231,6 +234,38 @@ def _rid(live: _Live) -> int:
     return hash(live.req.id) & 0x7FFFFFFF if not isinstance(live.req.id, int) else live.req.id
 
 
+def run_bytes(shape: ModelShape, kv_slots: int) -> int:
+    """Bytes a checked interpreter run of `shape` allocates, estimated before
+    any is: the reference's float32 weights (4 B a weight), the interpreter's
+    float64 tiles of them (8 B), the float64 draw of the largest weight array
+    while the weights are made, and float32 KV caches for the interpreter's
+    `kv_slots` request slots plus the reference's one request, `max_seq`
+    positions each."""
+    s = shape
+    plain, experts = s.weight_counts()
+    largest = max(s.vocab * s.hidden, s.hidden * s.qkv_width, s.hidden * s.ffn,
+                  s.experts * s.hidden * s.expert_ffn if s.is_moe else 0)
+    kv = 4 * 2 * s.kv_heads * s.head_dim * s.max_seq * s.layers * (kv_slots + 1)
+    return 12 * (plain + experts) + 8 * largest + kv
+
+
+def check_runnable(shape: ModelShape, kv_slots: int, where: Loc | str | None = None) -> None:
+    """Refuse, before anything is allocated, a model the reference and the
+    interpreter cannot run: mixed dense and MoE layers (not supported yet), or
+    more memory than this machine has (`run_bytes`). FrontendError at `where`
+    (the mixed-layer error at the field that chose the MoE layers)."""
+    if shape.is_moe and len(shape.moe_layers) < shape.layers:
+        dense = [i for i in range(shape.layers) if not shape.is_moe_layer(i)]
+        shown = ", ".join(map(str, dense[:4])) + (", ..." if len(dense) > 4 else "")
+        raise FrontendError(
+            f"layers {shown} of {shape.name} are dense and the others MoE: the NumPy reference "
+            "and the interpreter run models whose layers are all MoE or all dense (mixed layers "
+            "are a later issue); `meshrt compile` and `meshrt bench` take it",
+            shape.locs.get("moe_layers") or where)
+    check_memory(run_bytes(shape, kv_slots), f"the NumPy reference and interpreter of {shape.name}",
+                 "use `meshrt bench` (the cost model) for a model this size", where)
+
+
 def reference_shape(program) -> ref.RefShape:
     """The NumPy reference's shape from the program's hyper-parameters."""
     return ref.RefShape.of(ModelShape.from_hparams(program, program.program_name))
@@ -303,12 +338,17 @@ class ServingResult:
 def serve(program, target, requests: list[Request], *, seed: int = 0, weight_seed: int = 0,
           weights: ref.Weights | None = None, queue_capacity: int = 16,
           max_cycles: int = 200_000_000, check: bool = True, trace: bool = False,
-          safe: bool = True, speed_scale=None, recalibrator=None) -> ServingResult:
+          safe: bool = True, speed_scale=None, recalibrator=None,
+          progress: Callable[[int, int], None] | None = None) -> ServingResult:
     """Serve `requests` on `program` (coloured segment IR) and compare with the reference.
 
     `recalibrator` (a `meshrt.runtime.recalibration.Recalibrator` over the
     program's MoE layers) sees every step's routing and may re-place experts
-    between decode steps; `ServingResult.replans` says when and what moved."""
+    between decode steps; `ServingResult.replans` says when and what moved.
+    `progress(cycles, requests done)` is called now and then during the run."""
+    if weights is None:
+        check_runnable(ModelShape.from_hparams(program, program.program_name),
+                       HParams.of(program).kv_slots(program), op_location(program))
     shape = reference_shape(program)
     weights = weights if weights is not None else ref.Weights.random(shape, weight_seed)
     dyn = program.dynamism_kinds
@@ -329,7 +369,9 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
         sim.stop = True
 
     host.on_done = done
-    result = sim.run(steps=1 << 40)
+    report = None if progress is None else (
+        lambda s: progress(s.now, len(host.records) + len(host.rejected)))
+    result = sim.run(steps=1 << 40, progress=report)
     mismatches = []
     if check:
         model = ref.ReferenceModel(shape, weights)

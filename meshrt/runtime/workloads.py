@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from meshrt.limits import JSONInputError, parse_json
 from meshrt.output import atomic_file
 
 __all__ = [
@@ -342,11 +343,9 @@ def load_jsonl(path: str | os.PathLike, vocab: int) -> list[Request]:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise err(f"invalid JSON: {e.msg} (column {e.colno})") from None
-        except (ValueError, RecursionError) as e:  # e.g. absurd integers / nesting
-            raise err(f"invalid JSON: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            obj = parse_json(text)
+        except JSONInputError as e:
+            raise err(f"invalid JSON: {e.msg}" + (f" (column {e.col})" if e.col else "")) from None
         req = _parse_line(obj, vocab, lineno, err)
         if req.id in seen:
             raise err(f"duplicate id {json.dumps(req.id)} (first on line {seen[req.id]})")
@@ -408,6 +407,18 @@ WORKLOADS: dict[str, Callable[..., list[Request]]] = {
     "chat": chat_like,
     "reasoning": reasoning_like,
 }
+
+
+def check_workload(name: str) -> None:
+    """Fail fast (WorkloadError) on a workload that is neither bundled nor an
+    existing .jsonl file, before any work is done for it."""
+    if str(name).endswith(".jsonl"):
+        if not os.path.isfile(name):
+            raise WorkloadError("no such workload file" if not os.path.exists(name) else "not a file",
+                                str(name))
+    elif name not in WORKLOADS:
+        raise WorkloadError(f"unknown workload {name!r}: expected one of {', '.join(WORKLOADS)} "
+                            "or a path ending in .jsonl")
 
 
 def get_workload(

@@ -118,7 +118,7 @@ def _list_arg(text: str, conv, ok, what: str, ordered: bool):
     else in the order given; anything else is an argparse error naming `what`."""
     bad = argparse.ArgumentTypeError(f"expected comma-separated {what}, got '{text}'")
     try:
-        vals = [conv(x) for x in text.split(",") if x.strip()]
+        vals = [conv(x) for x in text.split(",")]  # an empty item is an error, not skipped
     except ValueError:
         raise bad from None
     if not vals or not all(ok(v) for v in vals):  # `ok` also rejects nan

@@ -29,7 +29,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from meshrt.frontend.model import SUPPORTED_DYNAMISM
     from meshrt.passes.pipeline import LEVELS
+    from meshrt.targets import available_targets
 
     p = _Parser(prog="meshrt", description="Compile and run LLMs on wafer-scale meshes.")
     p.add_argument("--version", action="version", version=f"meshrt {__import__('meshrt').__version__}",
@@ -38,14 +40,17 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="compile a .mrt spec or a config.json to IR",
                        description="Compile MODEL (a .mrt spec or a Hugging Face config.json) "
                        "for target T and print the IR at LEVEL.")
-    c.add_argument("model", metavar="MODEL")
+    c.add_argument("model", metavar="MODEL", help="a .mrt spec or a Hugging Face config.json")
     c.add_argument("--target", required=True, metavar="T",
-                   help="a bundled target (wse3, wse2, test32, test16) or a target .toml file")
-    c.add_argument("--micro-batch", type=int, metavar="N", help="requests per micro-batch")
-    c.add_argument("--wafers", type=int, metavar="N", help="wafer budget (default: as few as fit)")
+                   help=f"a bundled target ({', '.join(available_targets())}) or a target .toml "
+                        "file")
+    c.add_argument("--micro-batch", type=int, metavar="N",
+                   help="requests per micro-batch, at least 1 (default: the spec's, or 1)")
+    c.add_argument("--wafers", type=int, metavar="N",
+                   help="wafer budget, at least 1 (default: as few as fit)")
     c.add_argument("--dynamism", type=parse_dynamism, metavar="LIST",
-                   help="override the spec's dynamism kinds: comma-separated, or 'none' for the "
-                        "static build")
+                   help="override the spec's dynamism kinds: a comma-separated list of "
+                        f"{', '.join(SUPPORTED_DYNAMISM)}, or 'none' for the static build")
     c.add_argument("--emit", choices=LEVELS, default="graph", metavar="LEVEL",
                    help=f"stop after this level: {', '.join(LEVELS)} (default graph)")
     c.add_argument("-o", dest="output", metavar="PATH",
@@ -56,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="--emit csl: print the per-class allocation table (only the table "
                         "when there is no -o)")
     lint = sub.add_parser("csl-lint", help="syntax-check CSL files")
-    lint.add_argument("files", nargs="+", metavar="FILE")
+    lint.add_argument("files", nargs="+", metavar="FILE", help="CSL files (.csl) to check")
     from meshrt.tools import bench, run, viz
 
     run.add_arguments(sub.add_parser(
@@ -193,9 +198,22 @@ def _emit_csl(args: argparse.Namespace, module, target) -> int:
 
 
 def parse_dynamism(text: str) -> tuple[str, ...]:
-    """`--dynamism`: 'none' (static) or a comma-separated list of kinds."""
+    """`--dynamism`: 'none' (static) or a comma-separated list of distinct kinds."""
+    from meshrt.frontend.model import SUPPORTED_DYNAMISM
+
     text = text.strip()
-    return () if text in ("", "none") else tuple(k.strip() for k in text.split(","))
+    if text == "none":
+        return ()
+    kinds = tuple(k.strip() for k in text.split(","))
+    for k in kinds:
+        if k not in SUPPORTED_DYNAMISM:
+            what = f"unknown dynamism kind '{k}'" if k else f"empty item in '{text}'"
+            raise argparse.ArgumentTypeError(
+                f"{what}, expected 'none' or a comma-separated list of "
+                f"{', '.join(SUPPORTED_DYNAMISM)}")
+    if len(set(kinds)) < len(kinds):
+        raise argparse.ArgumentTypeError(f"a dynamism kind is listed twice in '{text}'")
+    return kinds
 
 
 def _print_module(module, stream) -> None:

@@ -1,9 +1,12 @@
-"""What the console tools share: the one-line failure, the bench's error, and
-the largest target the interpreter simulates beside a model."""
+"""What the console tools share: the one-line failure, the bench's error, the
+largest target the interpreter simulates beside a model, and the progress bar
+of long simulations."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 
 INTERPRETER_MAX_CORES = 64 * 64  # targets the interpreter simulates beside the model
 
@@ -18,3 +21,21 @@ def fail(line: str) -> int:
         line = f"meshrt: {line}"
     print(" ".join(line.split()), file=sys.stderr)
     return 1
+
+
+@contextlib.contextmanager
+def progress_bar(what: str, total: int) -> Iterator[Callable[[int, str], None] | None]:
+    """A rich progress bar on stderr, when stderr is a terminal (else None):
+    yields `update(completed, text)`, `completed` out of `total`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    bar = Progress(TextColumn(what), BarColumn(), TextColumn("{task.fields[text]}"),
+                   TimeElapsedColumn(), console=console, transient=True)
+    task = bar.add_task(what, total=total, text="")
+    with bar:
+        yield lambda completed, text: bar.update(task, completed=min(completed, total), text=text)

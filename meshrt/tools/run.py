@@ -11,31 +11,58 @@ baseline and the compiled model side by side in one invocation.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import sys
 from pathlib import Path
 
 
+class UsageError(Exception):
+    """A bad command line: one complete line for stderr."""
+
+
+SEED_MAX = (1 << 63) - 1
+REQUEST_BYTES = 600  # a Request, its record and the reference's output, beside 8 B a token
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL|IR")
-    p.add_argument("--target", metavar="T", help="target (default: the IR's, or test32)")
+    from meshrt.runtime.workloads import WORKLOADS
+    from meshrt.targets import available_targets
+
+    p.add_argument("model", metavar="MODEL|IR",
+                   help="a .mrt spec, a Hugging Face config.json or printed IR (.mlir) of any level")
+    p.add_argument("--target", metavar="T",
+                   help=f"a bundled target ({', '.join(available_targets())}) or a target .toml "
+                        "file (default: the IR's, or test32)")
     p.add_argument("--workload", default="chat", metavar="NAME|FILE",
-                   help="chat, reasoning (synthetic, scaled to the model's KV capacity) or a .jsonl file")
-    p.add_argument("--requests", type=int, default=8, metavar="N")
+                   help=f"{', '.join(WORKLOADS)} (synthetic, scaled to the model's KV capacity) or "
+                        "a .jsonl file (default chat)")
+    p.add_argument("--requests", type=int, default=8, metavar="N",
+                   help="requests to serve, at least 1 (default 8; a .jsonl file: its first N)")
     p.add_argument("--rate", type=float, default=20.0, metavar="R",
-                   help="arrivals per million cycles (synthetic workloads; 0: all at once)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the asynchrony (speeds, jitter)")
-    p.add_argument("--workload-seed", type=int, default=0, metavar="S")
-    p.add_argument("--weights-seed", type=int, default=0, metavar="S")
-    p.add_argument("--queue", type=int, default=16, metavar="N", help="waiting-queue capacity")
-    p.add_argument("--static", action="store_true", help="run the static baseline build")
+                   help="arrivals per million cycles (synthetic workloads; 0: all at once; "
+                        "default 20)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="seed of the asynchrony (core speeds, jitter), 0 or more (default 0)")
+    p.add_argument("--workload-seed", type=int, default=0, metavar="S",
+                   help="seed of the synthetic workload's lengths, arrivals and tokens (default 0)")
+    p.add_argument("--weights-seed", type=int, default=0, metavar="S",
+                   help="seed of the random weights (default 0)")
+    p.add_argument("--queue", type=int, default=16, metavar="N",
+                   help="waiting-queue capacity, at least 1 (default 16)")
+    p.add_argument("--static", action="store_true",
+                   help="run the static baseline build (compiled with --dynamism none)")
     p.add_argument("--compare", action="store_true", help="run static and compiled side by side")
     p.add_argument("--unsafe", action="store_true",
                    help="ablation: no marker syncs or route handshakes (shows the checks can fail)")
-    p.add_argument("--max-cycles", type=int, default=200_000_000, metavar="N")
+    p.add_argument("--max-cycles", type=int, default=200_000_000, metavar="N",
+                   help="bound on simulated time in cycles: the run stops there with a time-bound "
+                        "report (default 200,000,000)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome / Perfetto trace of the run")
-    p.add_argument("--trace-by-class", action="store_true", help="one trace track per core class")
+    p.add_argument("--trace-by-class", action="store_true",
+                   help="with --trace: one trace track per core class")
 
 
 def _fail(msg: str) -> int:
@@ -48,15 +75,25 @@ def _program(model: str, target: str | None, static: bool):
     from meshrt import driver
     from meshrt.diagnostics import MeshrtError
 
+    from meshrt.diagnostics import op_location
+    from meshrt.runtime.serving import check_runnable
+    from meshrt.shape import HParams, ModelShape
+
     if driver.is_ir(model):
         if static:
             raise MeshrtError.located(f"{model}: error: --static and --compare need a model, not IR "
                                       "(compile one with --dynamism none)")
         module = driver.read_ir(model)
         tgt = driver.target_of(module, target)
+        program = driver.program_of(module)
+        shape, where = ModelShape.from_hparams(program, program.program_name), op_location(program)
     else:
         tgt = driver.load_target(target or "test32")
+        shape, where = driver.load_spec(model).shape, model  # its fields' positions
         module = driver.load_model(model, tgt, dynamism=() if static else None)
+        program = driver.program_of(module)
+    # Before lowering and before anything is allocated: can this machine run it?
+    check_runnable(shape, HParams.of(program).kv_slots(program), where)
     return driver.segment_program(module, tgt), tgt
 
 
@@ -69,9 +106,73 @@ def _serve(args, static: bool):
     max_seq, vocab = hp.int("max_seq"), hp.int("vocab")
     reqs = tiny_workload(args.workload, args.requests, args.workload_seed, max_seq, vocab,
                          target.clock_hz, args.rate or None)
-    return serve(program, target, reqs, seed=args.seed, weight_seed=args.weights_seed,
-                 queue_capacity=args.queue, max_cycles=args.max_cycles, trace=bool(args.trace),
-                 safe=not args.unsafe)
+    with _progress(len(reqs), args.max_cycles) as progress:
+        return serve(program, target, reqs, seed=args.seed, weight_seed=args.weights_seed,
+                     queue_capacity=args.queue, max_cycles=args.max_cycles, trace=bool(args.trace),
+                     safe=not args.unsafe, progress=progress)
+
+
+@contextlib.contextmanager
+def _progress(requests: int, max_cycles: int):
+    """serve's progress callback: simulated cycles of --max-cycles and requests
+    done, on a bar on stderr (a terminal only)."""
+    from meshrt.tools.common import progress_bar
+
+    with progress_bar("simulating", max_cycles) as update:
+        yield None if update is None else lambda cycles, done: update(
+            cycles, f"{cycles:,} / {max_cycles:,} cycles, {done} / {requests} requests done")
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every command-line check that needs no compilation, before any work:
+    numbers in range, the workload and the target exist, and the requests
+    can arrive before --max-cycles and fit this machine (UsageError)."""
+    from meshrt import driver
+    from meshrt.frontend.errors import FrontendError
+    from meshrt.limits import check_memory
+    from meshrt.runtime.workloads import WorkloadError, check_workload
+
+    me = "meshrt run: error:"
+    for flag, v, low, high in (
+            ("--requests", args.requests, 1, None), ("--queue", args.queue, 1, None),
+            ("--max-cycles", args.max_cycles, 1, 1 << 62), ("--rate", args.rate, 0, None),
+            ("--seed", args.seed, 0, SEED_MAX), ("--workload-seed", args.workload_seed, 0, SEED_MAX),
+            ("--weights-seed", args.weights_seed, 0, SEED_MAX)):
+        if not math.isfinite(v):
+            raise UsageError(f"{me} {flag} must be a finite number, got {v}")
+        if v < low:
+            raise UsageError(f"{me} {flag} must be at least {low}, got {v}")
+        if high is not None and v > high:
+            raise UsageError(f"{me} {flag} must be at most {high:,}, got {v:,}")
+    if args.trace_by_class and not args.trace:
+        raise UsageError(f"{me} --trace-by-class needs --trace FILE")
+    try:
+        check_workload(args.workload)
+    except WorkloadError as e:
+        raise UsageError(str(e) if e.path else f"{me} --workload: {e.reason}") from None
+    if args.target is not None:
+        try:
+            driver.load_target(args.target)
+        except FrontendError as e:  # a bad file is located in it; an unknown name is the flag's
+            raise UsageError(str(e) if e.loc else f"{me} --target: {e.message}") from None
+    synthetic = not args.workload.endswith(".jsonl")
+    if synthetic and args.rate > 0:
+        # Poisson arrivals at `rate` per Mcycle: the last comes after about n / rate Mcycles.
+        span = args.requests / args.rate * 1e6
+        if span > args.max_cycles:
+            can = int(args.rate * args.max_cycles / 1e6)
+            raise UsageError(
+                f"{me} --requests {args.requests:,} at --rate {args.rate:g} per Mcycle arrive "
+                f"over about {span:,.0f} cycles, past --max-cycles {args.max_cycles:,} (about "
+                f"{can:,} arrive in time): lower --requests or raise --max-cycles or --rate")
+    if synthetic:
+        # Prompt and output tokens of each request, up to a slot's KV capacity (4096 at most).
+        from meshrt.shape import DEFAULT_MAX_SEQ
+
+        check_memory(args.requests * (REQUEST_BYTES + 8 * 2 * DEFAULT_MAX_SEQ),
+                     f"the {args.requests:,} requests of --workload {args.workload} (up to "
+                     f"{2 * DEFAULT_MAX_SEQ} tokens each)",
+                     "lower --requests", "meshrt run")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -80,10 +181,12 @@ def main(args: argparse.Namespace) -> int:
     from meshrt.kernels.numerics import DataLayoutError
     from meshrt.runtime.workloads import WorkloadError
 
-    for flag, v, low in (("--requests", args.requests, 1), ("--queue", args.queue, 1),
-                         ("--max-cycles", args.max_cycles, 1), ("--rate", args.rate, 0)):
-        if v < low:
-            return _fail(f"meshrt run: error: {flag} must be at least {low}, got {v}")
+    try:
+        check_flags(args)
+    except UsageError as e:
+        return _fail(str(e))
+    except FrontendError as e:
+        return _fail(str(e))
     runs = [("static", True), ("meshrt", False)] if args.compare else [
         ("static" if args.static else "meshrt", args.static)]
     results = {}

@@ -40,13 +40,16 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshrt.driver import program_of
 from meshrt.kernels import registry
+from meshrt.diagnostics import FrontendError
+from meshrt.limits import check_memory
 from meshrt.tools.common import fail as _fail
+from meshrt.tools.common import progress_bar
 from meshrt.output import save_figure
 
 WHATS = ("mapping", "classes", "routes", "load")
@@ -310,13 +313,27 @@ def flow_arrows(program, color: int | None = None, segment: int | None = None) -
     return out
 
 
-def load_map(program, target, steps: int = DEFAULT_STEPS, seed: int = 0) -> LoadMap:
+SPAN_BYTES = 160  # one traced event: a 5-tuple in the simulator's span list
+
+
+def load_map_bytes(program, target, steps: int) -> int:
+    """Bytes `load_map` keeps for `steps` decode steps, estimated before the
+    run: one traced span per instruction of every core's table per step."""
+    from meshrt.runtime.schedule import flatten
+
+    per_step = sum(c.cores.count * len(c.instrs) for c in flatten(program_of(program), target).classes)
+    return steps * per_step * SPAN_BYTES
+
+
+def load_map(program, target, steps: int = DEFAULT_STEPS, seed: int = 0,
+             progress: Callable[[int], None] | None = None) -> LoadMap:
     """Run `steps` decode steps of the timing model core by core and return each
     core's busy fraction (its run time minus its stall cycles, over the run's
     cycles) and waiting fraction (stall cycles over the run's cycles).
 
     Pipelined programs run with one micro-batch per stage in flight, as
-    `meshrt.runtime.serving` does."""
+    `meshrt.runtime.serving` does. `progress(steps done)` is called now and
+    then during the run."""
     import numpy as np
 
     from meshrt.runtime.cost_model import default_in_flight
@@ -324,7 +341,8 @@ def load_map(program, target, steps: int = DEFAULT_STEPS, seed: int = 0) -> Load
 
     program = program_of(program)
     inflight = default_in_flight(program)
-    res = MeshSim(program, target, seed=seed, trace=True, inflight=inflight).run(steps)
+    report = None if progress is None else (lambda sim: progress(len(sim.step_end)))
+    res = MeshSim(program, target, seed=seed, trace=True, inflight=inflight).run(steps, report)
     width, height = program.mesh_size
     busy = np.full((program.num_wafers, height, width), np.nan)
     waiting = np.full_like(busy, np.nan)
@@ -673,8 +691,11 @@ def draw_load(program, load: LoadMap, classes: Sequence[ClassBox], wafers: Seque
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL|IR", help="a .mrt spec, a config.json or printed IR (.mlir)")
+    from meshrt.targets import available_targets
+
     p.add_argument("--target", metavar="T",
-                   help="target to compile MODEL for (bundled name or .toml); IR carries its own")
+                   help=f"target to compile MODEL for: {', '.join(available_targets())} or a "
+                        ".toml file; IR carries its own")
     p.add_argument("--what", choices=WHATS, default="mapping", metavar="WHAT",
                    help=f"picture: {', '.join(WHATS)} (default mapping)")
     p.add_argument("-o", dest="output", metavar="FILE",
@@ -682,8 +703,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wafer", type=int, metavar="N", help="draw only wafer N")
     p.add_argument("--color", type=int, metavar="C", help="routes: only the flows on colour C")
     p.add_argument("--segment", type=int, metavar="S", help="routes: only the flows live in segment S")
-    p.add_argument("--steps", type=int, metavar="N", help=f"load: decode steps (default {DEFAULT_STEPS})")
-    p.add_argument("--seed", type=int, metavar="S", help="load: asynchrony seed (default 0)")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help=f"load: decode steps, at least 1 (default {DEFAULT_STEPS}; refused when "
+                        "the trace would not fit this machine's memory)")
+    p.add_argument("--seed", type=int, metavar="S", help="load: asynchrony seed, 0 or more (default 0)")
 
 
 class _Failed(Exception):
@@ -697,7 +720,8 @@ def _check_args(args: argparse.Namespace) -> str:
                              ("--steps", args.steps, ("load",)), ("--seed", args.seed, ("load",))):
         if v is not None and args.what not in applies:
             raise _Failed(f"{me} {flag} only applies to --what {' / '.join(applies)}")
-    for flag, v in (("--wafer", args.wafer), ("--color", args.color), ("--segment", args.segment)):
+    for flag, v in (("--wafer", args.wafer), ("--color", args.color), ("--segment", args.segment),
+                    ("--seed", args.seed)):
         if v is not None and v < 0:
             raise _Failed(f"{me} {flag} must be at least 0, got {v}")
     if args.steps is not None and args.steps < 1:
@@ -840,7 +864,11 @@ def _main(args: argparse.Namespace) -> int:
                 _check_simulable(target, target.name)
             steps = args.steps or DEFAULT_STEPS
             seed = args.seed or 0
-            load = load_map(program, target, steps, seed)
+            check_memory(load_map_bytes(program, target, steps),
+                         f"the per-core trace of {steps:,} decode steps", "lower --steps", where)
+            with progress_bar("simulating", steps) as update:
+                load = load_map(program, target, steps, seed, None if update is None else
+                                lambda done: update(done, f"{done:,} / {steps:,} decode steps"))
             draw_load(program, load, class_boxes(program), wafers, out, seed)
             cores = int((~np.isnan(load.busy)).sum())
             what = f"busy / waiting of {cores} cores over {load.steps} steps"
@@ -850,6 +878,8 @@ def _main(args: argparse.Namespace) -> int:
                 return 1
     except VizError as e:
         raise _Failed(f"{where}: error: {e}") from None
+    except FrontendError as e:  # e.g. more memory than this machine has
+        raise _Failed(str(e)) from None
     except OSError as e:
         raise _Failed(f"{out}: error: cannot write output: {e.strerror or e}") from None
     t_draw = time.perf_counter() - t1
