@@ -127,8 +127,9 @@ def program_of(module: ModuleOp | MappedProgramOp) -> MappedProgramOp:
 
 
 def target_of(module: ModuleOp | MappedProgramOp, target: Target | str | Path | None = None) -> Target:
-    """`target` loaded (a Target as it is), or, if None, the target the IR names."""
-    return target_for(target, program_of(module).target.data)
+    """`target` loaded (a Target as it is), or, if None, the target the IR
+    records; a MeshrtError when the IR is not compiled for it (`target_for`)."""
+    return target_for(target, program_of(module))
 
 
 def lower(module: ModuleOp, to: str, target: Target | str | Path | None = None) -> ModuleOp:
