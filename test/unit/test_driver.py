@@ -235,13 +235,19 @@ def test_run_refuses_ir_compiled_for_more_than_the_target_has(case, tmp_path, ca
 
 
 def test_run_refuses_ir_compiled_for_a_larger_mesh(tmp_path, capsys):
+    from meshrt.tools.sim import main as sim_main
+
     for level in ("graph", "segments"):
         ir = tmp_path / f"{level}.mlir"
         ir.write_text(_straight(TINY_DENSE, "test32", level))
+        line = (f"{ir}:2:3: error: '{driver.program_of(driver.read_ir(ir)).name}' op the IR is "
+                "compiled for a 32 x 32 mesh, larger than the 16 x 16 cores of target 'test16'")
         assert cli_main(["run", str(ir), "--target", "test16", "--requests", "1"]) == 1
-        assert capsys.readouterr().err.splitlines() == [
-            f"{ir}:2:3: error: '{driver.program_of(driver.read_ir(ir)).name}' op the IR is "
-            "compiled for a 32 x 32 mesh, larger than the 16 x 16 cores of target 'test16'"]
+        assert capsys.readouterr().err.splitlines() == [line]
+        assert cli_main(["viz", str(ir), "--target", "test16", "-o", str(tmp_path / "x.png")]) == 1
+        assert capsys.readouterr().err.splitlines() == [line]
+        assert sim_main([str(ir), "--target", "test16"]) == 1
+        assert capsys.readouterr().err.splitlines() == [line]
 
 
 def test_a_recorded_target_file_that_changed_or_went_is_one_located_line(tmp_path):
