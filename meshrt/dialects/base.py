@@ -131,6 +131,15 @@ class MappedProgramOp(IRDLOperation):
         self.target_file = None if file is None else StringAttr(file)
         self.target_digest = None if digest is None else StringAttr(digest)
 
+    def exceeds(self, target: Target, on: str) -> str | None:
+        """Why this IR cannot run on `target` (named `on` in the message), or
+        None: its mesh must fit the target's (levels add their own figures)."""
+        w, h = self.mesh_size
+        if w > target.width or h > target.height:
+            return (f"the IR is compiled for a {w} x {h} mesh, larger than the "
+                    f"{target.width} x {target.height} cores of {on}")
+        return None
+
     @property
     def program_name(self) -> str:
         return self.sym_name.data

@@ -297,36 +297,9 @@ def _recorded(program: MappedProgramOp) -> Target:
 
 
 def check_compiled_for(program: MappedProgramOp, target: Target) -> str | None:
-    """Why `program` cannot run on `target`, or None: its mesh must fit the
-    target's, and segment IR's budgets (the program's and every core class's)
-    and user colours must lie within the target's."""
-    from meshrt.dialects import segment as sg
-    from meshrt.dialects.mesh import RESOURCE_NAMES
-
-    w, h = program.mesh_size
+    """Why `program` cannot run on `target` (`MappedProgramOp.exceeds`), or None."""
     file, _ = target.identity()
-    on = f"target '{target.name}'" + (f" ({file})" if file else "")
-    if w > target.width or h > target.height:
-        return (f"the IR is compiled for a {w} x {h} mesh, larger than the "
-                f"{target.width} x {target.height} cores of {on}")
-    if not isinstance(program, sg.ProgramOp):
-        return None
-    cap = target.budget()
-    budgets = [("the program", program.budget.value)] + [
-        (f"core class @{c.class_name}", c.budget.value) for c in program.core_classes()
-        if c.budget is not None]
-    for who, budget in budgets:
-        over = budget.exceeded(cap)
-        if over:
-            res, d, c = over[0]
-            return (f"the IR is compiled for {d} {RESOURCE_NAMES[res]} per core ({who}'s "
-                    f"budget), but {on} has {c}")
-    extra = [c for c in program.user_colors if c not in target.user_colors]
-    if extra:
-        return (f"the IR routes on user colour{'s' if len(extra) > 1 else ''} "
-                f"{', '.join(map(str, extra))}, which {on} does not have (its user colours: "
-                f"{', '.join(map(str, target.user_colors))})")
-    return None
+    return program.exceeds(target, f"target '{target.name}'" + (f" ({file})" if file else ""))
 
 
 @functools.cache

@@ -278,3 +278,15 @@ def test_a_recorded_target_file_that_changed_or_went_is_one_located_line(tmp_pat
     events.write_text(events.read_text().replace(f'file "{path.resolve()}" ', ""))
     with pytest.raises(MeshrtError, match=r"has other figures than the bundled test32"):
         driver.compile(str(events), to="segments")
+
+
+def test_run_refuses_ir_routed_on_colours_the_target_reserves(tmp_path, capsys):
+    """As many user colours as test32, but other ones: the IR's routes would
+    use colours the target keeps for itself."""
+    path = _tight_target(tmp_path, {"reserved_colors": "[0, 1]"})
+    seg = tmp_path / "seg.mlir"
+    seg.write_text(_straight(TINY_DENSE, "test32", "segments"))
+    assert cli_main(["run", str(seg), "--target", str(path), "--requests", "1"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{seg}:2:3: error: 'segment.program' op the IR routes on user colours 0, 1, which target "
+        f"'test32' ({path.resolve()}) does not have (its user colours: 2, 3, 4, 5, 6, 7)"]
