@@ -14,9 +14,14 @@ see `level_of`) or a parsed `ModuleOp`. Printed segment IR is already
 coloured, so going on from it runs `check-segments` only.
 
 The Target object given is passed along to every pass that needs one, so a
-user target file given by path works at every level whatever its `name`
-(the IR keeps that name, printed as before). Without a Target (IR only, as
-meshrt-opt runs it) each pass loads the target the IR names.
+user target file given by path works at every level whatever its `name`.
+The IR keeps that name and, for a target that is not the bundled one of its
+name, the file it was read from and the digest of its figures
+(`target "test32" file "/abs/t.toml" digest "..."`). Without a Target (IR
+only, as meshrt-opt runs it) each pass finds that same target again, or
+fails located if the file is gone or changed (`meshrt.targets.target_for`);
+a target given for IR it cannot hold (a larger mesh, budgets or user
+colours beyond its own) is a located error too.
 
 Errors: a bad model, config or target file is a `FrontendError`; bad IR, or
 a pass refusing it, a `MeshrtError`; a level whose passes do not exist yet
@@ -127,14 +132,15 @@ def program_of(module: ModuleOp | MappedProgramOp) -> MappedProgramOp:
 
 
 def target_of(module: ModuleOp | MappedProgramOp, target: Target | str | Path | None = None) -> Target:
-    """`target` loaded (a Target as it is), or, if None, the target the IR names."""
-    return target_for(target, program_of(module).target.data)
+    """`target` loaded (a Target as it is), or, if None, the target the IR
+    records; a MeshrtError when the IR is not compiled for it (`target_for`)."""
+    return target_for(target, program_of(module))
 
 
 def lower(module: ModuleOp, to: str, target: Target | str | Path | None = None) -> ModuleOp:
     """Take `module` (IR of any level) down to level `to`, in place.
 
-    `target` goes to the passes (None: each loads the one the IR names);
+    `target` goes to the passes (None: each finds the one the IR records);
     `to="csl"` gives the segment IR the CSL backend prints."""
     return lower_to(module, to, None if target is None else load_target(target))
 

@@ -9,6 +9,7 @@ printed at any level and restarted from there with nothing else at hand.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from xdsl.dialects.builtin import (
     I64,
@@ -23,6 +24,7 @@ from xdsl.ir import Attribute, Block, Operation, Region
 from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
+    opt_prop_def,
     prop_def,
     region_def,
     traits_def,
@@ -32,13 +34,17 @@ from xdsl.utils.exceptions import VerifyException
 
 from meshrt.dialects.mesh import CoreSetAttr, DynamismAttr
 
+if TYPE_CHECKING:
+    from meshrt.targets import Target
+
 
 def int_value(attr: IntegerAttr) -> int:
     return attr.value.data
 
 
 HEADER_FORMAT = (
-    "$sym_name `target` $target `mesh` $width `x` $height `wafers` $wafers "
+    "$sym_name `target` $target (`file` $target_file^)? (`digest` $target_digest^)? "
+    "`mesh` $width `x` $height `wafers` $wafers "
     "`stages` $stages `micro_batch` $micro_batch `dynamism` $dynamism "
     "`hparams` $hparams"
 )
@@ -49,6 +55,12 @@ class MappedProgramOp(IRDLOperation):
 
     sym_name = prop_def(SymbolNameConstraint())
     target = prop_def(StringAttr)
+    # Only for a target that is not the bundled one of its name (see
+    # `meshrt.targets.Target.identity`): the file it was read from and the
+    # digest of its figures, so that the same target is found again or missed
+    # loudly, never replaced by another of the same name.
+    target_file = opt_prop_def(StringAttr)
+    target_digest = opt_prop_def(StringAttr)
     width = prop_def(IntegerAttr[I64])
     height = prop_def(IntegerAttr[I64])
     wafers = prop_def(IntegerAttr[I64])
@@ -94,7 +106,7 @@ class MappedProgramOp(IRDLOperation):
     @classmethod
     def like(cls, other: MappedProgramOp, body: Region | None = None, **extra: Attribute):
         """A container of this level with `other`'s header."""
-        return cls(
+        op = cls(
             other.sym_name.data,
             target=other.target.data,
             width=int_value(other.width),
@@ -107,6 +119,26 @@ class MappedProgramOp(IRDLOperation):
             body=body,
             extra=extra or None,
         )
+        op.target_file, op.target_digest = other.target_file, other.target_digest
+        return op
+
+    def stamp_target(self, target: Target) -> None:
+        """Record `target` as the one this IR is compiled for: its name, and
+        for a target that is not the bundled one of its name, its file and
+        digest (`Target.identity`)."""
+        file, digest = target.identity()
+        self.target = StringAttr(target.name)
+        self.target_file = None if file is None else StringAttr(file)
+        self.target_digest = None if digest is None else StringAttr(digest)
+
+    def exceeds(self, target: Target, on: str) -> str | None:
+        """Why this IR cannot run on `target` (named `on` in the message), or
+        None: its mesh must fit the target's (levels add their own figures)."""
+        w, h = self.mesh_size
+        if w > target.width or h > target.height:
+            return (f"the IR is compiled for a {w} x {h} mesh, larger than the "
+                    f"{target.width} x {target.height} cores of {on}")
+        return None
 
     @property
     def program_name(self) -> str:

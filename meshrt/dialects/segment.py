@@ -116,6 +116,29 @@ class ProgramOp(MappedProgramOp):
     def user_colors(self) -> tuple[int, ...]:
         return tuple(c for c in range(int_value(self.num_colors)) if c not in self.reserved)
 
+    def exceeds(self, target, on: str) -> str | None:
+        """As the header's, and the budgets (the program's and every core
+        class's) and user colours must lie within the target's."""
+        problem = super().exceeds(target, on)
+        if problem is not None:
+            return problem
+        cap = target.budget()
+        budgets = [("the program", self.budget.value)] + [
+            (f"core class @{c.class_name}", c.budget.value) for c in self.core_classes()
+            if c.budget is not None]
+        for who, budget in budgets:
+            over = budget.exceeded(cap)
+            if over:
+                res, d, c = over[0]
+                return (f"the IR is compiled for {d} {RESOURCE_NAMES[res]} per core ({who}'s "
+                        f"budget), but {on} has {c}")
+        extra = [c for c in self.user_colors if c not in target.user_colors]
+        if extra:
+            return (f"the IR routes on user colour{'s' if len(extra) > 1 else ''} "
+                    f"{', '.join(map(str, extra))}, which {on} does not have (its user colours: "
+                    f"{', '.join(map(str, target.user_colors))})")
+        return None
+
     def flows(self) -> list[FlowOp]:
         return [op for op in body_ops(self.body) if isinstance(op, FlowOp)]
 

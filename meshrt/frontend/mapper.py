@@ -781,6 +781,7 @@ class _Emitter:
             symbol_name(s.name), target=t.name, width=t.width, height=t.height,
             wafers=lay.wafers, stages=max(lay.stages) + 1, micro_batch=m.mb,
             dynamism=list(m.spec.dynamism), hparams=hparams, body=Region([self.block]))
+        op.stamp_target(t)
         return ModuleOp([op])
 
 

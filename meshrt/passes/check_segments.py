@@ -20,7 +20,6 @@ from meshrt.analysis.segment_check import Problem, check_program
 from meshrt.diagnostics import MeshrtError, format_diagnostic
 from meshrt.dialects import segment as sg
 from meshrt.dialects.base import require_programs
-from meshrt.frontend.errors import FrontendError
 from meshrt.targets import Target, target_for
 
 
@@ -43,8 +42,8 @@ def _problems(module: Operation, target: Target | str | None,
     problems: list[Problem] = []
     for program in programs:
         try:
-            t = target_for(target, program.target.data)
-        except FrontendError as e:
+            t = target_for(target, program)
+        except MeshrtError as e:
             where = f" ({e.loc})" if e.loc is not None else ""
             problems.append(Problem(e.message + where, program))
             continue

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp, i64
 from xdsl.ir import Block, Region
 from xdsl.passes import ModulePass
 
@@ -25,20 +25,8 @@ from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
 from meshrt.dialects.base import require_programs
 from meshrt.dialects.mesh import RESOURCE_FIELDS, RESOURCE_NAMES, ResourceAttr, Resources
-from meshrt.frontend.errors import FrontendError
 from meshrt.routing import RectSet
 from meshrt.targets import Target, target_for
-
-
-def target_of(given: str | Target | None, op) -> Target:
-    """The target `given` (a Target, a bundled name or a path; None: the one
-    `op`'s program names); a bad one is a located error."""
-    try:
-        return target_for(given, op.target.data)
-    except FrontendError as e:
-        if e.loc is None:
-            raise MeshrtError(e.message, op) from e
-        raise MeshrtError.located(str(e)) from e
 
 
 def budget_for(target: Target, overrides: dict[str, int | None], where) -> Resources:
@@ -59,8 +47,7 @@ def budget_for(target: Target, overrides: dict[str, int | None], where) -> Resou
     return Resources(**vals)
 
 
-def materialize(schedule: ev.ScheduleOp, target: Target, budget: Resources,
-                target_name: str | None = None) -> sg.ProgramOp:
+def materialize(schedule: ev.ScheduleOp, target: Target, budget: Resources) -> sg.ProgramOp:
     """The segment program of `schedule` (whose ops it moves into the result)."""
     program = sg.ProgramOp.like(
         schedule,
@@ -70,8 +57,7 @@ def materialize(schedule: ev.ScheduleOp, target: Target, budget: Resources,
         reserved_colors=DenseArrayBase.from_list(i64, list(target.reserved_colors)),
     )
     program.location = schedule.location
-    if target_name is not None:
-        program.target = StringAttr(target_name)
+    program.stamp_target(target)
     block = program.body.block
     for k in schedule.kernels():
         k.detach()
@@ -103,8 +89,8 @@ class MaterializeSegments(ModulePass):
     """event.schedule -> segment.program: segments, marker syncs, reconfigurations.
 
     `target` overrides the program's target (a bundled name or a .toml
-    path, written into the IR; from Python, also the Target itself, as the
-    driver passes it, which keeps the IR's name); `colors`, `iq`, `oq`,
+    path; from Python, also the Target itself, as the driver passes it); the
+    IR records the one used (`MappedProgramOp.stamp_target`). `colors`, `iq`, `oq`,
     `routes`, `switches`, `sram`, `ctrl` tighten the per-core budget for
     this run.
     """
@@ -124,10 +110,9 @@ class MaterializeSegments(ModulePass):
         schedules = require_programs(op, self.name, ev.ScheduleOp, hint="synthesize-schedules")
         overrides = {f: getattr(self, f) for f in RESOURCE_FIELDS}
         for schedule in schedules:
-            target = target_of(self.target, schedule)
+            target = target_for(self.target, schedule)
             budget = budget_for(target, overrides, schedule)
-            rename = None if isinstance(self.target, Target) else self.target
-            program = materialize(schedule, target, budget, rename)
+            program = materialize(schedule, target, budget)
             op.body.block.insert_op_before(program, schedule)
             schedule.detach()
             schedule.erase()

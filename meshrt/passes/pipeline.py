@@ -3,7 +3,7 @@
 `lower_to(module, level, target)` starts from the level of the module's top
 op (`level_of`), so printed IR of any level restarts where it stands; the
 Target object given, if any, is handed to every pass that takes a `target`
-(otherwise each pass loads the target the IR names). The compiler driver
+(otherwise each pass finds the target the IR records, `targets.target_for`). The compiler driver
 (`meshrt.driver`) is the front door to this.
 """
 

@@ -55,7 +55,6 @@ from meshrt.dialects.mesh import (
     ResourceAttr,
     Resources,
 )
-from meshrt.frontend.errors import FrontendError
 from meshrt.routing import RectSet
 from meshrt.shape import HParams
 from meshrt.targets import Target, target_for
@@ -585,10 +584,7 @@ class SynthesizeSchedules(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for program in require_programs(op, self.name, mk.ProgramOp, hint="lower-to-mesh-kernels"):
-            try:
-                target = target_for(self.target, program.target.data)
-            except FrontendError as e:
-                raise MeshrtError(e.message, program) from e
+            target = target_for(self.target, program)
             gc_was_enabled = gc.isenabled()
             gc.disable()  # bulk IR construction: the cyclic GC only costs time here
             try:
@@ -596,5 +592,6 @@ class SynthesizeSchedules(ModulePass):
             finally:
                 if gc_was_enabled:
                     gc.enable()
+            schedule.stamp_target(target)
             op.body.block.insert_op_before(schedule, program)
             op.body.block.erase_op(program, safe_erase=False)

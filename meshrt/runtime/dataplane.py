@@ -63,6 +63,11 @@ class DataPlane:
         self.roles = {f.flow_name: f.flow_role for f in program.flows()}
         # live re-placements: layer -> [(first step, placement, cycles per destination region)]
         self.replacements: dict[int, list[tuple[int, tuple[int, ...], dict[int, int]]]] = {}
+        # per-kernel values of one micro-batch step, kept when asked (`watch`, a step
+        # number): every value a core held or received as it ended that step, merged
+        # over the cores. `serving` compares them with the reference's when tokens differ.
+        self.watch: int | None = None
+        self.watched: dict[str, Vec] = {}
 
     def placement(self, layer: int, step: int, compiled: tuple[int, ...]) -> tuple[int, ...]:
         """The expert -> region map micro-batch `step` runs with."""
@@ -106,6 +111,25 @@ class DataPlane:
         if suffix == "down":
             return lw.dense.w_down
         raise DataLayoutError(f"kernel @{name}: no weight matrix of that name")
+
+    # the reference's traced value (`reference.Trace`) each kernel's output is, by the
+    # same naming; a reduction (`l0_qkv.reduce`) holds the value of its product
+    _TRACED = {"embed": "embed", "final_norm": "final_in", "lm_head": "logits"}
+    _TRACED_IN_LAYER = {"norm1": "attn_in", "qkv": "qkv", "attn": "attn_out", "o": "attn_proj",
+                        "add1": "resid_mid", "norm2": "ffn_in", "down": "ffn_out",
+                        "add2": "resid_out"}
+
+    def reference_key(self, name: str) -> tuple[int, str] | None:
+        """(layer, name) of the reference's traced value that kernel `name`'s
+        output is (-1: outside the layers), or None where it has none."""
+        base, _, tail = name.partition(".")
+        if tail not in ("", "reduce") or name not in self.kernels:
+            return None
+        if base in self._TRACED:
+            return -1, self._TRACED[base]
+        layer = self.kernels[name].layer
+        traced = self._TRACED_IN_LAYER.get(base.split("_", 1)[-1])
+        return (layer, traced) if traced is not None and layer >= 0 else None
 
     def norm_gain(self, name: str, layer: int) -> np.ndarray:
         if name == "final_norm":
@@ -202,6 +226,20 @@ class DataPlane:
 
     def end_step(self, cd: CoreData) -> None:
         """A core finished a pass over its table: drop the step's received values."""
+        if cd.step == self.watch:
+            self._keep(cd)
         cd.recvd.clear()
         cd.values = {k: v for k, v in cd.values.items() if k == "tokens"}
         cd.step += 1
+
+    def _keep(self, cd: CoreData) -> None:
+        held = [*cd.values.items(), *((src, v) for (_, src), v in cd.recvd.items())]
+        for name, v in held:
+            if not isinstance(v, Vec):
+                continue
+            have = self.watched.get(name)
+            if have is None:
+                self.watched[name] = Vec(v.data.copy(), v.mask.copy())
+            else:  # no merge check: a disagreement is what the comparison looks for
+                have.data[v.mask] = v.data[v.mask]
+                have.mask |= v.mask

@@ -481,10 +481,12 @@ class Trace:
     """Optional recorder passed to the forward functions.
 
     ``tensors[(layer, name)]`` holds the latest value of each intermediate
-    (rows in the order of the call's tokens); names are ``attn_in, q, k, v,
-    attn_out, attn_proj, resid_mid, ffn_in, ffn_out, resid_out`` plus
-    ``router_ids, router_weights`` for MoE; ``(-1, "logits")`` for the final
-    logits. ``expert_counts[layer, e]`` accumulates routed tokens.
+    (rows in the order of the call's tokens); names are ``attn_in, qkv`` (the
+    three projections side by side, before RoPE) ``, q, k, v, attn_out,
+    attn_proj, resid_mid, ffn_in, ffn_out, resid_out`` plus ``router_ids,
+    router_weights`` for MoE; ``(-1, "embed")`` for the embedded tokens,
+    ``(-1, "final_in")`` and ``(-1, "logits")`` for the final norm and logits
+    (rows: the last token of each segment). ``expert_counts[layer, e]`` accumulates routed tokens.
     """
 
     capture_tensors: bool = True
@@ -546,11 +548,14 @@ class ReferenceModel:
         positions = np.asarray(pos, np.int64)
         n = len(toks)
         x = self.weights.embed[np.asarray(toks, np.int64)]
+        if trace is not None:
+            trace._put(-1, "embed", x)
         for li, lw in enumerate(w.layers):
             n1 = rmsnorm(x, lw.attn_norm)
-            q = apply_rope(_mm(n1, lw.wq).reshape(n, s.heads, s.head_dim), positions)
-            k = apply_rope(_mm(n1, lw.wk).reshape(n, s.kv_heads, s.head_dim), positions)
-            v = _mm(n1, lw.wv).reshape(n, s.kv_heads, s.head_dim)
+            lin = _mm(n1, lw.wq), _mm(n1, lw.wk), _mm(n1, lw.wv)
+            q = apply_rope(lin[0].reshape(n, s.heads, s.head_dim), positions)
+            k = apply_rope(lin[1].reshape(n, s.kv_heads, s.head_dim), positions)
+            v = lin[2].reshape(n, s.kv_heads, s.head_dim)
             att = np.empty((n, s.heads, s.head_dim), _F32)
             for st, r0, cnt in spans:
                 st._write(li, st.length, k[r0 : r0 + cnt], v[r0 : r0 + cnt])
@@ -574,7 +579,8 @@ class ReferenceModel:
             out = h + f
             if trace is not None:
                 for name, val in (
-                    ("attn_in", n1), ("q", q), ("k", k), ("v", v), ("attn_out", att),
+                    ("attn_in", n1), ("qkv", np.concatenate(lin, axis=1)), ("q", q), ("k", k),
+                    ("v", v), ("attn_out", att),
                     ("attn_proj", proj), ("resid_mid", h), ("ffn_in", n2), ("ffn_out", f),
                     ("resid_out", out),
                 ):
@@ -586,8 +592,10 @@ class ReferenceModel:
         for st, _, cnt in spans:
             st.length += cnt
         last = np.asarray([r0 + cnt - 1 for _, r0, cnt in spans], np.int64)
-        logits = _mm(rmsnorm(x[last], w.final_norm), w.lm_head)
+        final = rmsnorm(x[last], w.final_norm)
+        logits = _mm(final, w.lm_head)
         if trace is not None:
+            trace._put(-1, "final_in", final)
             trace._put(-1, "logits", logits)
         return logits
 

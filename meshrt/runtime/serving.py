@@ -26,6 +26,8 @@ each owns its own KV slots.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +53,7 @@ class _Live:
     admitted: int
     fed: int = 0
     out: list[int] = field(default_factory=list)
+    sampled_at: list[tuple[int, int]] = field(default_factory=list)  # (step, slot) per output
     first: int | None = None
     done: bool = False
 
@@ -64,6 +67,7 @@ class RequestRecord:
     admitted: int
     first_token: int
     finished: int
+    sampled_at: list[tuple[int, int]] = field(default_factory=list)  # (micro-batch step, slot) per token
 
     @property
     def ttft(self) -> int:
@@ -180,12 +184,13 @@ class Host:
                 continue  # still prefilling: the sampled token is not an output
             tok = tokens[s]
             live.out.append(tok)
+            live.sampled_at.append((seq, s))
             if live.first is None:
                 live.first = now
             if tok == self.eos or len(live.out) >= live.req.output_len:
                 live.done = True
                 self.records.append(RequestRecord(live.req.id, live.req.prompt, live.out, live.arrival,
-                                                  live.admitted, live.first, now))
+                                                  live.admitted, live.first, now, live.sampled_at))
                 if not self.static:
                     row[s] = None
         refill = 0
@@ -283,6 +288,7 @@ class ServingResult:
     routing_counts: np.ndarray
     clock_hz: float
     replans: list[dict] = field(default_factory=list)
+    divergence: Divergence | None = None  # where the outputs first differ from NumPy's
 
     @property
     def outputs_match_reference(self) -> bool:
@@ -313,7 +319,8 @@ class ServingResult:
             "corruption": any(type(r).__name__ == "CorruptionReport" for r in reports),
             "data_error": any(type(r).__name__ == "DataReport" for r in reports),
             "time_bound": any(type(r).__name__ == "TimeBoundReport" for r in reports),
-            "reports": [str(r) for r in reports],
+            "reports": [str(r) for r in reports] + ([str(self.divergence)] if self.divergence else []),
+            "first_mismatch": self.divergence.as_dict() if self.divergence else None,
             "static": self.static,
             "cycles": cycles,
             "decode_steps": self.sim.steps,
@@ -345,12 +352,47 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
     `recalibrator` (a `meshrt.runtime.recalibration.Recalibrator` over the
     program's MoE layers) sees every step's routing and may re-place experts
     between decode steps; `ServingResult.replans` says when and what moved.
-    `progress(cycles, requests done)` is called now and then during the run."""
+    `progress(cycles, requests done)` is called now and then during the run.
+    When tokens differ, `ServingResult.divergence` says where first (see
+    `first_divergence`)."""
     if weights is None:
         check_runnable(ModelShape.from_hparams(program, program.program_name),
                        HParams.of(program).kv_slots(program), op_location(program))
     shape = reference_shape(program)
     weights = weights if weights is not None else ref.Weights.random(shape, weight_seed)
+    kw = dict(seed=seed, queue_capacity=queue_capacity, max_cycles=max_cycles, safe=safe,
+              speed_scale=speed_scale)
+    spare = copy.deepcopy(recalibrator) if check and recalibrator is not None else None
+    result, host, plane = _interpret(program, target, requests, weights, trace=trace,
+                                     recalibrator=recalibrator, progress=progress, **kw)
+    mismatches = []
+    divergence = None
+    if check:
+        model = ref.ReferenceModel(shape, weights)
+        for r in host.records:
+            req = next(q for q in requests if q.id == r.id)
+            want = model.generate(req.prompt, req.output_len)
+            if want != r.tokens:
+                mismatches.append((r.id, r.tokens, want))
+        if mismatches:
+            def rerun(step: int) -> tuple[list[RequestRecord], DataPlane]:
+                _, again, watched = _interpret(program, target, requests, weights, watch=step,
+                                               recalibrator=spare, **kw)
+                return again.records, watched
+
+            divergence = first_divergence(program, requests, host.records, mismatches, model,
+                                          rerun)
+    return ServingResult(result, host.records, host.rejected, mismatches, host.padding_fraction,
+                         host.static, host.total, plane.routing_counts, target.clock_hz, host.replans,
+                         divergence)
+
+
+def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_cycles, safe,
+               speed_scale, trace=False, recalibrator=None, watch: int | None = None,
+               progress: Callable[[int, int], None] | None = None):
+    """One interpreted run: (its SimResult, the Host, the DataPlane); `watch`:
+    keep the per-kernel values of that micro-batch step (`DataPlane.watched`)."""
+    shape = weights.shape
     dyn = program.dynamism_kinds
     groups = default_in_flight(program)
     max_seq = HParams.of(program).int("max_seq")
@@ -359,6 +401,7 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
                 static="continuous_batching" not in dyn, queue_capacity=queue_capacity,
                 refill_cycles=int(target.costs.get("host_roundtrip", 0)))
     plane = DataPlane(program, weights, host)
+    plane.watch = watch
     host.plane = plane
     host.recalibrator = recalibrator
     sim = MeshSim(program, target, seed=seed, safe=safe, max_cycles=max_cycles, trace=trace,
@@ -371,17 +414,98 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
     host.on_done = done
     report = None if progress is None else (
         lambda s: progress(s.now, len(host.records) + len(host.rejected)))
-    result = sim.run(steps=1 << 40, progress=report)
-    mismatches = []
-    if check:
-        model = ref.ReferenceModel(shape, weights)
-        for r in host.records:
-            req = next(q for q in requests if q.id == r.id)
-            want = model.generate(req.prompt, req.output_len)
-            if want != r.tokens:
-                mismatches.append((r.id, r.tokens, want))
-    return ServingResult(result, host.records, host.rejected, mismatches, host.padding_fraction,
-                         host.static, host.total, plane.routing_counts, target.clock_hz, host.replans)
+    return sim.run(steps=1 << 40, progress=report), host, plane
+
+
+# -- where outputs first differ from the reference ---------------------------------
+
+# Per-kernel values match the reference to float32 rounding of float64 sums.
+KERNEL_RTOL, KERNEL_ATOL = 1e-3, 1e-4
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first output token that differs from NumPy's, and where it can be
+    found, the first kernel (in the program's order) whose value differs."""
+
+    request: int | str
+    token: int  # index in the request's output
+    got: int | None  # None: the run gave fewer tokens
+    want: int | None
+    step: int | None  # the micro-batch step that sampled it
+    slot: int | None
+    position: int  # the KV position of the token fed at that step
+    kernel: str | None = None
+    detail: str = ""  # what differs in that kernel, or why no kernel is named
+
+    def __str__(self) -> str:
+        got = "nothing" if self.got is None else self.got
+        want = "nothing" if self.want is None else self.want
+        at = "" if self.step is None else f", micro-batch step {self.step}, slot {self.slot}"
+        line = (f"outputs differ from NumPy: request {self.request}, output token {self.token} "
+                f"(position {self.position}{at}): the interpreter gave {got}, NumPy {want}")
+        if self.kernel is not None:
+            return f"{line}; first kernel whose value differs: @{self.kernel}: {self.detail}"
+        return f"{line}; {self.detail}" if self.detail else line
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"message": str(self)}
+
+
+def first_divergence(program, requests: list[Request], records: list[RequestRecord],
+                     mismatches, model: ref.ReferenceModel, rerun) -> Divergence:
+    """The earliest differing token of `mismatches` ((id, got, want) per
+    request), and the first kernel whose value differs at the step that
+    sampled it: `rerun(step)` runs again keeping that step's per-kernel values
+    ((records, DataPlane)), which are compared, kernel by kernel in the
+    program's order, with the reference's values for the same token."""
+    by_id = {r.id: r for r in records}
+    firsts = []
+    for rid, got, want in mismatches:
+        i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        at = by_id[rid].sampled_at
+        step, slot = at[i] if i < len(at) else (None, None)
+        firsts.append((step if step is not None else 1 << 62, rid, i, got, want, slot))
+    step, rid, i, got, want, slot = min(firsts, key=lambda f: f[0])
+    req = next(q for q in requests if q.id == rid)
+    d = Divergence(rid, i, got[i] if i < len(got) else None, want[i] if i < len(want) else None,
+                   None if step == 1 << 62 else step, slot, len(req.prompt) - 1 + i)
+    if d.step is None:
+        return dataclasses.replace(d, detail="no step sampled it, so no kernel is compared")
+    again, plane = rerun(d.step)
+    if [r.tokens for r in again] != [r.tokens for r in records]:
+        return dataclasses.replace(d, detail="a second run gave other tokens, so no kernel is compared")
+    trace = ref.Trace()
+    state, _ = model.prefill(req.prompt, trace if i == 0 else None)
+    for k in range(1, i + 1):
+        model.decode_step(state, want[k - 1], trace if k == i else None)
+    compared = 0
+    for info in program.kernels():
+        name = info.kernel_name
+        key, held = plane.reference_key(name), plane.watched.get(name)
+        if key is None or held is None or key not in trace.tensors or not held.mask[d.slot].all():
+            continue
+        expect = np.asarray(trace.tensors[key][-1], np.float64).reshape(-1)
+        value = held.data[d.slot].astype(np.float64)
+        if value.shape != expect.shape:
+            continue
+        compared += 1
+        off = ~np.isclose(value, expect, rtol=KERNEL_RTOL, atol=KERNEL_ATOL)
+        if off.any():
+            e = int(np.argmax(np.abs(value - expect)))
+            where = "" if key[0] < 0 else f" of layer {key[0]}"
+            before = compared - 1
+            return dataclasses.replace(d, kernel=name, detail=(
+                f"{int(off.sum())} of its {value.size} entries differ from NumPy's {key[1]}{where} "
+                f"(most at entry {e}: {value[e]:.6g}, NumPy {expect[e]:.6g}); "
+                f"{_kernels(before)} compared before it agree{'s' if before == 1 else ''}"))
+    return dataclasses.replace(d, detail=f"{_kernels(compared)} compared with NumPy at that step "
+                                         f"agree{'s' if compared == 1 else ''}, so the difference "
+                                         "lies in a kernel without a NumPy counterpart")
+
+
+def _kernels(n: int) -> str:
+    return f"{n} kernel" + ("" if n == 1 else "s")
 
 
 def recalibrator_for(program, target, profile, models, **kw):

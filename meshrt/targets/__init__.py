@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import math
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshrt.dialects.mesh import Resources
 from meshrt.frontend.errors import FrontendError, Loc
+
+if TYPE_CHECKING:
+    from meshrt.dialects.base import MappedProgramOp
 
 TARGET_DIR = Path(__file__).parent
 
@@ -144,6 +149,33 @@ class Target:
     def seconds(self, cycles: float) -> float:
         return cycles / self.clock_hz
 
+    # -- identity ----------------------------------------------------------
+    @functools.cached_property
+    def digest(self) -> str:
+        """A short hash of every figure (all fields but `name`, `description`
+        and `source`): two targets with one digest compile alike."""
+        figures = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if f.name not in ("name", "description", "source")}
+        figures["costs"] = sorted(self.costs.items())
+        text = json.dumps(figures, sort_keys=True, default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def identity(self) -> tuple[str | None, str | None]:
+        """What IR compiled for this target records beside its name, to find it
+        again: nothing for the bundled target of that name (same figures),
+        else (the file it was read from, if that file holds these figures,
+        else None; and its digest)."""
+        if self.name in available_targets() and _load_bundled(self.name).digest == self.digest:
+            return None, None
+        file = None
+        if self.source and Path(self.source).is_file():
+            try:
+                if _load_file(Path(self.source)).digest == self.digest:
+                    file = str(Path(self.source).resolve())
+            except FrontendError:
+                pass
+        return file, self.digest
+
 
 def _check(t: Target) -> None:
     """Range checks; raises FrontendError naming the offending key."""
@@ -217,11 +249,57 @@ def load_target(name_or_path: str | Path | Target) -> Target:
     return _load_file(path)
 
 
-def target_for(given: Target | str | Path | None, ir_name: str) -> Target:
-    """The target a pass or backend works for: `given` as it is if it is a
-    Target (what the compiler driver passes along), else `given` loaded by
-    name or path, else the target the IR names (`ir_name`)."""
-    return load_target(given or ir_name)
+def target_for(given: Target | str | Path | None, program: MappedProgramOp) -> Target:
+    """The target a pass, backend or tool works for on `program` (a program
+    op of any level): `given` (a Target as it is, as the compiler driver
+    passes it along, or a bundled name or a .toml path), else the target the
+    IR records (see `MappedProgramOp.target_file`). A MeshrtError located at
+    `program` when that is not a target the IR can be compiled for: a name no
+    loader knows, a recorded file gone or changed since, or figures the IR
+    exceeds (`check_compiled_for`)."""
+    from meshrt.diagnostics import MeshrtError
+
+    try:
+        target = load_target(given) if given is not None else _recorded(program)
+    except FrontendError as e:
+        raise MeshrtError(e.message, program, loc=e.loc) from None
+    problem = check_compiled_for(program, target)
+    if problem is not None:
+        raise MeshrtError(problem, program)
+    return target
+
+
+def _recorded(program: MappedProgramOp) -> Target:
+    """The target `program` records: its file if the digest says it is still
+    the same, else the bundled one of its name (FrontendError otherwise)."""
+    name = program.target.data
+    file = None if program.target_file is None else program.target_file.data
+    digest = None if program.target_digest is None else program.target_digest.data
+    if digest is None:
+        return load_target(file or name)
+    if name in available_targets() and _load_bundled(name).digest == digest:
+        return _load_bundled(name)
+    how = "give that target (--target FILE, or target=FILE to a pass)"
+    if file is None:
+        other = ("not a bundled one" if name not in available_targets()
+                 else f"has other figures than the bundled {name}")
+        raise FrontendError(f"the IR is compiled for a target '{name}' (digest {digest}) that "
+                            f"{other}; {how}")
+    if not Path(file).is_file():
+        raise FrontendError(f"the IR is compiled for target '{name}' read from {file} "
+                            f"(digest {digest}), which no longer exists; {how}")
+    found = _load_file(Path(file))
+    if found.digest != digest:
+        raise FrontendError(f"the IR is compiled for target '{name}' read from {file} "
+                            f"(digest {digest}), which now holds other figures (digest "
+                            f"{found.digest}); {how}")
+    return found
+
+
+def check_compiled_for(program: MappedProgramOp, target: Target) -> str | None:
+    """Why `program` cannot run on `target` (`MappedProgramOp.exceeds`), or None."""
+    file, _ = target.identity()
+    return program.exceeds(target, f"target '{target.name}'" + (f" ({file})" if file else ""))
 
 
 @functools.cache

@@ -9,11 +9,14 @@ racy program shows its corruption), IR of a higher level is lowered first.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from meshrt import driver
+    from meshrt.diagnostics import MeshrtError
+    from meshrt.frontend.errors import FrontendError
     from meshrt.runtime.mesh_sim import MeshSim
 
     ap = argparse.ArgumentParser(
@@ -30,15 +33,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--by-class", action="store_true", help="one trace track per core class")
     args = ap.parse_args(argv)
 
-    if driver.is_ir(args.model):
-        module = driver.read_ir(args.model)
-        target = driver.target_of(module, args.target)
-        if driver.level_of(module) != "segments":
-            driver.lower(module, "segments", target)
-        program = driver.program_of(module)
-    else:
-        target = driver.load_target(args.target or "test32")
-        program = driver.segment_program(args.model, target)
+    try:
+        if driver.is_ir(args.model):
+            module = driver.read_ir(args.model)
+            target = driver.target_of(module, args.target)
+            if driver.level_of(module) != "segments":
+                driver.lower(module, "segments", target)
+            program = driver.program_of(module)
+        else:
+            target = driver.load_target(args.target or "test32")
+            program = driver.segment_program(args.model, target)
+    except (MeshrtError, FrontendError) as e:  # bad input: one located line
+        print(e, file=sys.stderr)
+        return 1
     res = MeshSim(program, target, seed=args.seed, safe=not args.unsafe,
                   max_cycles=args.max_cycles, trace=bool(args.trace)).run(args.steps)
     print(res.summary())

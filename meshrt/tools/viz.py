@@ -6,7 +6,9 @@
 MODEL is a .mrt spec or a config.json, compiled for target T as far as the
 picture needs (kernel IR for `mapping`, coloured segment IR for the others);
 IR is a printed .mlir file at any level, lowered the rest of the way as
-`meshrt run` does (its target is the IR's own; `--target` may repeat it).
+`meshrt run` does (its target is the one the IR records; `--target` may give
+it, e.g. the target file it was compiled for, and is refused when the IR
+exceeds its figures).
 
 - `mapping` (default): every kernel's tiles, coloured by kernel kind and
   labelled where the name fits, with the outline of each pipeline stage.
@@ -762,9 +764,9 @@ def _target(name: str, where: str):
 
 
 def _load(args: argparse.Namespace, level: str, target):
-    """The program to draw: MODEL compiled for `target` to `level` ('kernels'
-    or 'segments'), or IR lowered as far as needed (its own target unless
-    --target)."""
+    """(program to draw, its Target): MODEL compiled for `target` to `level`
+    ('kernels' or 'segments'), or IR lowered as far as needed (its own target
+    unless --target, which must be one the IR is compiled for)."""
     from meshrt import driver
     from meshrt.diagnostics import MeshrtError
     from meshrt.frontend.errors import FrontendError
@@ -775,11 +777,10 @@ def _load(args: argparse.Namespace, level: str, target):
         if is_ir:
             module = driver.read_ir(model)
             top = program_of(module)
-            if target is not None and target.name != top.target.data:
-                raise _Failed(f"{model}: error: the IR is compiled for target '{top.target.data}', "
-                              f"not '{args.target}'")
-            if args.what == "load" and target is None:
-                _check_simulable(_target(top.target.data, model), top.target.data)
+            given = target is not None
+            target = driver.target_of(top, target)
+            if args.what == "load" and not given:
+                _check_simulable(target, target.name)
             if level == "kernels":
                 if top.name == "graph.model":
                     driver.lower(module, "kernels", target)
@@ -790,8 +791,8 @@ def _load(args: argparse.Namespace, level: str, target):
             elif top.name != "segment.program" or args.what != "classes":
                 # classes need no colouring; routes and load run the checked, coloured IR
                 driver.lower(module, "segments", target)
-            return program_of(module)
-        return program_of(driver.compile(model, target, level))
+            return program_of(module), target
+        return program_of(driver.compile(model, target, level)), target
     except _Failed:
         raise
     except VizError as e:
@@ -832,7 +833,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.what == "load" and target is not None:
         _check_simulable(target, target.name)
     t0 = time.perf_counter()
-    program = _load(args, "kernels" if args.what == "mapping" else "segments", target)
+    program, target = _load(args, "kernels" if args.what == "mapping" else "segments", target)
     t_compile = time.perf_counter() - t0
     where = args.model
     if args.wafer is not None and args.wafer >= program.num_wafers:
@@ -859,9 +860,6 @@ def _main(args: argparse.Namespace) -> int:
             draw_routes(program, routes, arrows, wafers, out, args.color, args.segment)
             what = f"{len({r.flow for r in routes})} routed flows"
         else:
-            if target is None:
-                target = _target(program.target.data, where)
-                _check_simulable(target, target.name)
             steps = args.steps or DEFAULT_STEPS
             seed = args.seed or 0
             check_memory(load_map_bytes(program, target, steps),

@@ -201,15 +201,26 @@ def test_pipeline_output_passes_the_checker(seed):
     assert check_segments(module) == []
 
 
+@pytest.fixture(scope="module")
+def wide_test32(tmp_path_factory) -> Path:
+    """test32's figures on a mesh that holds the programs scaled by 50."""
+    text = (REPO / "meshrt" / "targets" / "test32.toml").read_text()
+    text = text.replace("width = 32\n", "width = 600\n").replace("height = 32\n", "height = 300\n")
+    path = tmp_path_factory.mktemp("targets") / "wide.toml"
+    path.write_text(text)
+    return path
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seeds)
-def test_work_and_ir_do_not_grow_with_mesh_area(seed):
+def test_work_and_ir_do_not_grow_with_mesh_area(wide_test32, seed):
     """Scaling every region by 50 (2,500x the cores) changes coordinates only."""
+    spec = f'materialize-segments{{target="{wide_test32}" {TIGHT}}},color-routes'
     try:
-        small = program_of(compile_random(seed, 1))
+        small = program_of(compile_random(seed, 1, spec))
     except MeshrtError:
         return
-    big = program_of(compile_random(seed, 50))
+    big = program_of(compile_random(seed, 50, spec))
 
     def shape(p):
         return (

@@ -3,11 +3,13 @@ simulated asynchronous mesh and produce the NumPy reference's tokens."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from functools import cache
 
 import pytest
+from xdsl.printer import Printer
 
 from meshrt.driver import parse_ir, program_of, segment_program
 from meshrt.runtime import reference as ref
@@ -213,3 +215,88 @@ def test_live_recalibration_moves_experts_and_keeps_the_tokens():
     assert first["applies_from_step"] > first["decided_at_step"]
     assert first["moves"] >= 2 and first["bytes"] > 0 and first["cycles"] > 0
     assert "expert move(s)" in first["summary"]
+
+
+# -- outputs that differ from NumPy: where first ---------------------------------
+
+
+def _graph_ir(model: str = "tiny_dense") -> str:
+    from meshrt import driver
+
+    out = io.StringIO()
+    Printer(stream=out).print_op(driver.compile(f"examples/{model}.mrt", "test32", "graph"))
+    return out.getvalue()
+
+
+def _swap_names(text: str, a: str, b: str) -> str:
+    """Graph IR with kernels @a and @b renamed into each other (the data plane
+    picks a norm's gain by its name, so the numbers change, the IR stays valid)."""
+    text = text.replace(f"@{a}(", "@TMP(").replace(f"@{b}(", f"@{a}(")
+    return text.replace("@TMP(", f"@{b}(")
+
+
+@pytest.mark.parametrize("layer, before", [(0, 1), (1, 9)])
+def test_a_mismatch_names_request_token_step_and_first_diverging_kernel(layer, before):
+    """Layer `layer`'s two norms swap gains: the report names the first
+    differing token and the norm at the first one's place as the first
+    kernel whose value differs; the kernels before it (the embedding and the
+    layers above) agree."""
+    text = _swap_names(_graph_ir(), f"l{layer}_norm1", f"l{layer}_norm2")
+    prog = segment_program(parse_ir(text, "swapped.mlir"), load_target("test32"))
+    res = serve(prog, load_target("test32"), requests(SMALL))
+    assert res.mismatches and not res.outputs_match_reference
+    d = res.divergence
+    rid, got, want = next((m for m in res.mismatches if m[0] == d.request))
+    assert d.token == next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+    assert (d.got, d.want) == (got[d.token], want[d.token])
+    record = next(r for r in res.records if r.id == d.request)
+    assert (d.step, d.slot) == record.sampled_at[d.token]
+    # no other mismatch was sampled earlier
+    firsts = [next(r for r in res.records if r.id == m[0]).sampled_at[
+        next(i for i, (a, b) in enumerate(zip(m[1], m[2])) if a != b)][0] for m in res.mismatches]
+    assert d.step == min(firsts)
+    assert d.kernel == f"l{layer}_norm2"
+    assert f"differ from NumPy's ffn_in of layer {layer}" in d.detail
+    assert f"{before} kernel{'s' if before > 1 else ''} compared before it agree" in d.detail
+    s = res.summary()
+    assert s["reports"] == [str(d)] and s["first_mismatch"]["kernel"] == d.kernel
+    assert str(d).startswith(f"outputs differ from NumPy: request {d.request}, output token "
+                             f"{d.token} (position ")
+
+
+def test_cli_run_reports_the_first_mismatch(tmp_path, capsys):
+    ir = tmp_path / "swapped.mlir"
+    ir.write_text(_swap_names(_graph_ir(), "l0_norm1", "l0_norm2"))
+    assert cli_main(["run", str(ir), "--target", "test32", "--requests", "4", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["outputs_match_reference"] is False
+    (line,) = out["reports"]
+    assert "first kernel whose value differs: @l0_norm2" in line
+    assert out["first_mismatch"]["kernel"] == "l0_norm2"
+
+
+@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+def test_per_kernel_values_of_a_correct_run_agree_with_numpy(model):
+    """The comparison names no kernel when nothing is wrong: a correct run's
+    kept values, told a token differs, all agree (no false culprit)."""
+    from meshrt.runtime.serving import _interpret, first_divergence
+
+    prog, t = program(model), load_target("test32")
+    reqs = requests(SMALL)
+    res = serve(prog, t, reqs)
+    assert res.outputs_match_reference and res.divergence is None
+    weights = ref.Weights.random(reference_shape(prog), 0)
+    model_ = ref.ReferenceModel(reference_shape(prog), weights)
+    kw = dict(seed=0, queue_capacity=16, max_cycles=200_000_000, safe=True, speed_scale=None)
+
+    def rerun(step):
+        _, host, plane = _interpret(prog, t, reqs, weights, watch=step, **kw)
+        return host.records, plane
+
+    rec = max(res.records, key=lambda r: len(r.tokens))
+    for i in (0, len(rec.tokens) - 2):
+        told = [(rec.id, rec.tokens[:i] + [-1] + rec.tokens[i + 1:], rec.tokens)]
+        d = first_divergence(prog, reqs, res.records, told, model_, rerun)
+        assert d.kernel is None and (d.step, d.slot) == rec.sampled_at[i]
+        n = int(re.search(r"^(\d+) kernels compared", d.detail).group(1))
+        assert n >= 15, d.detail  # embed, both layers' norms, qkv, attention, o, adds; final norm, logits

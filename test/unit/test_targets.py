@@ -176,3 +176,31 @@ def test_unknown_target_name():
 def test_seconds():
     t = load_target("wse3")
     assert t.seconds(t.clock_hz) == pytest.approx(1.0)
+
+
+# -- identity: what IR records to find its target again ------------------------
+
+
+def test_digest_is_the_figures_not_the_name(tmp_path: Path):
+    bundled = load_target("test32")
+    renamed = load_target(_write(tmp_path, 'name = "test32"', 'name = "mine"'))
+    assert renamed.digest == bundled.digest
+    assert load_target(_write(tmp_path, "route_entries = 8", "route_entries = 7")).digest != bundled.digest
+    assert bundled.with_overrides(costs={"add": 0.5}).digest != bundled.digest
+    assert len({load_target(n).digest for n in ("wse3", "wse2", "test32", "test16")}) == 4
+
+
+def test_identity_records_nothing_for_a_bundled_target_only(tmp_path: Path):
+    for name in ("wse3", "test32"):
+        assert load_target(name).identity() == (None, None)
+    # a copy of test32 under its own name, with the same figures, is test32
+    same = _write(tmp_path, "speed_spread = 0.02", "speed_spread = 0.020")
+    assert load_target(same).identity() == (None, None)
+    # keeping the name but changing a figure, or renaming, records file and digest
+    changed = load_target(_write(tmp_path, "colors = 8", "colors = 9"))
+    assert changed.identity() == (str((tmp_path / "t.toml").resolve()), changed.digest)
+    renamed = load_target(_write(tmp_path, 'name = "test32"', 'name = "mine"'))
+    assert renamed.identity() == (str((tmp_path / "t.toml").resolve()), renamed.digest)
+    # a target changed in memory has no file holding its figures to record
+    tweaked = load_target("test32").with_overrides(route_entries=7)
+    assert tweaked.identity() == (None, tweaked.digest)

@@ -233,7 +233,7 @@ def test_default_name_from_the_model(tmp_path, monkeypatch, capsys):
     (["--what", "routes", "--segment", "5"], "--segment 5 is out of range"),
     (["--what", "mapping", "--color", "1"], "--color only applies to --what routes"),
     (["--wafer", "1"], "--wafer 1 is out of range"),
-    (["--target", "wse3"], "compiled for target 'test32'"),
+    (["--target", "test16"], "compiled for a 32 x 32 mesh, larger than the 16 x 16 cores of target 'test16'"),
     (["-o", "/nonexistent-dir/x.png"], "cannot write output"),
     (["-o", "pic.pdf"], ".png or .svg"),
 ])

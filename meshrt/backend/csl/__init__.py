@@ -53,7 +53,6 @@ def emit_csl(module: ModuleOp, arch: str | None = None, target=None) -> CslOutpu
     from meshrt.backend.csl.runtime import idle_program, runtime_module
     from meshrt.backend.csl.handshakes import drained_flows
     from meshrt.backend.csl.sync import marker_counts
-    from meshrt.frontend.errors import FrontendError
     from meshrt.targets import target_for
 
     result = CslOutput()
@@ -63,10 +62,7 @@ def emit_csl(module: ModuleOp, arch: str | None = None, target=None) -> CslOutpu
         prefix = f"{op.program_name}/" if len(ops) > 1 else ""
         program = read_program(op)
         programs.append(program)
-        try:
-            tgt = target_for(target, program.target)
-        except FrontendError as e:
-            raise MeshrtError(e.message, op) from e
+        tgt = target_for(target, op)
         a = resolve_arch(arch, program.target, op)
         lim = al.limits(program, tgt, a)
         elem = "f32" if program.hp("dtype_bytes", 4) >= 4 else "f16"

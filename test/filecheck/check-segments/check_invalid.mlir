@@ -252,7 +252,7 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
   segment.route @b color 0 via <(0, 0, 3, 1)>
 }
 
-// CHECK: check_invalid.mlir:221:5: error: 'segment.segment' op segment 0 of core class @p binds 50000 SRAM bytes, over its target capacity of {{[0-9]+}}
+// CHECK: check_invalid.mlir:217:1: error: 'segment.program' op the IR is compiled for 99999 SRAM bytes per core (the program's budget), but target 'test32' has 8960
 
 // -----
 
