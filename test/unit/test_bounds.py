@@ -327,12 +327,13 @@ def test_run_flags_are_checked_before_the_model_is_read(flags, needle):
     _one_line(*_cli("run", "no-such-model.mrt", *flags), needle)
 
 
-def test_viz_steps_are_bounded_by_memory():
+def test_viz_steps_are_bounded_by_memory(tmp_path):
+    out = tmp_path / "never-written.png"
     line = _one_line(*_cli("viz", TINY_DENSE, "--target", "test32", "--what", "load", "--steps",
-                           "100000000", "-o", "/tmp/never-written.png"),
+                           "100000000", "-o", str(out)),
                      "for the per-core trace of 100,000,000 decode steps")
     assert line.startswith(f"{TINY_DENSE}: error: needs ") and "lower --steps" in line
-    assert not Path("/tmp/never-written.png").exists()
+    assert not out.exists()
 
 
 def _actions(parser):
