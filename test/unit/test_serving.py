@@ -50,17 +50,6 @@ def test_matches_reference_under_asynchrony(model, seed):
     assert all(len(r.tokens) >= 1 for r in res.records)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_embedding_gather_matches_reference(seed):
-    # a table on 4 x 4 cores gathers each token's row down its columns; the first
-    # layer then reads it from one row of the table instead of from all 16 cores
-    prog = segment_program("test/unit/fixtures/models/tiny_dense_gather.mrt", "test32")
-    kinds = {k.kernel_name: k.kind.data for k in prog.kernels()}
-    assert kinds["embed.gather"] == "allreduce"
-    res = serve(prog, load_target("test32"), requests(SMALL), seed=seed)
-    assert res.summary()["reports"] == [] and res.mismatches == [] and res.outputs_match_reference
-
-
 def test_seeds_change_timing_not_tokens():
     t = load_target("test32")
     a = serve(program("tiny_moe"), t, requests(SMALL), seed=1)

@@ -115,11 +115,13 @@ class ElementwiseOp(KernelOp):
     @classmethod
     def lower(cls, op, operands, make):
         """One kernel; add / silu_mul take the "rows" layout of an operand already held in
-        rows on their own region (so it is read in place), else "cols"."""
+        rows on their own region (so it is read in place), or on a one-column region
+        (where "cols" would put the whole vector on every core), else "cols"."""
         props = cls.lower_props(op)
-        if not isinstance(op, graph.RMSNormOp) and any(
+        _, _, w, h = op.region.rects.data[0].tuple[:4]
+        if not isinstance(op, graph.RMSNormOp) and (w == 1 < h or any(
                 isinstance(v.owner, KernelOp) and v.owner.region == op.region
-                and v.owner.output_layout() == "rows" for v in operands):
+                and v.owner.output_layout() == "rows" for v in operands)):
             props["layout"] = StringAttr("rows")
         k = make(cls, op, operands, op.results[0].type, **props)
         return [k], k.results[0]

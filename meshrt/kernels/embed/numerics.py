@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from meshrt.kernels.numerics import F64, DataLayoutError, KernelExec, Vec, part
+from meshrt.kernels.numerics import DataLayoutError, KernelExec, Vec, part
 
 
 class Embed(KernelExec):
@@ -21,15 +19,8 @@ class Embed(KernelExec):
         vocab, hidden = emb.shape
         r0, r1 = part(vocab, h, j)
         c0, c1 = part(hidden, w, i)
-        if self.info.param("gather") is None:
-            out = Vec.empty(self.b, hidden)
-            for s, t in enumerate(tokens):
-                if r0 <= t < r1:  # this core holds the row
-                    out.put(s, c0, emb[t, c0:c1])
-            cd.values[self.name] = out
-            return
-        rows = np.zeros((self.b, hidden), F64)  # a partial: the column reduction gathers rows
+        out = Vec.empty(self.b, hidden)
         for s, t in enumerate(tokens):
-            if r0 <= t < r1:
-                rows[s, c0:c1] = emb[t, c0:c1]
-        cd.values[self.name] = ("partial", c0, c1, rows)
+            if r0 <= t < r1:  # this core holds the row
+                out.put(s, c0, emb[t, c0:c1])
+        cd.values[self.name] = out

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, IntegerAttr, StringAttr, UnitAttr
-from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, result_def
+from xdsl.dialects.builtin import I64, IntegerAttr
+from xdsl.irdl import irdl_op_definition, prop_def, result_def
 
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType
-from meshrt.kernels.allreduce.op import AllReduceOp
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.embed import csl
 from meshrt.kernels.embed.numerics import Embed
@@ -35,7 +34,6 @@ class EmbedOp(KernelOp):
 
     name = "mesh_kernel.embed"
     vocab = prop_def(IntegerAttr[I64])
-    gather = opt_prop_def(UnitAttr)  # a column reduction gathers the rows (see `lower`)
     output = result_def(ActType)
     assembly_format = "$sym_name `on` $region attr-dict `:` type($output)"
 
@@ -68,28 +66,8 @@ class EmbedOp(KernelOp):
         return "full"  # no input vector: the tokens arrive on their own flow
 
     def output_layout(self) -> str:
-        # Each token's row is held by the one row of cores owning it: "sparse", or with
-        # the gather, each core's slice of the rows it owns and zero elsewhere.
-        return "partial" if self.gather is not None else "sparse"
-
-    @staticmethod
-    def gathers(w: int, h: int) -> bool:
-        """Whether a w x h table gathers its rows before sending them on: every receiver
-        would otherwise gather one message per table core (w * h); after the column
-        reduction, one per column (w), behind a reduction down and back (2 h hops)."""
-        return w * h > w + 2 * h
+        return "sparse"
 
     @classmethod
-    def lower(cls, op, operands, make):
-        """The embedding lookup and, on large tables, the column reduction that gathers
-        each token's row into every row, split over the columns: the layout the first
-        layer reads from one line of cores, not from every core of the table."""
-        rt = op.results[0].type
-        _, _, w, h = op.region.rects.data[0].tuple[:4]
-        if not cls.gathers(w, h):
-            emb = make(cls, op, operands, rt, vocab=op.vocab)
-            return [emb], emb.results[0]
-        emb = make(cls, op, operands, rt, vocab=op.vocab, gather=UnitAttr())
-        gather = make(AllReduceOp, op, emb.results, rt, name=f"{op.kernel_name}.gather",
-                      axis=StringAttr("col"))
-        return [emb, gather], gather.results[0]
+    def lower_props(cls, op):
+        return {"vocab": op.vocab}

@@ -1,9 +1,7 @@
 // RUN: meshrt-opt %s -p lower-to-mesh-kernels --split-input-file | filecheck %s
 
 // A matmul becomes a tiled GEMV and the column AllReduce that completes it;
-// norms and adds become elementwise kernels on the same regions. The 4 x 4
-// embedding table gathers each token's row down its columns (16 cores are more
-// than one message per column plus a reduction down and back: 4 + 2 x 4).
+// norms and adds become elementwise kernels on the same regions.
 graph.model @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
   %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
   %n = graph.rmsnorm @l0.norm(%x) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<32>
@@ -12,8 +10,7 @@ graph.model @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 
   %r = graph.add @l0.add(%a, %x) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32>
 }
 // CHECK:      mesh_kernel.program @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
-// CHECK-NEXT:   %[[T:.*]] = mesh_kernel.embed @embed on <(0, 0, 4, 4)> {{{.*}}gather{{.*}}}
-// CHECK-NEXT:   %[[X:.*]] = mesh_kernel.allreduce @embed.gather(%[[T]]) on <(0, 0, 4, 4)> {{{.*}}axis = "col"{{.*}}}
+// CHECK-NEXT:   %[[X:.*]] = mesh_kernel.embed @embed on <(0, 0, 4, 4)>
 // CHECK-NEXT:   %[[N:.*]] = mesh_kernel.elementwise "rmsnorm" @l0.norm(%[[X]]) on <(4, 0, 2, 4)>
 // CHECK-NEXT:   %[[P:.*]] = mesh_kernel.gemv @l0.up(%[[N]]) on <(4, 0, 2, 4)> {{.*}} : !graph.act<32> -> !graph.act<64>
 // CHECK-NEXT:   %[[Y:.*]] = mesh_kernel.allreduce @l0.up.reduce(%[[P]]) on <(4, 0, 2, 4)> {{{.*}}axis = "col"{{.*}}} : !graph.act<64> -> !graph.act<64>
@@ -26,8 +23,7 @@ graph.model @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 
 // Consecutive GEMVs on one region alternate orientations: one whose input lies
 // over the columns of its own region (the previous GEMV's result there) is
 // transposed (input over the columns, partials reduced along the rows), and an
-// add of values held over the rows takes the rows layout. A 2 x 4 table sends
-// its rows as they are (8 cores are not more than 2 + 2 x 4).
+// add of values held over the rows takes the rows layout.
 graph.model @alternating target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
   %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
   %n = graph.rmsnorm @l0.norm(%x) on <(2, 0, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<32>
