@@ -233,7 +233,7 @@ class DataPlane:
         cd.step += 1
 
     def _keep(self, cd: CoreData) -> None:
-        held = [*cd.values.items(), *((src, v) for (_, src), v in cd.recvd.items())]
+        held = [*cd.values.items(), *cd.recvd.items()]  # recvd: producer -> what arrived
         for name, v in held:
             if not isinstance(v, Vec):
                 continue
