@@ -107,6 +107,15 @@ class DataPlane:
             return lw.dense.w_down
         raise DataLayoutError(f"kernel @{name}: no weight matrix of that name")
 
+    def columns(self, name: str, n_out: int, cols: int, i: int) -> tuple[int, int]:
+        """The columns of `name`'s weight matrix (width n_out) that column i of its
+        `cols` holds: the fused up projection keeps whole gate/up pairs of one
+        slice of the FFN width (the blocks `matrix` lays out), others split evenly."""
+        if name != "lm_head" and name.split("_", 1)[-1] == "up":
+            lo, hi = part(n_out // 2, cols, i)
+            return 2 * lo, 2 * hi
+        return part(n_out, cols, i)
+
     def norm_gain(self, name: str, layer: int) -> np.ndarray:
         if name == "final_norm":
             return self.weights.final_norm

@@ -20,7 +20,7 @@ class Gemv(KernelExec):
         _, i, j, w, h = self.grid_pos(cd)
         n_in, n_out = self.weight.shape
         r0, r1 = part(n_in, h, j)
-        c0, c1 = part(n_out, w, i)
+        c0, c1 = self.plane.columns(self.name, n_out, w, i)
         x = self.input(cd).need(r0, r1, self.where(cd))
         partial = np.zeros((self.b, n_out), F64)
         partial[:, c0:c1] = x.astype(F64) @ cd.tile(self.name, lambda: self.weight[r0:r1, c0:c1])
