@@ -30,6 +30,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import signal
 import sys
 import time
 from collections import Counter
@@ -107,12 +108,17 @@ def sweep_one(job: tuple[str, str, int, bool]) -> tuple[str, str, int, str, str,
 
 def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: bool = False) -> int:
     """Seeds 0..seeds-1 on every (model, target); prints the table, returns the exit code."""
-    work = [(m, t, seed, unsafe) for m in models for t in targets for seed in range(seeds)]
+    # seed by seed over the configurations, so an interrupted sweep (Ctrl-C, SIGTERM) still
+    # covers them all evenly: it prints the table of the runs done
+    work = [(m, t, seed, unsafe) for seed in range(seeds) for m in models for t in targets]
     counts: dict[tuple[str, str], Counter] = {(m, t): Counter() for m in models for t in targets}
     first: dict[tuple[str, str, str], tuple[int, str]] = {}
     cpu, t0, done = 0.0, time.perf_counter(), 0
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for model, tgt, seed, what, report, secs in pool.map(sweep_one, work, chunksize=8):
+    pool = ProcessPoolExecutor(max_workers=jobs)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    interrupted = False
+    try:
+        for model, tgt, seed, what, report, secs in pool.map(sweep_one, work, chunksize=4):
             counts[model, tgt][what] += 1
             cpu += secs
             if what != "match":
@@ -120,16 +126,22 @@ def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: 
             done += 1
             if done % 200 == 0:
                 print(f"  {done}/{len(work)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    except KeyboardInterrupt:
+        interrupted = True
+    pool.shutdown(wait=not interrupted, cancel_futures=True)
     wall = time.perf_counter() - t0
     mode = "unsafe (no marker syncs or handshakes, no NumPy check)" if unsafe else "safe"
-    print(f"sweep, {mode}: {seeds} seeds x {len(counts)} (model, target), {len(work)} runs, "
-          f"{jobs} process(es): wall {wall:.0f} s, CPU {cpu:.0f} s in the runs")
+    print(f"sweep, {mode}: {seeds} seeds x {len(counts)} (model, target), {done} of {len(work)} runs"
+          f"{' (interrupted)' if interrupted else ''}, {jobs} process(es): wall {wall:.0f} s, "
+          f"CPU {cpu:.0f} s in the runs")
     print(f"  {'model':12} {'target':8} " + " ".join(f"{o:>10}" for o in OUTCOMES))
     for (model, tgt), c in counts.items():
         print(f"  {model:12} {tgt:8} " + " ".join(f"{c[o]:>10}" for o in OUTCOMES))
     for (model, tgt, what), (seed, report) in sorted(first.items()):
         print(f"  first {what} of {model} on {tgt}: seed {seed}: {report[:160]}")
     failed = sum(c[o] for c in counts.values() for o in OUTCOMES if o != "match")
+    if interrupted:
+        return 1
     return (0 if failed else 1) if unsafe else (1 if failed else 0)
 
 
