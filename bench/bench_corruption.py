@@ -46,12 +46,14 @@ from functools import cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LOCATED = re.compile(r"^\S+?(:\d+:\d+)?: error: \S")
+# WHERE: error: ... where WHERE is a file (with line and column when known) or, for a
+# bad command line, the command ("meshrt run", "meshrt-opt")
+LOCATED = re.compile(r"^(meshrt(-opt)?( [a-z-]+)?|\S+?(:\d+:\d+)?): error: \S")
 
 SPECIALS = ("1e300", "-1e300", "nan", "inf", "-inf", "-1", "-7", "0", "99999999999999999999999",
             "2147483648", "18446744073709551616", "1e-300", "1.5", "-0.0", "1_000_000_000")
 OPS = ("flip", "truncate", "delete_line", "duplicate_line", "number", "nest", "utf8")
-NUMBER = re.compile(rb"(?<![A-Za-z_%@#.])[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
+NUMBER = re.compile(rb"(?<![A-Za-z0-9_%@#.])[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
 
 
 def corrupt(data: bytes, op: str, r: random.Random, nest_kind: str = "json") -> bytes:
@@ -142,13 +144,17 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("profile", ".json", "profile.json", lambda f, b: _place(f, str(b / "models.json"), b)),
     Kind("models", ".json", "models.json", lambda f, b: _place(str(b / "profile.json"), f, b)),
     # the command line: the corrupted "file" is the argv, one token a line
-    Kind("run_flags", ".argv", "run.argv", lambda f, b: ("meshrt", _argv(f)), runs=True),
-    Kind("compile_flags", ".argv", "compile.argv", lambda f, b: ("meshrt", _argv(f))),
+    Kind("run_flags", ".argv", "run.argv", lambda f, b: ("meshrt", _argv(f, b)), runs=True),
+    Kind("compile_flags", ".argv", "compile.argv", lambda f, b: ("meshrt", _argv(f, b))),
 )}
 
 
-def _argv(path: str) -> list[str]:
-    return Path(path).read_bytes().decode("utf-8", "surrogateescape").split("\n")
+BASE = "{base}"  # where an argv names a base file (so the corruption does not depend on it)
+
+
+def _argv(path: str, base: Path) -> list[str]:
+    text = Path(path).read_bytes().decode("utf-8", "surrogateescape")
+    return text.replace(BASE, str(base)).split("\n")
 
 
 def make_base(d: Path) -> Path:
@@ -172,11 +178,11 @@ def make_base(d: Path) -> Path:
     ExpertProfile.zipf(8, [0, 1], s=1.1, seed=3, tokens=200, top_k=2).save(d / "profile.json")
     RegionModels({}, tuple(RegionModel(0.0, 1.0 + 0.5 * (i % 3)) for i in range(8)),
                  unit="relative").save(d / "models.json")
-    seg = str(d / "tiny_dense.segments.mlir")
+    seg = f"{BASE}/tiny_dense.segments.mlir"
     (d / "run.argv").write_text("\n".join(["run", seg, "--requests", "2", "--seed", "3", "--queue", "4",
                                            "--rate", "20", "--max-cycles", "5000000", "--workload-seed", "1",
                                            "--weights-seed", "2", "--json"]))
-    (d / "compile.argv").write_text("\n".join(["compile", str(d / "tiny_dense.mrt"), "--target", "test32",
+    (d / "compile.argv").write_text("\n".join(["compile", f"{BASE}/tiny_dense.mrt", "--target", "test32",
                                                "--micro-batch", "2", "--wafers", "1", "--dynamism",
                                                "continuous_batching,micro_batch_pipeline", "--emit", "events"]))
     return d
@@ -219,7 +225,7 @@ def judge(kind: str, rc: int | None, out: str, err: str, crash: str | None = Non
     if crash:
         return Verdict(False, f"traceback: {crash}", rc, err)
     if rc is None:
-        return Verdict(False, "hang (time bound)", rc, err)
+        return Verdict(False, "hang (time or CPU bound)", rc, err)
     if "Traceback (most recent call last)" in err:
         return Verdict(False, f"traceback: {_last_frame(err)}", rc, err)
     if rc < 0 or rc == 137:
@@ -314,23 +320,28 @@ def run_in_process(kind: str, tool: str, argv: list[str], timeout: int = 60) -> 
     return judge(kind, rc, out.getvalue(), err.getvalue(), crash)
 
 
-def _limits(memory_bytes: int):
+def _limits(cpu_seconds: int, memory_bytes: int):
     def set_limits():
         os.nice(5)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     return set_limits
 
 
 def run_subprocess(kind: str, tool: str, argv: list[str], timeout: int, memory_gb: float) -> Verdict:
+    """One case in a child bounded by `timeout` CPU seconds (a shared machine's wall
+    clock says little) and `memory_gb` of address space."""
     module = "meshrt.tools.cli" if tool == "meshrt" else "meshrt.tools.meshrt_opt"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     try:
         p = subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO, capture_output=True,
-                           timeout=timeout, env=env, preexec_fn=_limits(int(memory_gb * 2**30)),
-                           check=False)
+                           timeout=20 * timeout, env=env,
+                           preexec_fn=_limits(timeout, int(memory_gb * 2**30)), check=False)
     except subprocess.TimeoutExpired as e:
         return judge(kind, None, "", (e.stderr or b"").decode("utf-8", "replace"))
     out, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    if p.returncode == -signal.SIGXCPU:
+        return judge(kind, None, out, err)
     if "MemoryError" in err:
         return Verdict(False, f"memory bound ({_last_frame(err)})", p.returncode, err)
     return judge(kind, p.returncode, out, err)
@@ -356,7 +367,7 @@ def main() -> int:
     ap.add_argument("--first", type=int, default=0, help="first seed")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--timeout", type=int, default=120, help="seconds per case")
+    ap.add_argument("--timeout", type=int, default=60, help="CPU seconds per case")
     ap.add_argument("--memory-gb", type=float, default=3.0, help="address-space bound per case")
     ap.add_argument("--show", type=int, default=2, help="example cases per failure cause")
     ap.add_argument("--json", metavar="FILE", help="also write every verdict here")

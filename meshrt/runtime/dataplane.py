@@ -145,13 +145,18 @@ class DataPlane:
         """The host's first message of micro-batch `group` on a loop-carried flow."""
         return Payload("host", self.host.first_tokens(group), cb=self.host.first_table(group))
 
+    def _known(self, kernel: str) -> str:
+        if kernel not in self.kernels:  # IR whose event.kernel record was lost
+            raise DataLayoutError(f"kernel @{kernel} runs events but has no event.kernel record")
+        return kernel
+
     def sub(self, cd: CoreData, kernel: str) -> None:
-        cd.kernel = self.kernels[kernel]
+        cd.kernel = self.kernels[self._known(kernel)]
 
     def computes(self, kernel: str, op: str) -> bool:
         """Whether compute `op` of `kernel` has a numeric effect (ops its kind declares as
         timing only skip the hook; ops it does not declare are an error)."""
-        if op not in self.declared[kernel]:
+        if op not in self.declared[self._known(kernel)]:
             k = self.kernels[kernel]
             raise DataLayoutError(f"kernel @{kernel} (kind {k.info.kind.data}) runs compute op "
                                   f"\"{op}\", which its kind does not declare")
