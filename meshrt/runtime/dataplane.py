@@ -40,6 +40,14 @@ from meshrt.runtime import reference as ref
 # --------------------------------------------------------------------------
 
 
+def _missing(cd: CoreData, what: str, e: KeyError) -> DataLayoutError:
+    """A kernel hook looked for state no earlier event on the core left (a table that
+    repeats, drops or reorders an event)."""
+    return DataLayoutError(f"{cd.kernel.where(cd)}: {what} needs {e.args[0]!r}, which no earlier "
+                           "event on this core produced")
+
+
+
 class DataPlane:
     """Weights, kernels and per-core data of one interpreted run."""
 
@@ -164,12 +172,18 @@ class DataPlane:
 
     def compute(self, cd: CoreData, op: str) -> int | None:
         """Returns extra cycles of host work the event waited for, if any."""
-        return cd.kernel.compute(cd, op)
+        try:
+            return cd.kernel.compute(cd, op)
+        except KeyError as e:
+            raise _missing(cd, f"compute \"{op}\"", e) from None
 
     def send(self, cd: CoreData, flow: str, meta: int) -> Payload:
         k = cd.kernel
         role = self.roles[flow][0]
-        value = k.send(cd, role)
+        try:
+            value = k.send(cd, role)
+        except KeyError as e:
+            raise _missing(cd, f"the send on @{flow}", e) from None
         cb, route = k.metainfo(cd, role, meta)
         return Payload(k.payload_src(role), value, cb, route)
 

@@ -45,6 +45,8 @@ CASES = [
     pytest.param("events", 2, id="events-delete-line"),
     # a '"' left open: xDSL's string-literal pattern backtracked for ever
     pytest.param("segments", 0, id="segments-flip"),
+    # a compute event repeated: was KeyError in the rmsnorm's numerics
+    pytest.param("segments", 10, id="segments-duplicate-line"),
     pytest.param("moe_graph", 4, id="moe-graph-number"),
     pytest.param("target", 4, id="target-number"),
     pytest.param("target", 5, id="target-nest", marks=_xfail(
