@@ -1,21 +1,41 @@
 """Interpreter speed and a long asynchrony sweep (run by hand, not by the tests).
 
-    python bench/bench_interpreter.py                 # speed, side by side
-    python bench/bench_interpreter.py --sweep 100     # + 100 seeds per tiny model vs NumPy
-    python bench/bench_interpreter.py --profile       # + where the time goes
+    python bench/bench_interpreter.py                          # speed, side by side
+    python bench/bench_interpreter.py --sweep                  # 1,000 seeds per model and target
+    python bench/bench_interpreter.py --sweep 100 --jobs 2     # fewer seeds, 2 processes
+    python bench/bench_interpreter.py --sweep 50 --unsafe      # the ablation: must fail on some
+    python bench/bench_interpreter.py --profile                # + where the time goes
 
 Speed: events per second and wall time per decode step of tiny_moe on the
 32 x 32 test mesh, with numerics (the serving loop, tensors in every
 message) and timing only (the same tables, no data plane), measured in one
 run. A decode step here is one micro-batch through one core's table.
+
+Sweep: every asynchrony seed serves the same staggered five-request workload
+on tiny_dense and tiny_moe on test32 and test16 (their bundled dynamism:
+continuous batching, micro-batch pipelining, MoE routing; tiny_moe spans two
+test16 wafers), in parallel over `--jobs` processes. Each run is one of:
+match (every completed request is NumPy's, every request completed or was
+rejected for a reason), mismatch, deadlock, corruption, data error, time
+bound or incomplete; the table gives the counts and the first seed of each
+failure. `--unsafe` drops the marker syncs and route handshakes (no NumPy
+check): the sweep then shows that the checks catch it on some seeds. Exit 1
+when a safe sweep fails or an unsafe one never does. Speed figures are
+skipped with --sweep (run them alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import signal
+import sys
 import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from functools import cache
 
 import numpy as np
 
@@ -52,33 +72,97 @@ def speed(model: str, target_name: str, requests: int) -> None:
         print(f"  {name:14} {ev:>10,} {wall:>8.2f} {ev / wall:>10,.0f} {1e3 * wall / max(steps, 1):>8.1f}")
 
 
-def sweep(model: str, seeds: int) -> None:
-    t = load_target("test32")
-    prog = segment_program(f"examples/{model}.mrt", "test32")
-    reqs = workload(5)
-    bad, t0 = [], time.perf_counter()
-    for seed in range(seeds):
-        s = serve(prog, t, reqs, seed=seed).summary()
-        # every request completed (and matches) or was rejected for a reason
-        if not s["outputs_match_reference"] or s["requests_completed"] + s["requests_rejected"] != len(reqs):
-            bad.append((seed, s["reports"][:1]))
-    print(f"{model}: {seeds} seeds, {seeds - len(bad)} match NumPy for every completed request, "
-          f"{s['requests_completed']} completed / {s['requests_rejected']} rejected each "
-          f"({time.perf_counter() - t0:.0f} s); failures: {bad or 'none'}")
+SWEEP_MODELS = ("tiny_dense", "tiny_moe")
+SWEEP_TARGETS = ("test32", "test16")
+OUTCOMES = ("match", "mismatch", "deadlock", "corruption", "data_error", "time_bound", "incomplete")
+SWEEP_REQUESTS = 5
 
 
-def main() -> None:
+@cache
+def _compiled(model: str, target_name: str):
+    return segment_program(f"examples/{model}.mrt", target_name), load_target(target_name)
+
+
+def outcome(s: dict, requests: int) -> str:
+    """What one run's summary shows, worst first."""
+    for key in ("deadlock", "corruption", "data_error", "time_bound"):
+        if s[key]:
+            return key
+    if not s["outputs_match_reference"]:
+        return "mismatch"
+    if s["requests_completed"] + s["requests_rejected"] != requests:
+        return "incomplete"
+    return "match"
+
+
+def sweep_one(job: tuple[str, str, int, bool]) -> tuple[str, str, int, str, str, float]:
+    """(model, target, seed, outcome, first report line, CPU seconds) of one seeded run."""
+    model, target_name, seed, unsafe = job
+    t0 = time.process_time()
+    prog, t = _compiled(model, target_name)
+    s = serve(prog, t, workload(SWEEP_REQUESTS), seed=seed, safe=not unsafe, check=not unsafe).summary()
+    what = outcome(s, SWEEP_REQUESTS)
+    first = s["reports"][0].splitlines()[0] if s["reports"] else ""
+    return model, target_name, seed, what, first, time.process_time() - t0
+
+
+def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: bool = False) -> int:
+    """Seeds 0..seeds-1 on every (model, target); prints the table, returns the exit code."""
+    # seed by seed over the configurations, so an interrupted sweep (Ctrl-C, SIGTERM) still
+    # covers them all evenly: it prints the table of the runs done
+    work = [(m, t, seed, unsafe) for seed in range(seeds) for m in models for t in targets]
+    counts: dict[tuple[str, str], Counter] = {(m, t): Counter() for m in models for t in targets}
+    first: dict[tuple[str, str, str], tuple[int, str]] = {}
+    cpu, t0, done = 0.0, time.perf_counter(), 0
+    pool = ProcessPoolExecutor(max_workers=jobs)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    interrupted = False
+    try:
+        for model, tgt, seed, what, report, secs in pool.map(sweep_one, work, chunksize=4):
+            counts[model, tgt][what] += 1
+            cpu += secs
+            if what != "match":
+                first.setdefault((model, tgt, what), (seed, report))
+            done += 1
+            if done % 200 == 0:
+                print(f"  {done}/{len(work)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    except KeyboardInterrupt:
+        interrupted = True
+    pool.shutdown(wait=not interrupted, cancel_futures=True)
+    wall = time.perf_counter() - t0
+    mode = "unsafe (no marker syncs or handshakes, no NumPy check)" if unsafe else "safe"
+    print(f"sweep, {mode}: {seeds} seeds x {len(counts)} (model, target), {done} of {len(work)} runs"
+          f"{' (interrupted)' if interrupted else ''}, {jobs} process(es): wall {wall:.0f} s, "
+          f"CPU {cpu:.0f} s in the runs")
+    print(f"  {'model':12} {'target':8} " + " ".join(f"{o:>10}" for o in OUTCOMES))
+    for (model, tgt), c in counts.items():
+        print(f"  {model:12} {tgt:8} " + " ".join(f"{c[o]:>10}" for o in OUTCOMES))
+    for (model, tgt, what), (seed, report) in sorted(first.items()):
+        print(f"  first {what} of {model} on {tgt}: seed {seed}: {report[:160]}")
+    failed = sum(c[o] for c in counts.values() for o in OUTCOMES if o != "match")
+    if interrupted:
+        return 1
+    return (0 if failed else 1) if unsafe else (1 if failed else 0)
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=6)
-    ap.add_argument("--sweep", type=int, default=0, metavar="SEEDS")
+    ap.add_argument("--sweep", type=int, nargs="?", const=1000, default=0, metavar="SEEDS",
+                    help="asynchrony seeds per model and target (default 1000)")
+    ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+                    help="sweep processes")
+    ap.add_argument("--unsafe", action="store_true", help="sweep the ablation: must fail on some seeds")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--models", default="tiny_dense,tiny_moe", help="models to sweep")
+    ap.add_argument("--models", default=",".join(SWEEP_MODELS), help="models to sweep")
+    ap.add_argument("--targets", default=",".join(SWEEP_TARGETS), help="targets to sweep")
     args = ap.parse_args()
+    if args.sweep:
+        if args.jobs < 1:
+            ap.error(f"--jobs must be at least 1, got {args.jobs}")
+        return sweep(args.models.split(","), args.targets.split(","), args.sweep, args.jobs, args.unsafe)
     speed("tiny_moe", "test32", args.requests)
     speed("tiny_dense", "test32", args.requests)
-    if args.sweep:
-        for model in args.models.split(","):
-            sweep(model, args.sweep)
     if args.profile:
         t = load_target("test32")
         prog = segment_program("examples/tiny_moe.mrt", "test32")
@@ -87,7 +171,8 @@ def main() -> None:
         serve(prog, t, workload(args.requests), seed=0, check=False)
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,13 +8,19 @@ at its nearest located ancestor.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr
 from xdsl.ir import Operation
 from xdsl.parser import Parser
-from xdsl.utils.mlir_lexer import MLIRTokenKind
+from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
 from xdsl.utils.exceptions import DiagnosticException, ParseError
+
+# xDSL 0.74 lexes a string literal with `+` nested in `*`: a '"' left open backtracks
+# exponentially over the rest of its line (one corrupted byte hung the parser). The
+# same language with possessive quantifiers fails at once.
+MLIRLexer._unescaped_characters_regex = re.compile(r'"(?:[^"\\\n\v\f]++|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*+"')
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,8 @@ class KernelExec:
         plus whatever arrived on the input flow."""
         prod = self.inputs[k]
         local = cd.values.get(prod)
+        if local is None and prod in self.plane.kernels:  # a producer on this core with no event
+            local = self.plane.kernels[prod].local_value(cd)
         got = cd.recvd.get(prod)
         if local is None and got is None:
             raise DataLayoutError(f"{self.where(cd)}: holds no part of the value of @{prod}")
@@ -209,6 +211,11 @@ class KernelExec:
         v = Vec(local.data.copy(), local.mask.copy())
         v.merge(got, self.where(cd))
         return v
+
+    def local_value(self, cd: CoreData) -> object:
+        """This kernel's value on `cd` when a consumer on the same core asks for it
+        and no event of this kernel made it (None: the core holds none)."""
+        return None
 
     # event hooks (defaults: nothing to do)
     def compute(self, cd: CoreData, op: str) -> None:

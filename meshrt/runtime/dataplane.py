@@ -40,6 +40,14 @@ from meshrt.runtime import reference as ref
 # --------------------------------------------------------------------------
 
 
+def _missing(cd: CoreData, what: str, e: KeyError) -> DataLayoutError:
+    """A kernel hook looked for state no earlier event on the core left (a table that
+    repeats, drops or reorders an event)."""
+    return DataLayoutError(f"{cd.kernel.where(cd)}: {what} needs {e.args[0]!r}, which no earlier "
+                           "event on this core produced")
+
+
+
 class DataPlane:
     """Weights, kernels and per-core data of one interpreted run."""
 
@@ -131,6 +139,15 @@ class DataPlane:
         traced = self._TRACED_IN_LAYER.get(base.split("_", 1)[-1])
         return (layer, traced) if traced is not None and layer >= 0 else None
 
+    def columns(self, name: str, n_out: int, cols: int, i: int) -> tuple[int, int]:
+        """The columns of `name`'s weight matrix (width n_out) that column i of its
+        `cols` holds: the fused up projection keeps whole gate/up pairs of one
+        slice of the FFN width (the blocks `matrix` lays out), others split evenly."""
+        if name != "lm_head" and name.split("_", 1)[-1] == "up":
+            lo, hi = part(n_out // 2, cols, i)
+            return 2 * lo, 2 * hi
+        return part(n_out, cols, i)
+
     def norm_gain(self, name: str, layer: int) -> np.ndarray:
         if name == "final_norm":
             return self.weights.final_norm
@@ -160,13 +177,18 @@ class DataPlane:
         """The host's first message of micro-batch `group` on a loop-carried flow."""
         return Payload("host", self.host.first_tokens(group), cb=self.host.first_table(group))
 
+    def _known(self, kernel: str) -> str:
+        if kernel not in self.kernels:  # IR whose event.kernel record was lost
+            raise DataLayoutError(f"kernel @{kernel} runs events but has no event.kernel record")
+        return kernel
+
     def sub(self, cd: CoreData, kernel: str) -> None:
-        cd.kernel = self.kernels[kernel]
+        cd.kernel = self.kernels[self._known(kernel)]
 
     def computes(self, kernel: str, op: str) -> bool:
         """Whether compute `op` of `kernel` has a numeric effect (ops its kind declares as
         timing only skip the hook; ops it does not declare are an error)."""
-        if op not in self.declared[kernel]:
+        if op not in self.declared[self._known(kernel)]:
             k = self.kernels[kernel]
             raise DataLayoutError(f"kernel @{kernel} (kind {k.info.kind.data}) runs compute op "
                                   f"\"{op}\", which its kind does not declare")
@@ -174,12 +196,18 @@ class DataPlane:
 
     def compute(self, cd: CoreData, op: str) -> int | None:
         """Returns extra cycles of host work the event waited for, if any."""
-        return cd.kernel.compute(cd, op)
+        try:
+            return cd.kernel.compute(cd, op)
+        except KeyError as e:
+            raise _missing(cd, f"compute \"{op}\"", e) from None
 
     def send(self, cd: CoreData, flow: str, meta: int) -> Payload:
         k = cd.kernel
         role = self.roles[flow]
-        value = k.send(cd, role)
+        try:
+            value = k.send(cd, role)
+        except KeyError as e:
+            raise _missing(cd, f"the send on @{flow}", e) from None
         cb, route = k.metainfo(cd, role, meta)
         return Payload(k.payload_src(role), value, cb, route)
 

@@ -10,7 +10,6 @@ from meshrt.dialects.graph import ActType, RoutingType
 from meshrt.kernels.combine import csl
 from meshrt.kernels.combine.numerics import Combine
 from meshrt.kernels.compute import ComputeOp
-from meshrt.kernels.dispatch.op import ROUTE
 from meshrt.kernels.dispatch.relay import RelayOp
 
 COMBINE = ComputeOp("combine", "fmac", csl.combine)
@@ -32,7 +31,7 @@ class CombineOp(RelayOp):
 
     VIZ_COLOR: ClassVar[str] = "#bcbd22"
     VIZ_RANK: ClassVar[int] = 7
-    COMPUTE: ClassVar[tuple] = (COMBINE, ROUTE)  # a one-core corridor only routes
+    COMPUTE: ClassVar[tuple] = (COMBINE,)
     NUMERICS: ClassVar[type] = Combine
     BACKWARDS: ClassVar[bool] = True  # expert results and their metainfo travel back to the head
 

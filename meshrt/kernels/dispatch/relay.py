@@ -66,8 +66,9 @@ def relay_roles(kernel: KernelOp, kctx: KernelContext, backwards: bool,
     def cell(i: int, n: int = 1) -> CoreSetAttr:
         return CoreSetAttr.of(x, y + i, w, n) if along_y else CoreSetAttr.of(x + i, y, n, h)
 
-    if length == 1:
-        return [Role("head", kernel.region, [INPUTS, ("compute", "route", b * kctx.top_k), OUTPUTS],
+    if length == 1:  # one core: dispatch only routes, combine still sums the expert outputs
+        work = ("compute", "combine", b * hidden) if backwards else ("compute", "route", b * kctx.top_k)
+        return [Role("head", kernel.region, [INPUTS, work, OUTPUTS],
                      0, ctrl=kctx.route_bytes, switches=2, sends_output=True)], []
     step = -1 if backwards else 1
     dx, dy = (0, step) if along_y else (step, 0)

@@ -22,10 +22,10 @@ class Gemv(KernelExec):
         n_in, n_out = self.weight.shape
         if self.transposed:  # input over the columns, output over the rows
             r0, r1 = part(n_in, w, i)
-            c0, c1 = part(n_out, h, j)
+            c0, c1 = self.plane.columns(self.name, n_out, h, j)
         else:
             r0, r1 = part(n_in, h, j)
-            c0, c1 = part(n_out, w, i)
+            c0, c1 = self.plane.columns(self.name, n_out, w, i)
         x = self.input(cd).need(r0, r1, self.where(cd))
         partial = np.zeros((self.b, n_out), F64)
         partial[:, c0:c1] = x.astype(F64) @ cd.tile(self.name, lambda: self.weight[r0:r1, c0:c1])

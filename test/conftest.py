@@ -1,0 +1,19 @@
+"""Hypothesis profiles for the property tests (test/unit/test_properties.py).
+
+    python -m pytest test/unit/test_properties.py                                  # ci: few, fixed
+    python -m pytest test/unit/test_properties.py --hypothesis-profile=thorough    # by hand: many
+
+`ci` (the default) is derandomized, so the suite runs the same examples every
+time and stays fast; `thorough` draws fresh random examples and many more of
+them (expect tens of minutes).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+
+settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_COMMON)
+settings.register_profile("thorough", max_examples=300, **_COMMON)
+settings.load_profile("ci")
