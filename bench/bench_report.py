@@ -307,18 +307,21 @@ def notes() -> list[str]:
         "## Reading these numbers",
         "",
         "- The cost model reproduces the interpreter (table above); it does not make the "
-        "compiled schedules faster than they are. The default mapper gives each kernel a "
-        "full-height band a few columns wide, and every reduction is a store-and-forward "
-        "chain down the band (edge -> mid -> root and back), so a wse3 layer costs hundreds "
-        "of hops of whole-message serialisation: absolute TPOTs are far above the paper's "
-        "CS-3 measurements. Ratios between builds of the same compiler are the point.",
+        "compiled schedules faster than they are. The default mapper puts a dense layer on "
+        "one region (attention on its top rows, its GEMVs in alternating orientations "
+        "below), but MoE layers still get one band per kernel, and every reduction is a "
+        "store-and-forward chain along the region (edge -> mid -> root and back), so a wse3 "
+        "layer costs hundreds of hops of whole-message serialisation: absolute TPOTs are "
+        "far above the paper's CS-3 measurements (see the TPOT / bound columns). Ratios "
+        "between builds of the same compiler are the point.",
         "- Governance overhead has two parts: resolving and producing metainfo (the target "
         "file's `meta_resolve_slot` / `meta_produce_slot`, a few cycles per slot: the "
         "'metainfo' line of the critical-path change, negligible) and the metainfo bytes "
         "every carrying message gains (the 'send_recv' line). The second dominates: the "
-        "default mapper hands activations between bands with `all` flows, so a core gathers "
-        "one message per sender core, hundreds per step, and each pays for its metainfo "
-        "wavelets. Where the builds' critical paths differ in shape (gpt-oss-20b) the "
+        "flows that are not aligned row or column multicasts are `all` flows from one line "
+        "of cores (from every core of the embedding table and the expert regions), so a core "
+        "gathers one message per sender, up to hundreds per step, and each pays for its "
+        "metainfo wavelets. Where the builds' critical paths differ in shape (gpt-oss-20b) the "
         "change shows up as a shift between categories. The paper measures 25-40 us "
         "(7.6-9.5 %) per token on CS-3.",
         "- System throughput need not grow with the micro-batch: a larger micro-batch needs "
