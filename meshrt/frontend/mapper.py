@@ -143,18 +143,23 @@ class Sizer:
         return max(1, ceil_div(weights, self.usable))
 
 
-def _min_width(fn: Callable[[int], float], max_w: int, usable: int) -> int | None:
-    """Least w in 1..max_w with fn(w) <= usable (fn is non-increasing), else None."""
-    if fn(max_w) > usable:
+def _least(ok: Callable[[int], bool], most: int) -> int | None:
+    """Least n in 1..most with ok(n) (once true, true for every larger n), else None."""
+    if most < 1 or not ok(most):
         return None
-    lo, hi = 1, max_w
+    lo, hi = 1, most
     while lo < hi:
         mid = (lo + hi) // 2
-        if fn(mid) <= usable:
+        if ok(mid):
             hi = mid
         else:
             lo = mid + 1
     return lo
+
+
+def _min_width(fn: Callable[[int], float], max_w: int, usable: int) -> int | None:
+    """Least w in 1..max_w with fn(w) <= usable (fn is non-increasing), else None."""
+    return _least(lambda w: fn(w) <= usable, max_w)
 
 
 # ---------------------------------------------------------------------------
@@ -242,10 +247,6 @@ class Planner:
                 best = cand
         return best
 
-    def _least(self, fn: Callable[[int], float], most: int) -> int | None:
-        """Least n in 1..most with fn(n) within usable SRAM (fn non-increasing), else None."""
-        return _min_width(fn, most, self.sizer.usable) if most >= 1 else None
-
     def stack(self, height: int) -> tuple[int, int] | None:
         """(width, attention rows) of a dense layer `height` rows high, or None.
 
@@ -259,21 +260,15 @@ class Planner:
         max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim)
 
         def rows(w: int) -> tuple[int, int] | None:
-            ha = self._least(lambda a: sz.band("attn", w, a), min(s.max_seq, height - 1))
+            ha = _min_width(lambda a: sz.band("attn", w, a), min(s.max_seq, height - 1), sz.usable)
             if ha is None:
                 return None
-            hr = self._least(lambda r: sz.layer_gemvs(w, r), min(s.hidden, height - ha))
+            hr = _min_width(lambda r: sz.layer_gemvs(w, r), min(s.hidden, height - ha), sz.usable)
             return None if hr is None else (ha, hr)
 
-        if rows(max_w) is None:
+        lo = _least(lambda w: rows(w) is not None, max_w)
+        if lo is None:
             return None
-        lo, hi = 1, max_w
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if rows(mid) is None:
-                lo = mid + 1
-            else:
-                hi = mid
         # Whole KV heads per column (the interpreter's attention needs no dot
         # products across columns); wider layers split head_dim instead.
         kv = s.kv_heads

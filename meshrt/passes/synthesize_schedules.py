@@ -239,10 +239,9 @@ class Synthesizer:
         every core of `consumer` the part it needs (one value is moved once, not per reader)."""
         dst = self.plans[consumer].input_cores
         for f in producer.outputs:
-            reader = self.flows[f.spec.name].kernel
-            if f.spec.role is not ev.FlowRole.INPUT or f.spec.bytes != data or reader == consumer.kernel_name:
+            if f.spec.role is not ev.FlowRole.INPUT or f.spec.bytes != data or f.kernel == consumer.kernel_name:
                 continue
-            other = self.by_name[reader]
+            other = self.by_name[f.kernel]
             if (other.input_layout() == consumer.input_layout() and other.tiles() == consumer.tiles()
                     and f.spec.dst.covers(dst)):
                 return True

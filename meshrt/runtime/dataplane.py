@@ -47,7 +47,6 @@ def _missing(cd: CoreData, what: str, e: KeyError) -> DataLayoutError:
                            "event on this core produced")
 
 
-
 class DataPlane:
     """Weights, kernels and per-core data of one interpreted run."""
 
@@ -67,7 +66,7 @@ class DataPlane:
             self.kernels[info.kernel_name] = kind.NUMERICS(info, self)
             self.declared[info.kernel_name] = frozenset(c.name for c in kind.COMPUTE)
         self.routing_counts = np.zeros((self.shape.layers, max(self.shape.experts, 1)), np.int64)
-        # flow name -> (role, kernel): the kernels' hooks see a flow's role, not its name
+        # flow name -> role: the kernels' hooks see a flow's role, not its name
         self.roles = {f.flow_name: f.flow_role for f in program.flows()}
         # live re-placements: layer -> [(first step, placement, cycles per destination region)]
         self.replacements: dict[int, list[tuple[int, tuple[int, ...], dict[int, int]]]] = {}

@@ -123,7 +123,7 @@ class ProgramWriter:
                     seen.append(self.p.flows[e.flow])
         return seen
 
-    def _internal(self, e: Event, kernel: str) -> bool:
+    def _internal(self, e: Event) -> bool:
         """A flow of the kernel's own chain (reduction down / up, relay hop), not an input."""
         return self.p.flows[e.flow].role.internal  # chains of several kernels may share a flow
 
@@ -136,7 +136,7 @@ class ProgramWriter:
             for sub in seg.subs:
                 for e in sub.events:
                     if e.kind == "recv":
-                        if self._internal(e, sub.kernel):
+                        if self._internal(e):
                             np_ = max(np_, e.elems)
                         else:
                             nx = max(nx, e.elems)
@@ -156,7 +156,7 @@ class ProgramWriter:
                         meta_out[e.name] = max(meta_out.get(e.name, 0), e.meta_words)
         self.nx, self.np, self.ny = nx, np_, max(ny, nx, np_)
         self.cap = {"x": self.nx, "y": self.ny, "p": self.np}  # grown by the transfers below
-        self.has_p = any(e.kind == "recv" and self._internal(e, sub.kernel)
+        self.has_p = any(e.kind == "recv" and self._internal(e)
                          for seg in self.cls.segments for sub in seg.subs for e in sub.events)
         self.meta_in = meta_in
         self.meta_in_words = max(meta_in.values(), default=0)  # the cross-wafer staging size
@@ -414,7 +414,7 @@ class ProgramWriter:
                     self.emit_resolve(s, e, flow, comment)
                     pending_meta.add(e.flow)
                 elif e.kind == "recv":
-                    internal = self._internal(e, sub.kernel)
+                    internal = self._internal(e)
                     target = "p" if internal or (got_x and self.has_p) else "x"
                     self.emit_recv(s, e, flow, target, e.flow in pending_meta, comment)
                     pending_meta.discard(e.flow)

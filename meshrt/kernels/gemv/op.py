@@ -31,6 +31,11 @@ from meshrt.kernels.interface import (
 )
 
 
+def _splits(w: int, h: int, axis: str) -> tuple[int, int]:
+    """(cores the input is split over, cores the output is split over) on a w x h grid."""
+    return (h, w) if axis == "col" else (w, h)
+
+
 @irdl_op_definition
 class GemvOp(KernelOp):
     """Tiled GEMV on its grid, in the orientation `axis` names (default "col").
@@ -60,7 +65,7 @@ class GemvOp(KernelOp):
     def splits(self) -> tuple[int, int]:
         """(cores the input is split over, cores the output is split over)."""
         _, _, w, h = self.grid()
-        return (h, w) if self.reduce_axis == "col" else (w, h)
+        return _splits(w, h, self.reduce_axis)
 
     def verify_kernel(self) -> None:
         if self.reduce_axis not in ("row", "col"):
@@ -78,7 +83,7 @@ class GemvOp(KernelOp):
     def footprint(n_in: int, n_out: int, weight_bytes: float, micro_batch: int, w: int, h: int,
                   axis: str = "col") -> Footprint:
         """The weight tile, plus input and output buffers and one input row of staging."""
-        across_in, across_out = (h, w) if axis == "col" else (w, h)
+        across_in, across_out = _splits(w, h, axis)
         it, ot = ceil_div(n_in, across_in), ceil_div(n_out, across_out)
         return Footprint(it * ot * weight_bytes, micro_batch * (it + ot) * ACT_BYTES + it * weight_bytes)
 
