@@ -220,17 +220,22 @@ def link_load(senders: RectSet, receivers: RectSet, pattern: str) -> int:
 
 
 def run_length(cores: RectSet, dx: int, dy: int) -> int:
-    """Longest run of cores in `cores` stepping by the unit vector (dx, dy)."""
-    if abs(dx) + abs(dy) != 1:
+    """Longest run of cores in `cores` stepping by (dx, dy) along one axis.
+
+    A unit step chains the cores of a box; a longer one (the leads of a
+    two-level reduction, S apart) chains boxes one core long along the axis.
+    """
+    if dx and dy or not (dx or dy):
         return 1
     axis = 1 if dx == 0 else 0  # the coordinate the run advances along
+    stride = abs(dy if axis else dx)
     forward = (dy if axis else dx) > 0
     boxes = sorted(cores, key=lambda b: b[axis] if forward else -b[axis + 2])
     run: dict[Box, int] = {}
     for b in boxes:
-        length = b[axis + 2] - b[axis]
+        length = b[axis + 2] - b[axis] if stride == 1 else 1
         prev = [p for p in run
-                if (p[axis + 2] == b[axis] if forward else p[axis] == b[axis + 2])
+                if (p[axis + 2] - 1 + stride == b[axis] if forward else p[axis] == b[axis + 2] - 1 + stride)
                 and _overlap(p[1 - axis], p[3 - axis], b[1 - axis], b[3 - axis])]
         run[b] = length + max((run[p] for p in prev), default=0)
     return max(run.values(), default=1)
@@ -272,6 +277,10 @@ class _Recv:
     chain: int = 1  # run length of the class's own chain of this flow
     chain_step: float = 0.0  # cycles each further chain core adds
     chain_parts: dict[str, float] = field(default_factory=dict)
+    # a streaming recv: expected stage latency and body (wavelets x cycles per
+    # wavelet); `fused`: a fused compute / forward finishes the stage
+    stream: tuple[float, float] | None = None
+    fused: bool = False
 
 
 @dataclass
@@ -378,6 +387,7 @@ class CostModel:
         sends_after: dict[int, list[int]] = defaultdict(list)  # flow -> indices of sends
         recvs: list[int] = []  # indices of recvs
         k = 1.0  # the current sub's kernel scale
+        scale: dict[int, float] = {}  # index of a Recv -> its sub's kernel scale
         for ins in c.instrs:
             kind = type(ins)
             if kind is EnterSegment or kind is Switch:
@@ -396,7 +406,10 @@ class CostModel:
                 if ins.primed:
                     self.loop_flows.add(ins.flow)
                 recvs.append(at)
+                scale[at] = k
                 cycles = self.expected(k * ins.cycles)
+            elif kind is Compute and ins.fused:
+                cycles = 0.0  # the stage's latency is charged by its recv (see _recv)
             elif kind is MarkerSync:
                 self.marker_flows.update(ins.touching)
                 cycles = int(self.costs["marker_hop"] * self._corner_distance(cl.cores, ins.box)) + 1
@@ -406,8 +419,18 @@ class CostModel:
             cl.cycles.append(cycles)
         # recvs: resolve peers, chains and per-message costs now that the table is known
         for at in recvs:
-            f = cl.instrs[at].flow
-            cl.recvs[at] = self._recv_spec(ci, f, cl.cycles[at], c.primed.get(f, 0), at, sends_after)
+            ins = cl.instrs[at]
+            f = ins.flow
+            cl.recvs[at] = spec = self._recv_spec(ci, f, cl.cycles[at], c.primed.get(f, 0), at, sends_after)
+            if ins.stage is not None:
+                lat, rate = ins.stage
+                k = scale[at]
+                spec.stream = (self.expected(k * lat), self.expected(k * ins.wavelets * rate))
+                spec.fused = ins.fused
+                if spec.chain > 1:  # each further core: its hops and one stage
+                    net = spec.chain_parts["network"]
+                    spec.chain_step = net + spec.stream[0]
+                    spec.chain_parts = {"network": net, "compute": spec.stream[0]}
 
     def _corner_distance(self, cores: RectSet, box: Box) -> int:
         """Largest distance from a core of the class to the furthest corner of the box."""
@@ -450,6 +473,8 @@ class CostModel:
                 n = messages_per_core(scores, rcores, pattern)
                 if cross:
                     lat = float(tg.wafer_link_latency_cycles)  # plus the shared link, at the send
+                elif fo.is_streaming:  # the sender's clock is its tail leaving (see _send)
+                    lat = float(max_hops(scores, rcores, pattern, off) * tg.hop_latency_cycles)
                 else:
                     hops = max_hops(scores, rcores, pattern, off)
                     ser = math.ceil(self._msg_bytes(f) / tg.link_bytes_per_cycle)
@@ -637,7 +662,13 @@ class _Run:
             self._rec(c, t, t2, "send_recv")
             t = t2
         fo = m.flow_ops[f]
-        if fo.crosses_wafer:
+        if fo.is_streaming:
+            # the sender's clock when its tail leaves: a forward's stage ended with its
+            # recv; a stream's first sender pushes it at its send rate
+            if m.classes[c].instrs[self.pc[c]].forward:
+                cost = 0.0
+            ready = t + cost
+        elif fo.crosses_wafer:
             tg = m.target
             n = (m.classes[c].cores & m.src[f]).count
             start = max(t, self.wlink[fo.wafer_index])
@@ -679,6 +710,19 @@ class _Run:
                 if arrival >= last:
                     last, jump = arrival, (p.cls, msg[2], arrival - msg[0])
         self.recvd[(c, f)] = g + 1
+        if spec.stream is not None:
+            # the tail is in once the core consumed every wavelet; the stage's
+            # latency follows (charged here for a fused compute / forward too)
+            lat, body = spec.stream
+            own = t + body
+            first = max(own, last)
+            end = first + (spec.chain - 1) * spec.chain_step + lat
+            if self.record:
+                bound = jump if last > own else None
+                extra = {k: v * (spec.chain - 1) for k, v in spec.chain_parts.items()}
+                extra["compute"] = extra.get("compute", 0.0) + lat
+                self._rec(c, t, end, "send_recv", (bound, 0.0 if bound else body, extra))
+            return end
         own = t + spec.messages * spec.c1
         first = max(own, last + spec.c1)
         end = first + (spec.chain - 1) * spec.chain_step

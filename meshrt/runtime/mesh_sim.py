@@ -320,6 +320,7 @@ class _Msg:
         "seg",
         "sender",
         "ser",
+        "tail",
         "tail_src",
         "tree",
         "waiters",
@@ -337,6 +338,7 @@ class _Msg:
         self.waiters = None  # cores in a marker sync waiting for this message
         self.parked_at = None
         self.tail_src = 0
+        self.tail = 0  # a streaming message: when its tail reaches its receiver
         self.eof = False  # the sender's last message of the flow in its step
         self.payload = None  # numerics mode: what the message carries
 
@@ -365,10 +367,15 @@ class _Core:
         "prog",
         "recv_cost",
         "recv_flow",
+        "recv_stage",
         "recv_total",
         "rid",
         "rseg",
         "senders",
+        "s_body",
+        "s_head",
+        "s_start",
+        "s_tail",
         "speed",
         "stall",
         "state",
@@ -399,6 +406,7 @@ class _Core:
         self.out_tail = 0
         self.want: set[int] | None = None
         self.recv_flow = -1
+        self.recv_stage = None
         self.recv_cost = 0.0
         self.recv_total = 0.0
         self.marker_wait = 0
@@ -413,6 +421,12 @@ class _Core:
         self.sub_start = 0
         self.cd = None  # per-core data (numerics mode)
         self.got: list = []  # messages gathered by the current recv
+        # the streaming stage in progress (see the module docstring, "Streaming"):
+        # when its output head may leave, when its input tail arrives, its body
+        self.s_head = 0
+        self.s_start = 0
+        self.s_tail = 0
+        self.s_body = 0
 
 
 def _by_sender(m: _Msg) -> int:
@@ -462,6 +476,7 @@ class MeshSim:
         self.flow_names = [f.flow_name for f in flows]
         fidx = {n: i for i, n in enumerate(self.flow_names)}
         self.flow_ops = flows
+        self.flow_streams = [f.is_streaming for f in flows]
         routes = {r.flow_name: r for r in prog.routes()}
         self.flow_color = [routes[n].color_id if n in routes else -1 for n in self.flow_names]
         self.flow_via = [RectSet.from_cores(routes[n].via) if n in routes else RectSet()
@@ -725,7 +740,13 @@ class MeshSim:
                     if r is None:
                         return
                     extra = r if r is not True else 0  # host work (a static batch refill)
-                c = self._cost(core, ins.cycles) + extra
+                if ins.fused:  # on the passing wavelets: the stage's timing
+                    if ins.forwards:
+                        core.pc += 1
+                        continue
+                    c = max(t + core.s_body, core.s_tail) + core.s_head - t + extra
+                else:
+                    c = self._cost(core, ins.cycles) + extra
                 if self.spans is not None:
                     self._span(core, ins.op, t, t + c)
                 core.pc += 1
@@ -743,6 +764,7 @@ class MeshSim:
                 want = set(core.senders.get(f, ()))
                 q = core.inq.get(f)
                 got = 0
+                tail = t
                 if q and want:
                     i = 0
                     while i < len(q) and want:
@@ -751,6 +773,7 @@ class MeshSim:
                             want.discard(m.sender)
                             del q[i]
                             got += 1
+                            tail = max(tail, m.tail)
                             if core.cd is not None:
                                 core.got.append(m)
                             self._unpark(core, f, t)
@@ -758,6 +781,9 @@ class MeshSim:
                             i += 1
                 if not want:
                     if core.cd is not None and not self._received(core, f, t):
+                        return
+                    if ins.stage is not None:
+                        self._stream_in(core, ins, t, tail)
                         return
                     c = self._cost(core, ins.cycles * max(got, 1))
                     if self.spans is not None:
@@ -767,6 +793,7 @@ class MeshSim:
                     return
                 core.want = want
                 core.recv_flow = f
+                core.recv_stage = ins if ins.stage is not None else None
                 core.recv_cost = ins.cycles
                 core.recv_total = ins.cycles * got
                 core.state = W_RECV
@@ -778,13 +805,22 @@ class MeshSim:
                     core.t_block = t
                     return
                 f = ins.flow
+                start = core.s_tail  # (a forward) its input's tail, then its own head
+                if ins.forward and t < core.s_start + core.s_head:
+                    self._at(core.s_start + core.s_head, E_RESUME, core)
+                    return
                 payload = None
                 if core.cd is not None:
                     payload = self._data(core, t, self.data.send, self.flow_names[f], ins.meta)
                     if payload is None:
                         return
-                self._inject(core, f, ins.nbytes, t, ins.last, payload)
-                c = self._cost(core, ins.cycles)
+                if ins.forward:
+                    tail_out = max(core.s_start + core.s_body, start) + core.s_head
+                    self._inject(core, f, ins.nbytes, t, ins.last, payload, tail_out - t)
+                    c = max(tail_out - t, 1)
+                else:
+                    self._inject(core, f, ins.nbytes, t, ins.last, payload)
+                    c = self._cost(core, ins.cycles)
                 if self.spans is not None:
                     self._span(core, "send " + self.flow_names[f], t, t + c)
                 core.pc += 1
@@ -924,7 +960,7 @@ class MeshSim:
 
     # -- network -------------------------------------------------------------
     def _inject(self, core: _Core, f: int, nbytes: int, t: int, eof: bool = False,
-                payload=None) -> None:
+                payload=None, ser_min: int = 0) -> None:
         plan = self.send_plan.get((core.rid, f))
         self.msg_count += 1
         if plan is None or not plan[1]:
@@ -934,7 +970,7 @@ class MeshSim:
         if cross:
             ser = -(-nbytes // tg.wafer_link_bytes_per_cycle)
         else:
-            ser = -(-nbytes // tg.link_bytes_per_cycle)
+            ser = max(-(-nbytes // tg.link_bytes_per_cycle), ser_min)
         m = _Msg(self.msg_count, f, core.rid, core.eseg, ser, len(dests), tree, dests)
         m.eof = eof
         m.payload = payload
@@ -997,7 +1033,11 @@ class MeshSim:
                         core.await_want = None
                         self._wake(core, t, 5)
         if rid in m.dests:
-            self._at(t + ser, E_DELIVER, m, rid)
+            if self.flow_streams[m.flow]:  # a stream is received from its head on
+                m.tail = t + ser
+                self._at(t, E_DELIVER, m, rid)
+            else:
+                self._at(t + ser, E_DELIVER, m, rid)
         kids = m.tree.get(rid)
         if kids:
             busy = self.link_busy
@@ -1036,6 +1076,17 @@ class MeshSim:
         if not core.want:
             if core.cd is not None and not self._received(core, core.recv_flow, t):
                 return
+            if core.recv_stage is not None:
+                core.stall[0] += t - core.t_block
+                if self.spans is not None:
+                    self._span(core, "wait " + self.flow_names[core.recv_flow], core.t_block, t)
+                ins = core.recv_stage
+                core.want = None
+                core.recv_flow = -1
+                core.recv_stage = None
+                core.state = RUN
+                self._stream_in(core, ins, t, m.tail)
+                return
             c_last = self._cost(core, core.recv_cost)
             end = max(t + c_last, core.t_block + self._cost(core, core.recv_total))
             core.stall[0] += t - core.t_block
@@ -1046,6 +1097,24 @@ class MeshSim:
             core.state = RUN
             core.pc += 1
             self._at(end, E_RESUME, core)
+
+    def _stream_in(self, core: _Core, ins: Recv, t: int, tail: int) -> None:
+        """A streaming recv starts at t (the input's head is here); its tail arrives at `tail`.
+
+        The stage's latency and body (wavelets x cycles per wavelet) are drawn
+        once; a fused compute or a forwarding send finishes the stage, else the
+        recv does: when the last wavelet is in and through the stage.
+        """
+        lat, rate = ins.stage
+        core.s_start = t
+        core.s_tail = tail
+        core.s_head = self._cost(core, lat)
+        core.s_body = self._cost(core, ins.wavelets * rate)
+        end = t if ins.fused else max(t + core.s_body, tail) + core.s_head
+        if self.spans is not None:
+            self._span(core, "stream " + self.flow_names[ins.flow], t, end)
+        core.pc += 1
+        self._at(end, E_RESUME, core)
 
     # -- numerics ----------------------------------------------------------
     def _data(self, core: _Core, t: int, hook, *args):
