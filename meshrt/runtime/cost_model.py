@@ -397,6 +397,8 @@ class CostModel:
             if kind is Sub:
                 k = self.kernel_scale.get(ins.kernel, 1.0)
                 cycles = self.expected(k * ins.cycles)
+            elif kind is Compute and ins.fused:
+                cycles = 0.0  # the stage's latency is charged by its recv (see _recv)
             elif kind in _LOCAL:
                 cycles = self.expected(k * ins.cycles)
             elif kind is Send:
@@ -408,8 +410,6 @@ class CostModel:
                 recvs.append(at)
                 scale[at] = k
                 cycles = self.expected(k * ins.cycles)
-            elif kind is Compute and ins.fused:
-                cycles = 0.0  # the stage's latency is charged by its recv (see _recv)
             elif kind is MarkerSync:
                 self.marker_flows.update(ins.touching)
                 cycles = int(self.costs["marker_hop"] * self._corner_distance(cl.cores, ins.box)) + 1
