@@ -172,8 +172,10 @@ class FlowOp(IRDLOperation):
     # streaming flow (with at most its reduce op between) forwards the wavelets
     # as they pass (a fabric-in DSD added into a fabric-out DSD): its message
     # starts a stage latency after the input's head and ends no earlier than a
-    # stage latency after the input's tail (`meshrt.kernels.reduce_tree`).
-    # Shift flows on one wafer only.
+    # stage latency after the input's tail (`meshrt.kernels.reduce_tree`);
+    # a core that only receives one takes it in as it arrives. Shift, row and
+    # col flows on one wafer only (a row / col multicast streams the result
+    # of a reduction back along its line).
     streams = opt_prop_def(UnitAttr)
 
     traits = traits_def(SymbolOpInterface())
@@ -253,8 +255,9 @@ class FlowOp(IRDLOperation):
             raise VerifyException(f"{where}: only shift flows take dx / dy")
         if self.crosses_wafer and pattern == "shift":
             raise VerifyException(f"{where}: a flow across the wafer link cannot be a shift")
-        if self.is_streaming and pattern != "shift":
-            raise VerifyException(f"{where}: only shift flows stream (pattern '{pattern}')")
+        if self.is_streaming and (pattern == "all" or self.crosses_wafer):
+            raise VerifyException(f"{where}: only shift, row and col flows on one wafer stream "
+                                  f"(pattern '{pattern}'{', across the wafer link' if self.crosses_wafer else ''})")
 
 
 def lookup_flow(op: Operation, ref: SymbolRefAttr) -> FlowOp:

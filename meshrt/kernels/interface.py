@@ -322,7 +322,7 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     up = f"{k}.up"
     if relay_back and multicast:
         flows.append(FlowSpec(up, at([c]), at(p for p in range(n) if p != c), "row" if along_row else "col",
-                              msg_bytes, role=FlowRole.UP))
+                              msg_bytes, role=FlowRole.UP, streams=True))
     out = [OUTPUTS] if not outputs_from_root else []
     op = [("compute", reduce_op, msg_bytes // 4)]
     by_events: dict[tuple, tuple[str, list[int], list[Event]]] = {}

@@ -41,11 +41,13 @@ def stream_stage(recv_wavelet: float, send_wavelet: float, op_per_wavelet: float
 
     A wavelet climbs the ramp into the core (a fabric-in DSD read,
     `recv_wavelet`), is combined (`op_per_wavelet`: the reduce op's cycles on
-    one wavelet's elements, at least one pipeline cycle when there is an op)
-    and leaves down the ramp (a fabric-out DSD write, `send_wavelet`). The
-    stage passes one wavelet per max(recv, send, op) cycles.
+    one wavelet's elements) and leaves down the ramp (a fabric-out DSD write,
+    `send_wavelet`). An op that keeps up with one wavelet per cycle runs in
+    the DSD pipeline and adds no latency; a slower one adds what it lags. So
+    with one-cycle ramps a stage plus its hop is Luczynski et al.'s
+    2 T_R + 1. The stage passes one wavelet per max(recv, send, op) cycles.
     """
-    lat = recv_wavelet + send_wavelet + math.ceil(op_per_wavelet)
+    lat = recv_wavelet + send_wavelet + max(0, math.ceil(op_per_wavelet) - 1)
     return lat, max(recv_wavelet, send_wavelet, op_per_wavelet)
 
 

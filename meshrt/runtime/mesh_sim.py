@@ -338,7 +338,7 @@ class _Msg:
         self.waiters = None  # cores in a marker sync waiting for this message
         self.parked_at = None
         self.tail_src = 0
-        self.tail = 0  # a streaming message: when its tail reaches its receiver
+        self.tail = None  # a streaming message: receiver -> when its tail reaches it
         self.eof = False  # the sender's last message of the flow in its step
         self.payload = None  # numerics mode: what the message carries
 
@@ -431,6 +431,11 @@ class _Core:
 
 def _by_sender(m: _Msg) -> int:
     return m.sender
+
+
+def _tail(m: _Msg, rid: int) -> int:
+    """When streaming message m's tail reaches router `rid` (0: it came from the host)."""
+    return m.tail.get(rid, 0) if m.tail else 0
 
 
 class MeshSim:
@@ -773,7 +778,7 @@ class MeshSim:
                             want.discard(m.sender)
                             del q[i]
                             got += 1
-                            tail = max(tail, m.tail)
+                            tail = max(tail, _tail(m, core.rid))
                             if core.cd is not None:
                                 core.got.append(m)
                             self._unpark(core, f, t)
@@ -1034,7 +1039,9 @@ class MeshSim:
                         self._wake(core, t, 5)
         if rid in m.dests:
             if self.flow_streams[m.flow]:  # a stream is received from its head on
-                m.tail = t + ser
+                if m.tail is None:
+                    m.tail = {}
+                m.tail[rid] = t + ser
                 self._at(t, E_DELIVER, m, rid)
             else:
                 self._at(t + ser, E_DELIVER, m, rid)
@@ -1085,7 +1092,7 @@ class MeshSim:
                 core.recv_flow = -1
                 core.recv_stage = None
                 core.state = RUN
-                self._stream_in(core, ins, t, m.tail)
+                self._stream_in(core, ins, t, _tail(m, core.rid))
                 return
             c_last = self._cost(core, core.recv_cost)
             end = max(t + c_last, core.t_block + self._cost(core, core.recv_total))
