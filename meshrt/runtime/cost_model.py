@@ -364,6 +364,11 @@ class CostModel:
                 if type(ins) is Send and c.index not in senders[ins.flow]:
                     senders[ins.flow].append(c.index)
         self.senders = senders
+        self.receivers: dict[int, set[int]] = defaultdict(set)  # flow -> classes receiving it
+        for c in sched.classes:
+            for ins in c.instrs:
+                if type(ins) is Recv:
+                    self.receivers[ins.flow].add(c.index)
         self.src = [RectSet.from_cores(f.src) for f in flows]
         self.dst = [RectSet.from_cores(f.dst) for f in flows]
         self.loads: dict[tuple[int, int], int] = {}
@@ -427,7 +432,7 @@ class CostModel:
                 k = scale[at]
                 spec.stream = (self.expected(k * lat), self.expected(k * ins.wavelets * rate))
                 spec.fused = ins.fused
-                if spec.chain > 1:  # each further core: its hops and one stage
+                if "network" in spec.chain_parts:  # each further core: its hops and one stage
                     net = spec.chain_parts["network"]
                     spec.chain_step = net + spec.stream[0]
                     spec.chain_parts = {"network": net, "compute": spec.stream[0]}
@@ -499,6 +504,8 @@ class CostModel:
         spec = _Recv(f, c1, [], 0, primed)
         later = [i for i in sends_after.get(f, ()) if i > at]
         fo = self.flow_ops[f]
+        if later and fo.is_streaming and fo.pattern.data == "shift":
+            return self._stream_chain(ci, f, spec, at, later)
         for p in peers:
             if p.cls == ci and later and fo.pattern.data == "shift":
                 # a chain through the class's own cores: closed form
@@ -513,6 +520,31 @@ class CostModel:
             else:
                 spec.peers.append(p)
                 spec.messages += p.messages
+        return spec
+
+    def _stream_chain(self, ci: int, f: int, spec: _Recv, at: int, later: list[int]) -> _Recv:
+        """A class forwarding streaming flow f: one closed-form chain over every forwarding class.
+
+        Other kernels' roles may cut one chain into several classes that take
+        turns along it; at class level each would wait for the next. So every
+        forwarder of f times the whole chain: the stream from its first
+        senders (classes that send f without receiving it) through the
+        longest run of forwarding cores, one hop and one stage per core (the
+        stage's latency is added in `__init__` once it is known).
+        """
+        fwd = {s for s in self.senders.get(f, ()) if s in self.receivers[f]}
+        cores = RectSet(b for s in fwd for b in self.classes[s].cores & self.dst[f])
+        dx, dy = self.flow_ops[f].offset
+        spec.chain = max(1, run_length(cores, dx, dy))
+        seen = set()
+        for r, p in self._peers_of(f):
+            if r in fwd and p.cls not in fwd and p.cls not in seen:
+                seen.add(p.cls)
+                spec.peers.append(p)
+                spec.messages += p.messages
+        net = float(max_hops(RectSet(), RectSet(), "shift", (dx, dy)) * self.target.hop_latency_cycles)
+        spec.chain_step = net
+        spec.chain_parts = {"network": net}
         return spec
 
     # -- running -----------------------------------------------------------
