@@ -143,7 +143,7 @@ def interpreter_cycles(program, target, seed: int = 0) -> tuple[float, float]:
             start = min(start, a)
         if name == "send ar.up":  # the root: its sum leaves (a forward: with the last side's tail)
             reduce_end = max(reduce_end, b)
-        if name.endswith(" ar.up"):
+        if name in ("recv ar.up", "wait ar.up"):
             end = max(end, b)
     return reduce_end - start, end - start
 

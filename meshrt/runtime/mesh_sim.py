@@ -746,7 +746,9 @@ class MeshSim:
                         return
                     extra = r if r is not True else 0  # host work (a static batch refill)
                 if ins.fused:  # on the passing wavelets: the stage's timing
-                    if ins.forwards:
+                    if ins.forwards:  # the forwarding send finishes the stage
+                        if self.spans is not None:
+                            self._span(core, ins.op, t, t)
                         core.pc += 1
                         continue
                     c = max(t + core.s_body, core.s_tail) + core.s_head - t + extra
@@ -1085,14 +1087,12 @@ class MeshSim:
                 return
             if core.recv_stage is not None:
                 core.stall[0] += t - core.t_block
-                if self.spans is not None:
-                    self._span(core, "wait " + self.flow_names[core.recv_flow], core.t_block, t)
                 ins = core.recv_stage
                 core.want = None
                 core.recv_flow = -1
                 core.recv_stage = None
                 core.state = RUN
-                self._stream_in(core, ins, t, _tail(m, core.rid))
+                self._stream_in(core, ins, t, _tail(m, core.rid), waited=core.t_block)
                 return
             c_last = self._cost(core, core.recv_cost)
             end = max(t + c_last, core.t_block + self._cost(core, core.recv_total))
@@ -1105,7 +1105,7 @@ class MeshSim:
             core.pc += 1
             self._at(end, E_RESUME, core)
 
-    def _stream_in(self, core: _Core, ins: Recv, t: int, tail: int) -> None:
+    def _stream_in(self, core: _Core, ins: Recv, t: int, tail: int, waited: int | None = None) -> None:
         """A streaming recv starts at t (the input's head is here); its tail arrives at `tail`.
 
         The stage's latency and body (wavelets x cycles per wavelet) are drawn
@@ -1118,8 +1118,9 @@ class MeshSim:
         core.s_head = self._cost(core, lat)
         core.s_body = self._cost(core, ins.wavelets * rate)
         end = t if ins.fused else max(t + core.s_body, tail) + core.s_head
-        if self.spans is not None:
-            self._span(core, "stream " + self.flow_names[ins.flow], t, end)
+        if self.spans is not None:  # a recv that blocked shows as its wait, as any recv's does
+            name = ("recv " if waited is None else "wait ") + self.flow_names[ins.flow]
+            self._span(core, name, t if waited is None else waited, end)
         core.pc += 1
         self._at(end, E_RESUME, core)
 
