@@ -320,9 +320,6 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     multicast = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     flows: list[FlowSpec] = []
     up = f"{k}.up"
-    if relay_back and multicast:
-        flows.append(FlowSpec(up, at([c]), at(p for p in range(n) if p != c), "row" if along_row else "col",
-                              msg_bytes, role=FlowRole.UP, streams=True))
     out = [OUTPUTS] if not outputs_from_root else []
     op = [("compute", reduce_op, msg_bytes // 4)]
     by_events: dict[tuple, tuple[str, list[int], list[Event]]] = {}
@@ -388,6 +385,9 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
         if relay_back and not multicast:
             relay_sends.append(("send", relay, msg_bytes))
     sends = relay_sends if not multicast else ([("send", up, msg_bytes)] if relay_back else [])
+    if relay_back and multicast:
+        flows.append(FlowSpec(up, at([c]), at(p for p in range(n) if p != c), "row" if along_row else "col",
+                              msg_bytes, role=FlowRole.UP, streams=True))
     roles = [Role(name, at(ps), events, state, sends_output=not outputs_from_root)
              for name, ps, events in by_events.values()]
     roles.append(Role("root", at([c]), [INPUTS, *local, *root_in, *root_back, *finish, *sends, OUTPUTS],
