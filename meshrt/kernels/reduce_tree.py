@@ -157,9 +157,10 @@ class ReduceTree:
 
         `group` >= 2 forces groups of that size, 1 forces one chain per side;
         0 chooses: the root at the centre (at the end on targets with fewer
-        than `COLORS_FOR_CENTRE` user colours), and the group size (or none) of
-        least `cycles`, when the target has the input queues a two-level root
-        binds (`QUEUES_FOR_GROUPS`).
+        than `COLORS_FOR_CENTRE` user colours), and groups of `group_size(n)`
+        where they take fewer `cycles` than one chain per side for this
+        message, when the target has the input queues a two-level root binds
+        (`QUEUES_FOR_GROUPS`).
         """
         if group:
             return cls.centred(n, group)
@@ -167,12 +168,19 @@ class ReduceTree:
             return cls(n, n - 1)
         if costs.queues < QUEUES_FOR_GROUPS or n < 6:
             return cls.centred(n)
-        best = cls.centred(n)
-        best_t = best.cycles(wavelets, costs)
-        half = n // 2
-        for s in range(2, half + 1):
-            t = cls.centred(n, s)
-            c = t.cycles(wavelets, costs)
+        chain = cls.centred(n)
+        grouped = cls.centred(n, cls.group_size(n, costs))
+        return grouped if grouped.cycles(wavelets, costs) < chain.cycles(wavelets, costs) - 1e-9 else chain
+
+    @classmethod
+    def group_size(cls, n: int, costs: StreamCosts) -> int:
+        """The group size of a line of `n` cores: the S of least `cycles` for a
+        one-wavelet message (the latency terms; the message adds the same to
+        every S). One size per line length, whatever the message, so kernels
+        sharing a line share its leads (and their core classes)."""
+        best, best_t = 0, math.inf
+        for s in range(2, n // 2 + 1):
+            c = cls.centred(n, s).cycles(1, costs)
             if c < best_t - 1e-9:
-                best, best_t = t, c
+                best, best_t = s, c
         return best
