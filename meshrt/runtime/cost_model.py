@@ -38,6 +38,16 @@ see its module docstring; the base costs come with the schedule):
   serialises every sender core's message (latency + bytes / wafer link
   bytes per cycle each). A recv ends at max(block + n * recv, last arrival
   + one recv), as the interpreter's streaming gather does.
+- streaming flows (`streams`): a sender's message is ready when its tail
+  leaves (a first sender: after its send cost; a forward: when its stage
+  ends), and reaches a receiver hops x hop latency later; a streaming recv
+  ends at max(block + wavelets x rate, tail arrival) + the stage latency
+  (`meshrt.kernels.reduce_tree.stream_stage`), and the fused op and the
+  forwarding send cost nothing more, as in the interpreter. A class that
+  forwards a streaming shift is timed as the whole chain of every class
+  forwarding it (other kernels' roles may cut one chain into classes that
+  take turns along it): from its first senders, one hop and one stage per
+  further core.
 - chains inside a class (a reduction's mid rows, a relay corridor: a shift
   flow the class both receives and sends) are run length L: the last core
   finishes (L - 1) * (work between its recv and its send + hop +

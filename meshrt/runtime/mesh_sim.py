@@ -56,6 +56,19 @@ The tail reaches a destination core serialisation cycles after the head.
 Cross-wafer flows skip the mesh and use one shared wafer link per wafer pair
 (`wafer_link_latency_cycles`, `wafer_link_bytes_per_cycle`).
 
+Streaming (flows marked `streams`, see `meshrt.dialects.event.FlowOp`). A
+streaming message is delivered when its head reaches the receiver; its tail
+arrives serialisation cycles later. A recv of it starts the core's streaming
+stage at max(core ready, head arrival) = s and costs nothing itself; the
+stage's latency `lat` and cycles per wavelet `rate` come from
+`meshrt.kernels.reduce_tree.stream_stage` (with the reduce op that follows
+the recv). If a streaming send follows (after at most that op: a forward),
+its message leaves at s + lat, and the core stays busy until its tail
+leaves at max(s + wavelets x rate, input tail) + lat (the message's
+serialisation is stretched to that); otherwise the op (or the recv, if
+none follows) ends there. So a chain costs wavelets + hops + stages x lat,
+not a message per hop.
+
 Queues and backpressure. Each core has, per flow, an input queue of
 `queue_depth` messages per sender that targets it. A message that finds the
 queue full stays parked in its colour's buffer at the destination router and
