@@ -312,8 +312,12 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     if n == 1:
         return [Role("root", at([0]), [INPUTS, *local, *finish, OUTPUTS], state, sends_output=True)], []
     wavelets = -(-msg_bytes // ACT_BYTES)
-    tree = ReduceTree.plan(n, wavelets, kctx.stream if kctx is not None else None,
-                           kctx.reduce_group if kctx is not None else 0)
+    stream = kctx.stream if kctx is not None else None
+    op_cost = None
+    if stream is not None:  # the reduce op's cycles per wavelet (its work is one element per wavelet)
+        key = next(c.cost for c in type(kernel).COMPUTE if c.name == reduce_op)
+        op_cost = stream.op_costs.get(key)
+    tree = ReduceTree.plan(n, wavelets, stream, kctx.reduce_group if kctx is not None else 0, op_cost)
     c = tree.root
     # a multicast along the line reaches only this tile's cores unless tiles share lines
     spans = sorted((t[1], t[1] + t[3]) if along_row else (t[0], t[0] + t[2]) for t in tiles)

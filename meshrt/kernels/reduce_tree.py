@@ -33,7 +33,7 @@ its `group_num`: one place for that formula.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def stream_stage(recv_wavelet: float, send_wavelet: float, op_per_wavelet: float) -> tuple[float, float]:
@@ -61,12 +61,13 @@ class StreamCosts:
     add: float  # cycles per element of the reduce op `plan` assumes (an add)
     queues: int  # input queues one role may bind
     colors: int  # user colours
+    op_costs: dict[str, float] = field(default_factory=dict, compare=False, hash=False)  # cost key -> cycles
 
     @classmethod
     def of(cls, target) -> StreamCosts:
         c = target.costs
         return cls(float(target.hop_latency_cycles), float(c["recv_wavelet"]), float(c["send_wavelet"]),
-                   float(c["add"]), len(target.user_input_queues), len(target.user_colors))
+                   float(c["add"]), len(target.user_input_queues), len(target.user_colors), dict(c))
 
 
 QUEUES_FOR_GROUPS = 5
@@ -126,16 +127,17 @@ class ReduceTree:
         return best
 
     # -- timing (the closed form `plan` minimises) --------------------------
-    def cycles(self, wavelets: int, costs: StreamCosts) -> float:
+    def cycles(self, wavelets: int, costs: StreamCosts, op: float | None = None) -> float:
         """Closed-form cycles from the start of the reduction until the root holds the sum.
 
         Phase 1: a group's edge sends its `wavelets`; every further core of the
         group adds a hop and a stage latency; the lead (or root) consumes the
         stream. Phase 2 starts when phase 1 is done: the farthest lead sends,
         each nearer lead adds S hops and a stage. The root consumes its sides
-        one after the other (one ramp).
+        one after the other (one ramp). `op`: the reduce op's cycles per
+        wavelet (default: an add).
         """
-        lat, rate = stream_stage(costs.recv, costs.send, costs.add)
+        lat, rate = stream_stage(costs.recv, costs.send, costs.add if op is None else op)
         per_hop = costs.hop + lat
         stream = wavelets * max(rate, costs.send)
         t_root = 0.0
@@ -152,25 +154,28 @@ class ReduceTree:
         return t_root + (sides - 1) * wavelets * rate
 
     @classmethod
-    def plan(cls, n: int, wavelets: int, costs: StreamCosts | None, group: int = 0) -> ReduceTree:
+    def plan(cls, n: int, wavelets: int, costs: StreamCosts | None, group: int = 0,
+             op: float | None = None) -> ReduceTree:
         """The tree for a line of `n` cores and messages of `wavelets`.
 
         `group` >= 2 forces groups of that size, 1 forces one chain per side;
-        0 chooses: the root at the centre (at the end on targets with fewer
-        than `COLORS_FOR_CENTRE` user colours), and groups of `group_size(n)`
-        where they take fewer `cycles` than one chain per side for this
-        message, when the target has the input queues a two-level root binds
-        (`QUEUES_FOR_GROUPS`).
+        0 chooses the tree of least `cycles` for this message and reduce op
+        (`op`, cycles per wavelet) among: groups of `group_size(n)` around a
+        centred root (when the target has the input queues a two-level root
+        binds, `QUEUES_FOR_GROUPS`), one chain per side of a centred root, one
+        chain into a root at the end (a slow op, e.g. a softmax merge, pays
+        for a centred root's second stream). On targets with fewer than
+        `COLORS_FOR_CENTRE` user colours the root is at the end.
         """
         if group:
             return cls.centred(n, group)
+        end = cls(n, n - 1)
         if costs is None or costs.colors < COLORS_FOR_CENTRE:
-            return cls(n, n - 1)
-        if costs.queues < QUEUES_FOR_GROUPS or n < 6:
-            return cls.centred(n)
-        chain = cls.centred(n)
-        grouped = cls.centred(n, cls.group_size(n, costs))
-        return grouped if grouped.cycles(wavelets, costs) < chain.cycles(wavelets, costs) - 1e-9 else chain
+            return end
+        options = [cls.centred(n), end]
+        if costs.queues >= QUEUES_FOR_GROUPS and n >= 6:
+            options.insert(0, cls.centred(n, cls.group_size(n, costs)))
+        return min(options, key=lambda t: t.cycles(wavelets, costs, op))
 
     @classmethod
     def group_size(cls, n: int, costs: StreamCosts) -> int:

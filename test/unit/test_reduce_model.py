@@ -72,6 +72,12 @@ def test_plan_chooses_groups_where_they_pay():
     assert ReduceTree.plan(512, 1, costs).group >= 2  # long line, tiny message: two-level
     assert ReduceTree.plan(16, 4096, costs).group == 0  # short line, long message: one chain per side
     assert ReduceTree.plan(512, 1, StreamCosts.of(load_target("test32"))).root == 511  # few colours
+    # short messages: a centred root halves the distance; long ones (or a slow reduce
+    # op) pay more for the centred root's second stream than they save
+    assert ReduceTree.plan(64, 4, costs).root == 31
+    assert ReduceTree.plan(64, 4096, costs).root == 63
+    assert ReduceTree.plan(64, 64, costs).root == 31
+    assert ReduceTree.plan(64, 64, costs, op=costs.op_costs["exp"]).root == 63
 
 
 def test_two_level_numerics_match_the_reference():
