@@ -331,8 +331,10 @@ class BoxIndex:
         self.items = list(items)
         if cell is None:
             if self.items:
-                span = max(max(b[2] - b[0], b[3] - b[1]) for b, _ in self.items)
-                cell = max(8, min(256, span))
+                # the median box's span: a cell as large as the largest box would put
+                # most items in every cell a query visits
+                spans = sorted(max(b[2] - b[0], b[3] - b[1]) for b, _ in self.items)
+                cell = max(8, min(256, spans[len(spans) // 2]))
             else:
                 cell = 8
         self.cell = cell

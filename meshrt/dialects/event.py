@@ -167,12 +167,22 @@ class FlowOp(IRDLOperation):
     # when `cross_wafer` is set (the flow then uses the wafer-to-wafer link).
     wafer = prop_def(IntegerAttr[I64])
     cross_wafer = opt_prop_def(UnitAttr)
+    # `streams`: the flow's messages stream wavelet by wavelet through its
+    # receivers. A core that receives a streaming message and then sends on a
+    # streaming flow (with at most its reduce op between) forwards the wavelets
+    # as they pass (a fabric-in DSD added into a fabric-out DSD): its message
+    # starts a stage latency after the input's head and ends no earlier than a
+    # stage latency after the input's tail (`meshrt.kernels.reduce_tree`);
+    # a core that only receives one takes it in as it arrives. Shift, row and
+    # col flows on one wafer only (a row / col multicast streams the result
+    # of a reduction back along its line).
+    streams = opt_prop_def(UnitAttr)
 
     traits = traits_def(SymbolOpInterface())
     assembly_format = (
         "$sym_name `kernel` $kernel `role` $role (`operand` $operand^)? "
         "`wafer` $wafer `from` $src `to` $dst (`cross_wafer` $cross_wafer^)? "
-        "`pattern` $pattern (`by` $dx^ `,` $dy)? `bytes` $bytes attr-dict"
+        "`pattern` $pattern (`by` $dx^ `,` $dy)? `bytes` $bytes (`streams` $streams^)? attr-dict"
     )
 
     @property
@@ -195,6 +205,10 @@ class FlowOp(IRDLOperation):
     @property
     def crosses_wafer(self) -> bool:
         return self.cross_wafer is not None
+
+    @property
+    def is_streaming(self) -> bool:
+        return self.streams is not None
 
     @property
     def offset(self) -> tuple[int, int]:
@@ -241,6 +255,9 @@ class FlowOp(IRDLOperation):
             raise VerifyException(f"{where}: only shift flows take dx / dy")
         if self.crosses_wafer and pattern == "shift":
             raise VerifyException(f"{where}: a flow across the wafer link cannot be a shift")
+        if self.is_streaming and (pattern == "all" or self.crosses_wafer):
+            raise VerifyException(f"{where}: only shift, row and col flows on one wafer stream "
+                                  f"(pattern '{pattern}'{', across the wafer link' if self.crosses_wafer else ''})")
 
 
 def lookup_flow(op: Operation, ref: SymbolRefAttr) -> FlowOp:

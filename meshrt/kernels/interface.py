@@ -24,8 +24,9 @@ the CSL compute and the viz colours are derived from it.
 Tiling convention (shared with the default mapper): on a w x h grid the
 reduction dimension (a matmul's input, attention's sequence) is split over
 the h rows and the output dimension over the w columns, so reductions run
-along columns: edge (top row) -> mid rows -> root (bottom row), and the
-result is relayed back up (the paper's Figure 5, turned on its side).
+along columns toward a root at the column's centre, streaming through
+two-level trees (`chain`, `meshrt.kernels.reduce_tree`), and the result is
+multicast back along the column (the paper's Figure 5, turned on its side).
 
 Events are plain tuples here; `synthesize-schedules` turns them into ops.
 Two markers stand where the kernel's inputs are received and its outputs
@@ -44,6 +45,7 @@ from meshrt.dialects.mesh import CoreSetAttr, FlowRole, RectAttr
 
 if TYPE_CHECKING:
     from meshrt.kernels.compute import ComputeOp
+    from meshrt.kernels.reduce_tree import StreamCosts
     from meshrt.kernels.numerics import KernelExec
 
 ACT_BYTES = 4  # activations and partial sums travel and sit in buffers as fp32
@@ -68,6 +70,9 @@ class KernelContext:
     kv_bytes: float
     top_k: int
     dynamism: tuple[str, ...]
+    # the target's streaming costs (reduction trees are planned with them; None: one chain per side)
+    stream: StreamCosts | None = None
+    reduce_group: int = 0  # force reduction groups of this size (1: none); 0: the plan chooses
 
     @property
     def cf_bytes(self) -> int:
@@ -89,6 +94,7 @@ class FlowSpec:
     dy: int | None = None
     role: FlowRole = field(kw_only=True)
     operand: int | None = field(default=None, kw_only=True)  # with role INPUT: the operand index
+    streams: bool = field(default=False, kw_only=True)  # partials stream wavelet by wavelet (see event.flow)
 
 
 # Event tuples: ("recv", flow, bytes[, meta]) ("send", flow, bytes[, meta])
@@ -275,53 +281,136 @@ def holds_input(producer: KernelOp, consumer: KernelOp) -> bool:
 def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
           finish: list[Event], state: int, outputs_from_root: bool = True, axis: str = "col",
           tiles: list[tuple[int, int, int, int]] | None = None, relay_back: bool = True,
-          ) -> tuple[list[Role], list[FlowSpec]]:
-    """Roles and flows of a reduction down each column (or along each row) of the tiles.
+          kctx: KernelContext | None = None) -> tuple[list[Role], list[FlowSpec]]:
+    """Roles and flows of a streaming reduction down each column (or along each row) of the tiles.
 
-    Every core runs `local`; partials travel down the column (edge -> mid ->
-    root) and are combined with `reduce_op`; the root runs `finish`, then the
-    result is relayed back up so every core holds it (unless `relay_back` is
-    off: then only the root does). A kernel with several same-shaped tiles
-    (the expert regions of a layer) repeats the pattern in each, with one
-    role set for all of them; `tiles` restricts the chain to part of the
-    kernel's region.
+    Every core runs `local`; partials stream toward the root at the centre of
+    the line and are combined with `reduce_op` as they pass, in the two-level
+    tree `meshrt.kernels.reduce_tree.ReduceTree.plan` chooses for the line
+    (groups reduce in parallel into their leads, then the leads into the
+    root); the root runs `finish`, then the result is multicast along the
+    line so every core holds it (unless `relay_back` is off: then only the
+    root does). Roles: `edge` (the far end of a group: sends its partial),
+    `mid` (receives, adds, forwards), `lead` (a group's root: adds its
+    group's stream, then adds it into the leads' stream), `root`; the cores
+    after the root (side b, streaming toward -1) take the same names with
+    `_r`. A kernel with several same-shaped tiles (the expert regions of a
+    layer) repeats the pattern in each, with one role set for all of them;
+    `tiles` restricts the chain to part of the kernel's region. `kctx`
+    brings the target's stream costs and a forced group size, if any.
     """
+    from meshrt.kernels.reduce_tree import ReduceTree
+
     tiles = tiles if tiles is not None else kernel.tiles()
     k = kernel.kernel_name
     along_row = axis == "row"
-    h = tiles[0][2] if along_row else tiles[0][3]  # cores along the reduction
+    n = tiles[0][2] if along_row else tiles[0][3]  # cores along the reduction
     step = (1, 0) if along_row else (0, 1)
 
-    def rows(first: int, count: int) -> CoreSetAttr:
+    def rows(first: int, count: int) -> list[RectAttr]:
         """Positions first..first+count-1 along the reduction, in every tile."""
         if along_row:
-            return CoreSetAttr([RectAttr(tx + first, ty, count, th) for tx, ty, _, th in tiles])
-        return CoreSetAttr([RectAttr(tx, ty + first, tw, count) for tx, ty, tw, _ in tiles])
+            return [RectAttr(tx + first, ty, count, th) for tx, ty, _, th in tiles]
+        return [RectAttr(tx, ty + first, tw, count) for tx, ty, tw, _ in tiles]
 
-    if h == 1:
-        return [Role("root", rows(0, 1), [INPUTS, *local, *finish, OUTPUTS],
-                     state, sends_output=True)], []
-    down, up = f"{k}.down", f"{k}.up"
-    flows = [FlowSpec(down, rows(0, h - 1), rows(1, h - 1), "shift", msg_bytes, *step, role=FlowRole.DOWN)]
-    if relay_back:
-        flows.append(FlowSpec(up, rows(1, h - 1), rows(0, h - 1), "shift", msg_bytes, -step[0], -step[1],
-                              role=FlowRole.UP))
-    back_edge = [("recv", up, msg_bytes)] if relay_back else []
-    back_mid = [("recv", up, msg_bytes), ("send", up, msg_bytes)] if relay_back else []
-    back_root = [("send", up, msg_bytes)] if relay_back else []
+    def at(positions) -> CoreSetAttr:
+        """The cores at `positions` along the line, in every tile (runs merged)."""
+        ps = sorted(set(positions))
+        rects: list[RectAttr] = []
+        i = 0
+        while i < len(ps):
+            j = i
+            while j + 1 < len(ps) and ps[j + 1] == ps[j] + 1:
+                j += 1
+            rects += rows(ps[i], j - i + 1)
+            i = j + 1
+        return CoreSetAttr(sorted(rects, key=lambda r: (r.y.data, r.x.data)))
+
+    if n == 1:
+        return [Role("root", at([0]), [INPUTS, *local, *finish, OUTPUTS], state, sends_output=True)], []
+    wavelets = -(-msg_bytes // ACT_BYTES)
+    stream = kctx.stream if kctx is not None else None
+    op_cost = None
+    if stream is not None:  # the reduce op's cycles per wavelet (its work is one element per wavelet)
+        key = next(c.cost for c in type(kernel).COMPUTE if c.name == reduce_op)
+        op_cost = stream.op_costs.get(key)
+    tree = ReduceTree.plan(n, wavelets, stream, kctx.reduce_group if kctx is not None else 0, op_cost)
+    c = tree.root
+    # a multicast along the line reaches only this tile's cores unless tiles share lines
+    spans = sorted((t[1], t[1] + t[3]) if along_row else (t[0], t[0] + t[2]) for t in tiles)
+    multicast = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    flows: list[FlowSpec] = []
+    up = f"{k}.up"
     out = [OUTPUTS] if not outputs_from_root else []
-    roles = [
-        Role("edge", rows(0, 1),
-             [INPUTS, *local, ("send", down, msg_bytes), *back_edge, *out], state,
-             sends_output=not outputs_from_root),
-    ]
-    if h > 2:
-        roles.append(Role("mid", rows(1, h - 2), [
-            INPUTS, *local, ("recv", down, msg_bytes), ("compute", reduce_op, msg_bytes // 4),
-            ("send", down, msg_bytes), *back_mid, *out,
-        ], state, sends_output=not outputs_from_root))
-    roles.append(Role("root", rows(h - 1, 1), [
-        INPUTS, *local, ("recv", down, msg_bytes), ("compute", reduce_op, msg_bytes // 4),
-        *finish, *back_root, OUTPUTS,
-    ], state, sends_output=True))
+    op = [("compute", reduce_op, msg_bytes // 4)]
+    by_events: dict[tuple, tuple[str, list[int], list[Event]]] = {}
+
+    def add_role(name: str, pos: int, events: list[Event]) -> None:
+        key = (name.split(".")[0], repr(events))
+        if key not in by_events:
+            same = sum(1 for nm, _, _ in by_events.values() if nm.split(".")[0] == name)
+            by_events[key] = (name if not same else f"{name}.{same}", [], events)
+        by_events[key][1].append(pos)
+
+    root_in: list[Event] = []
+    root_back: list[Event] = []
+    relay_sends: list[Event] = []  # the root's first hops of the relays (tiles sharing lines)
+    for side, sfx, sign in (("a", "", 1), ("b", "_r", -1)):
+        m = tree.side_length(side)
+        if not m:
+            continue
+        down, across, relay = f"{k}.down{sfx}", f"{k}.across{sfx}", f"{k}.up{sfx}"
+        dx, dy = step[0] * sign, step[1] * sign
+        members = [d for lo, hi in tree.groups(side) for d in range(lo, hi + 1)]
+        leads = tree.leads(side)
+        pos = tree.position
+        if members:
+            src = at(pos(side, d) for d in members)
+            flows.append(FlowSpec(down, src, at(pos(side, d) + sign for d in members), "shift", msg_bytes,
+                                  dx, dy, role=FlowRole.DOWN, streams=True))
+        if leads:
+            s = tree.group
+            flows.append(FlowSpec(across, at(pos(side, d) for d in leads),
+                                  at(pos(side, d) + sign * s for d in leads), "shift", msg_bytes,
+                                  dx * s, dy * s, role=FlowRole.DOWN, streams=True))
+        if relay_back and not multicast:
+            flows.append(FlowSpec(relay, at(pos(side, d) for d in range(0, m)),
+                                  at(pos(side, d) for d in range(1, m + 1)), "shift", msg_bytes,
+                                  -dx, -dy, role=FlowRole.UP, streams=True))
+
+        def back(d: int) -> list[Event]:
+            if not relay_back:
+                return []
+            if multicast:
+                return [("recv", up, msg_bytes)]
+            return [("recv", relay, msg_bytes)] + ([("send", relay, msg_bytes)] if d < m else [])
+
+        for lo, hi in tree.groups(side):
+            for d in range(lo, hi + 1):
+                if d == hi:
+                    add_role(f"edge{sfx}", pos(side, d),
+                             [INPUTS, *local, ("send", down, msg_bytes), *back(d), *out])
+                else:
+                    add_role(f"mid{sfx}", pos(side, d), [
+                        INPUTS, *local, ("recv", down, msg_bytes), *op, ("send", down, msg_bytes),
+                        *back(d), *out])
+        for d in leads:
+            own = [("recv", down, msg_bytes), *op] if d + 1 <= m and d + 1 in members else []
+            farther = [("recv", across, msg_bytes), *op] if d + tree.group <= m else []
+            add_role(f"lead{sfx}", pos(side, d), [
+                INPUTS, *local, *own, *farther, ("send", across, msg_bytes), *back(d), *out])
+        if 1 in members:
+            root_in += [("recv", down, msg_bytes), *op]
+        if leads:
+            root_back += [("recv", across, msg_bytes), *op]
+        if relay_back and not multicast:
+            relay_sends.append(("send", relay, msg_bytes))
+    sends = relay_sends if not multicast else ([("send", up, msg_bytes)] if relay_back else [])
+    if relay_back and multicast:
+        flows.append(FlowSpec(up, at([c]), at(p for p in range(n) if p != c), "row" if along_row else "col",
+                              msg_bytes, role=FlowRole.UP, streams=True))
+    roles = [Role(name, at(ps), events, state, sends_output=not outputs_from_root)
+             for name, ps, events in by_events.values()]
+    roles.append(Role("root", at([c]), [INPUTS, *local, *root_in, *root_back, *finish, *sends, OUTPUTS],
+                      state, sends_output=True))
     return roles, flows

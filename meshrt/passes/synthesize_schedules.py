@@ -43,6 +43,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from meshrt.kernels import interface as kr
 from meshrt.core_classes import partition
+from meshrt.kernels.reduce_tree import StreamCosts
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import event as ev
 from meshrt.dialects import mesh_kernel as mk
@@ -60,7 +61,10 @@ from meshrt.shape import HParams
 from meshrt.targets import Target, target_for
 
 
-def kernel_context(program: mk.ProgramOp) -> kr.KernelContext:
+def kernel_context(program: mk.ProgramOp, target: Target | None = None,
+                   reduce_group: int = 0) -> kr.KernelContext:
+    """What the kernels of `program` need to know; `target` brings the streaming costs
+    reduction trees are planned with, `reduce_group` forces their group size."""
     hp = HParams.of(program)
     return kr.KernelContext(
         micro_batch=program.micro_batch_size,
@@ -72,6 +76,8 @@ def kernel_context(program: mk.ProgramOp) -> kr.KernelContext:
         kv_bytes=hp.kv_bytes,
         top_k=hp.int("top_k"),
         dynamism=program.dynamism_kinds,
+        stream=StreamCosts.of(target) if target is not None else None,
+        reduce_group=reduce_group,
     )
 
 
@@ -197,10 +203,10 @@ def _split_senders(plan: _KernelPlan) -> None:
 
 
 class Synthesizer:
-    def __init__(self, program: mk.ProgramOp, target: Target):
+    def __init__(self, program: mk.ProgramOp, target: Target, reduce_group: int = 0):
         self.program = program
         self.target = target
-        self.kctx = kernel_context(program)
+        self.kctx = kernel_context(program, target, reduce_group)
         self.flows: dict[str, _Flow] = {}
         self.plans: dict[mk.KernelOp, _KernelPlan] = {}
         self.by_name: dict[str, mk.KernelOp] = {k.kernel_name: k for k in program.kernels()}
@@ -512,6 +518,8 @@ class Synthesizer:
             props["dy"] = IntegerAttr(s.dy, i64)
         if flow.cross_wafer:
             props["cross_wafer"] = UnitAttr()
+        if s.streams:
+            props["streams"] = UnitAttr()
         return ev.FlowOp.create(properties=props)
 
 
@@ -580,14 +588,20 @@ class SynthesizeSchedules(ModulePass):
     name = "synthesize-schedules"
 
     target: str | Target | None = None
+    # reduction trees: 0 lets each kernel's plan choose its group size from the
+    # target's stream costs (`ReduceTree.plan`); 1 forces one chain per side,
+    # S >= 2 groups of S cores (how bench/bench_reduce.py builds chain and two-phase)
+    reduce_group: int = 0
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.reduce_group < 0:
+            raise MeshrtError(f"{self.name}: reduce-group must be >= 0, got {self.reduce_group}")
         for program in require_programs(op, self.name, mk.ProgramOp, hint="lower-to-mesh-kernels"):
             target = target_for(self.target, program)
             gc_was_enabled = gc.isenabled()
             gc.disable()  # bulk IR construction: the cyclic GC only costs time here
             try:
-                schedule = Synthesizer(program, target).run()
+                schedule = Synthesizer(program, target, self.reduce_group).run()
             finally:
                 if gc_was_enabled:
                     gc.enable()

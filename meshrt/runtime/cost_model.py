@@ -38,6 +38,16 @@ see its module docstring; the base costs come with the schedule):
   serialises every sender core's message (latency + bytes / wafer link
   bytes per cycle each). A recv ends at max(block + n * recv, last arrival
   + one recv), as the interpreter's streaming gather does.
+- streaming flows (`streams`): a sender's message is ready when its tail
+  leaves (a first sender: after its send cost; a forward: when its stage
+  ends), and reaches a receiver hops x hop latency later; a streaming recv
+  ends at max(block + wavelets x rate, tail arrival) + the stage latency
+  (`meshrt.kernels.reduce_tree.stream_stage`), and the fused op and the
+  forwarding send cost nothing more, as in the interpreter. A class that
+  forwards a streaming shift is timed as the whole chain of every class
+  forwarding it (other kernels' roles may cut one chain into classes that
+  take turns along it): from its first senders, one hop and one stage per
+  further core.
 - chains inside a class (a reduction's mid rows, a relay corridor: a shift
   flow the class both receives and sends) are run length L: the last core
   finishes (L - 1) * (work between its recv and its send + hop +
@@ -88,7 +98,7 @@ from dataclasses import dataclass, field
 from meshrt.dialects import segment as sg
 from meshrt.kernels import registry
 from meshrt.kernels.interface import KernelOp
-from meshrt.routing import Box, RectSet, pattern_routers
+from meshrt.routing import Box, RectSet, boxes_intersect, pattern_routers
 from meshrt.runtime.schedule import (
     AwaitCredits,
     ClassSchedule,
@@ -220,17 +230,22 @@ def link_load(senders: RectSet, receivers: RectSet, pattern: str) -> int:
 
 
 def run_length(cores: RectSet, dx: int, dy: int) -> int:
-    """Longest run of cores in `cores` stepping by the unit vector (dx, dy)."""
-    if abs(dx) + abs(dy) != 1:
+    """Longest run of cores in `cores` stepping by (dx, dy) along one axis.
+
+    A unit step chains the cores of a box; a longer one (the leads of a
+    two-level reduction, S apart) chains boxes one core long along the axis.
+    """
+    if dx and dy or not (dx or dy):
         return 1
     axis = 1 if dx == 0 else 0  # the coordinate the run advances along
+    stride = abs(dy if axis else dx)
     forward = (dy if axis else dx) > 0
     boxes = sorted(cores, key=lambda b: b[axis] if forward else -b[axis + 2])
     run: dict[Box, int] = {}
     for b in boxes:
-        length = b[axis + 2] - b[axis]
+        length = b[axis + 2] - b[axis] if stride == 1 else 1
         prev = [p for p in run
-                if (p[axis + 2] == b[axis] if forward else p[axis] == b[axis + 2])
+                if (p[axis + 2] - 1 + stride == b[axis] if forward else p[axis] == b[axis + 2] - 1 + stride)
                 and _overlap(p[1 - axis], p[3 - axis], b[1 - axis], b[3 - axis])]
         run[b] = length + max((run[p] for p in prev), default=0)
     return max(run.values(), default=1)
@@ -272,6 +287,10 @@ class _Recv:
     chain: int = 1  # run length of the class's own chain of this flow
     chain_step: float = 0.0  # cycles each further chain core adds
     chain_parts: dict[str, float] = field(default_factory=dict)
+    # a streaming recv: expected stage latency and body (wavelets x cycles per
+    # wavelet); `fused`: a fused compute / forward finishes the stage
+    stream: tuple[float, float] | None = None
+    fused: bool = False
 
 
 @dataclass
@@ -355,9 +374,18 @@ class CostModel:
                 if type(ins) is Send and c.index not in senders[ins.flow]:
                     senders[ins.flow].append(c.index)
         self.senders = senders
+        self.receivers: dict[int, set[int]] = defaultdict(set)  # flow -> classes receiving it
+        for c in sched.classes:
+            for ins in c.instrs:
+                if type(ins) is Recv:
+                    self.receivers[ins.flow].add(c.index)
         self.src = [RectSet.from_cores(f.src) for f in flows]
         self.dst = [RectSet.from_cores(f.dst) for f in flows]
         self.loads: dict[tuple[int, int], int] = {}
+        self.stream_chains: dict[int, tuple[int, list[_Peer]]] = {}
+        self.sending: dict[int, list[tuple[int, RectSet, Box]]] = {}
+        self.peers: dict[tuple[int, int, int], list[_Peer]] = {}
+        self.hops: dict[tuple[int, int], int] = {}
         self.crossers: dict[tuple[int, int], list[int]] = {}  # (class, flow) -> senders crossing it
         self.sends_per_step: dict[tuple[int, int], int] = {}
         self.grants: dict[tuple[int, int], int] = {}
@@ -378,6 +406,7 @@ class CostModel:
         sends_after: dict[int, list[int]] = defaultdict(list)  # flow -> indices of sends
         recvs: list[int] = []  # indices of recvs
         k = 1.0  # the current sub's kernel scale
+        scale: dict[int, float] = {}  # index of a Recv -> its sub's kernel scale
         for ins in c.instrs:
             kind = type(ins)
             if kind is EnterSegment or kind is Switch:
@@ -387,6 +416,8 @@ class CostModel:
             if kind is Sub:
                 k = self.kernel_scale.get(ins.kernel, 1.0)
                 cycles = self.expected(k * ins.cycles)
+            elif kind is Compute and ins.fused:
+                cycles = 0.0  # the stage's latency is charged by its recv (see _recv)
             elif kind in _LOCAL:
                 cycles = self.expected(k * ins.cycles)
             elif kind is Send:
@@ -396,6 +427,7 @@ class CostModel:
                 if ins.primed:
                     self.loop_flows.add(ins.flow)
                 recvs.append(at)
+                scale[at] = k
                 cycles = self.expected(k * ins.cycles)
             elif kind is MarkerSync:
                 self.marker_flows.update(ins.touching)
@@ -406,8 +438,18 @@ class CostModel:
             cl.cycles.append(cycles)
         # recvs: resolve peers, chains and per-message costs now that the table is known
         for at in recvs:
-            f = cl.instrs[at].flow
-            cl.recvs[at] = self._recv_spec(ci, f, cl.cycles[at], c.primed.get(f, 0), at, sends_after)
+            ins = cl.instrs[at]
+            f = ins.flow
+            cl.recvs[at] = spec = self._recv_spec(ci, f, cl.cycles[at], c.primed.get(f, 0), at, sends_after)
+            if ins.stage is not None:
+                lat, rate = ins.stage
+                k = scale[at]
+                spec.stream = (self.expected(k * lat), self.expected(k * ins.wavelets * rate))
+                spec.fused = ins.fused
+                if "network" in spec.chain_parts:  # each further core: its hops and one stage
+                    net = spec.chain_parts["network"]
+                    spec.chain_step = net + spec.stream[0]
+                    spec.chain_parts = {"network": net, "compute": spec.stream[0]}
 
     def _corner_distance(self, cores: RectSet, box: Box) -> int:
         """Largest distance from a core of the class to the furthest corner of the box."""
@@ -439,13 +481,15 @@ class CostModel:
                 need = _bands(rcores, pattern)
             else:
                 need = None
-            for s in self.senders.get(f, ()):
+            sending = self._sending(f)
+            if need is not None and need:  # only sender classes whose extent meets `need`'s
+                nb = extent(need)
+                sending = [(s, c) for s, c, b in sending if boxes_intersect(b, nb)]
+            else:
+                sending = [(s, c) for s, c, _ in sending]
+            for s, scores in sending:
                 if sender is not None and s != sender:
                     continue
-                sc = self.classes[s]
-                if sc.wafer != fo.wafer_index:
-                    continue
-                scores = sc.cores & self.src[f]
                 if need is not None:
                     scores = scores & need
                 if not scores:
@@ -453,11 +497,33 @@ class CostModel:
                 n = messages_per_core(scores, rcores, pattern)
                 if cross:
                     lat = float(tg.wafer_link_latency_cycles)  # plus the shared link, at the send
+                elif fo.is_streaming:  # the sender's clock is its tail leaving (see _send)
+                    lat = float(max_hops(scores, rcores, pattern, off) * tg.hop_latency_cycles)
                 else:
                     hops = max_hops(scores, rcores, pattern, off)
                     ser = math.ceil((nbytes or self._msg_bytes(f)) / tg.link_bytes_per_cycle)
                     lat = float(hops * tg.hop_latency_cycles + ser * self._load(f, r))
                 yield r, _Peer(s, lat, n)
+
+    def class_hops(self, a: int, b: int) -> int:
+        """Most hops between a core of class a and one of class b (credits travel them)."""
+        d = self.hops.get((a, b))
+        if d is None:
+            d = self.hops[(a, b)] = max_hops(self.classes[a].cores, self.classes[b].cores, "all", (0, 0))
+        return d
+
+    def _sending(self, f: int) -> list[tuple[int, RectSet, Box]]:
+        """Flow f's sender classes on its wafer: (class, its cores that send f, their extent)."""
+        got = self.sending.get(f)
+        if got is None:
+            w = self.flow_ops[f].wafer_index
+            got = self.sending[f] = []
+            for s in self.senders.get(f, ()):
+                if self.classes[s].wafer == w:
+                    cores = self.classes[s].cores & self.src[f]
+                    if cores:
+                        got.append((s, cores, extent(cores)))
+        return got
 
     def _load(self, f: int, r: int) -> int:
         """Busiest-link load of flow f into receiver class r, over all its sender classes."""
@@ -474,10 +540,15 @@ class CostModel:
 
     def _recv_spec(self, ci: int, f: int, c1: float, primed: int, at: int, sends_after) -> _Recv:
         cl = self.classes[ci]
-        peers = [p for _, p in self._peers_of(f, receiver=ci, nbytes=cl.instrs[at].nbytes)]
+        key = (ci, f, cl.instrs[at].nbytes)
+        peers = self.peers.get(key)
+        if peers is None:  # a class receives one flow at many points: its peers once
+            peers = self.peers[key] = [p for _, p in self._peers_of(f, receiver=ci, nbytes=key[2])]
         spec = _Recv(f, c1, [], 0, primed)
         later = [i for i in sends_after.get(f, ()) if i > at]
         fo = self.flow_ops[f]
+        if later and fo.is_streaming and fo.pattern.data == "shift":
+            return self._stream_chain(ci, f, spec, at, later)
         for p in peers:
             if p.cls == ci and later and fo.pattern.data == "shift":
                 # a chain through the class's own cores: closed form
@@ -491,6 +562,35 @@ class CostModel:
             else:
                 spec.peers.append(p)
                 spec.messages += p.messages
+        return spec
+
+    def _stream_chain(self, ci: int, f: int, spec: _Recv, at: int, later: list[int]) -> _Recv:
+        """A class forwarding streaming flow f: one closed-form chain over every forwarding class.
+
+        Other kernels' roles may cut one chain into several classes that take
+        turns along it; at class level each would wait for the next. So every
+        forwarder of f times the whole chain: the stream from its first
+        senders (classes that send f without receiving it) through the
+        longest run of forwarding cores, one hop and one stage per core (the
+        stage's latency is added in `__init__` once it is known).
+        """
+        if f not in self.stream_chains:  # the same for every forwarder of f: once per flow
+            fwd = {s for s in self.senders.get(f, ()) if s in self.receivers[f]}
+            cores = RectSet(b for s in fwd for b in self.classes[s].cores & self.dst[f])
+            dx, dy = self.flow_ops[f].offset
+            heads: dict[int, _Peer] = {}
+            for r in sorted(fwd):
+                for _, p in self._peers_of(f, receiver=r):
+                    if p.cls not in fwd:
+                        heads.setdefault(p.cls, p)
+            self.stream_chains[f] = (max(1, run_length(cores, dx, dy)), list(heads.values()))
+        spec.chain, heads = self.stream_chains[f]
+        spec.peers.extend(heads)
+        spec.messages += sum(p.messages for p in heads)
+        dx, dy = self.flow_ops[f].offset
+        net = float(max_hops(RectSet(), RectSet(), "shift", (dx, dy)) * self.target.hop_latency_cycles)
+        spec.chain_step = net
+        spec.chain_parts = {"network": net}
         return spec
 
     # -- running -----------------------------------------------------------
@@ -640,7 +740,13 @@ class _Run:
             self._rec(c, t, t2, "send_recv")
             t = t2
         fo = m.flow_ops[f]
-        if fo.crosses_wafer:
+        if fo.is_streaming:
+            # the sender's clock when its tail leaves: a forward's stage ended with its
+            # recv; a stream's first sender pushes it at its send rate
+            if m.classes[c].instrs[self.pc[c]].forward:
+                cost = 0.0
+            ready = t + cost
+        elif fo.crosses_wafer:
             tg = m.target
             n = (m.classes[c].cores & m.src[f]).count
             start = max(t, self.wlink[fo.wafer_index])
@@ -682,6 +788,19 @@ class _Run:
                 if arrival >= last:
                     last, jump = arrival, (p.cls, msg[2], arrival - msg[0])
         self.recvd[(c, f)] = g + 1
+        if spec.stream is not None:
+            # the tail is in once the core consumed every wavelet; the stage's
+            # latency follows (charged here for a fused compute / forward too)
+            lat, body = spec.stream
+            own = t + body
+            first = max(own, last)
+            end = first + (spec.chain - 1) * spec.chain_step + lat
+            if self.record:
+                bound = jump if last > own else None
+                extra = {k: v * (spec.chain - 1) for k, v in spec.chain_parts.items()}
+                extra["compute"] = extra.get("compute", 0.0) + lat
+                self._rec(c, t, end, "send_recv", (bound, 0.0 if bound else body, extra))
+            return end
         own = t + spec.messages * spec.c1
         first = max(own, last + spec.c1)
         end = first + (spec.chain - 1) * spec.chain_step
@@ -702,7 +821,7 @@ class _Run:
                 self.waiters[("credit", tcls, f)].append(c)
                 return None
             granted = (tcls, f) in m.grants and need < m.grants[(tcls, f)]
-            d = 0 if granted else max_hops(m.classes[c].cores, m.classes[tcls].cores, "all", (0, 0))
+            d = 0 if granted else m.class_hops(c, tcls)
             ready = max(ready, cr[need] + (0 if granted else d * m.target.hop_latency_cycles + 1))
         if ready > t:
             self._rec(c, t, ready, "handshake")

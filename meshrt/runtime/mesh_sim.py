@@ -56,6 +56,19 @@ The tail reaches a destination core serialisation cycles after the head.
 Cross-wafer flows skip the mesh and use one shared wafer link per wafer pair
 (`wafer_link_latency_cycles`, `wafer_link_bytes_per_cycle`).
 
+Streaming (flows marked `streams`, see `meshrt.dialects.event.FlowOp`). A
+streaming message is delivered when its head reaches the receiver; its tail
+arrives serialisation cycles later. A recv of it starts the core's streaming
+stage at max(core ready, head arrival) = s and costs nothing itself; the
+stage's latency `lat` and cycles per wavelet `rate` come from
+`meshrt.kernels.reduce_tree.stream_stage` (with the reduce op that follows
+the recv). If a streaming send follows (after at most that op: a forward),
+its message leaves at s + lat, and the core stays busy until its tail
+leaves at max(s + wavelets x rate, input tail) + lat (the message's
+serialisation is stretched to that); otherwise the op (or the recv, if
+none follows) ends there. So a chain costs wavelets + hops + stages x lat,
+not a message per hop.
+
 Queues and backpressure. Each core has, per flow, an input queue of
 `queue_depth` messages per sender that targets it. A message that finds the
 queue full stays parked in its colour's buffer at the destination router and
@@ -321,6 +334,7 @@ class _Msg:
         "seg",
         "sender",
         "ser",
+        "tail",
         "tail_src",
         "tree",
         "waiters",
@@ -338,6 +352,7 @@ class _Msg:
         self.waiters = None  # cores in a marker sync waiting for this message
         self.parked_at = None
         self.tail_src = 0
+        self.tail = None  # a streaming message: receiver -> when its tail reaches it
         self.eof = False  # the sender's last message of the flow in its step
         self.payload = None  # numerics mode: what the message carries
 
@@ -366,10 +381,15 @@ class _Core:
         "prog",
         "recv_cost",
         "recv_flow",
+        "recv_stage",
         "recv_total",
         "rid",
         "rseg",
         "senders",
+        "s_body",
+        "s_head",
+        "s_start",
+        "s_tail",
         "speed",
         "stall",
         "state",
@@ -400,6 +420,7 @@ class _Core:
         self.out_tail = 0
         self.want: set[int] | None = None
         self.recv_flow = -1
+        self.recv_stage = None
         self.recv_cost = 0.0
         self.recv_total = 0.0
         self.marker_wait = 0
@@ -414,10 +435,21 @@ class _Core:
         self.sub_start = 0
         self.cd = None  # per-core data (numerics mode)
         self.got: list = []  # messages gathered by the current recv
+        # the streaming stage in progress (see the module docstring, "Streaming"):
+        # when its output head may leave, when its input tail arrives, its body
+        self.s_head = 0
+        self.s_start = 0
+        self.s_tail = 0
+        self.s_body = 0
 
 
 def _by_sender(m: _Msg) -> int:
     return m.sender
+
+
+def _tail(m: _Msg, rid: int) -> int:
+    """When streaming message m's tail reaches router `rid` (0: it came from the host)."""
+    return m.tail.get(rid, 0) if m.tail else 0
 
 
 class MeshSim:
@@ -463,6 +495,7 @@ class MeshSim:
         self.flow_names = [f.flow_name for f in flows]
         fidx = {n: i for i, n in enumerate(self.flow_names)}
         self.flow_ops = flows
+        self.flow_streams = [f.is_streaming for f in flows]
         routes = {r.flow_name: r for r in prog.routes()}
         self.flow_color = [routes[n].color_id if n in routes else -1 for n in self.flow_names]
         self.flow_via = [RectSet.from_cores(routes[n].via) if n in routes else RectSet()
@@ -731,7 +764,15 @@ class MeshSim:
                     if r is None:
                         return
                     extra = r if r is not True else 0  # host work (a static batch refill)
-                c = self._cost(core, ins.cycles) + extra
+                if ins.fused:  # on the passing wavelets: the stage's timing
+                    if ins.forwards:  # the forwarding send finishes the stage
+                        if self.spans is not None:
+                            self._span(core, ins.op, t, t)
+                        core.pc += 1
+                        continue
+                    c = max(t + core.s_body, core.s_tail) + core.s_head - t + extra
+                else:
+                    c = self._cost(core, ins.cycles) + extra
                 if self.spans is not None:
                     self._span(core, ins.op, t, t + c)
                 core.pc += 1
@@ -749,6 +790,7 @@ class MeshSim:
                 want = set(core.senders.get(f, ()))
                 q = core.inq.get(f)
                 got = 0
+                tail = t
                 if q and want:
                     i = 0
                     while i < len(q) and want:
@@ -757,6 +799,7 @@ class MeshSim:
                             want.discard(m.sender)
                             del q[i]
                             got += 1
+                            tail = max(tail, _tail(m, core.rid))
                             if core.cd is not None:
                                 core.got.append(m)
                             self._unpark(core, f, t)
@@ -764,6 +807,9 @@ class MeshSim:
                             i += 1
                 if not want:
                     if core.cd is not None and not self._received(core, f, t):
+                        return
+                    if ins.stage is not None:
+                        self._stream_in(core, ins, t, tail)
                         return
                     c = self._cost(core, ins.cycles * max(got, 1))
                     if self.spans is not None:
@@ -773,6 +819,7 @@ class MeshSim:
                     return
                 core.want = want
                 core.recv_flow = f
+                core.recv_stage = ins if ins.stage is not None else None
                 core.recv_cost = ins.cycles
                 core.recv_total = ins.cycles * got
                 core.state = W_RECV
@@ -784,13 +831,22 @@ class MeshSim:
                     core.t_block = t
                     return
                 f = ins.flow
+                start = core.s_tail  # (a forward) its input's tail, then its own head
+                if ins.forward and t < core.s_start + core.s_head:
+                    self._at(core.s_start + core.s_head, E_RESUME, core)
+                    return
                 payload = None
                 if core.cd is not None:
                     payload = self._data(core, t, self.data.send, self.flow_names[f], ins.meta)
                     if payload is None:
                         return
-                self._inject(core, f, ins.nbytes, t, ins.last, payload)
-                c = self._cost(core, ins.cycles)
+                if ins.forward:
+                    tail_out = max(core.s_start + core.s_body, start) + core.s_head
+                    self._inject(core, f, ins.nbytes, t, ins.last, payload, tail_out - t)
+                    c = max(tail_out - t, 1)
+                else:
+                    self._inject(core, f, ins.nbytes, t, ins.last, payload)
+                    c = self._cost(core, ins.cycles)
                 if self.spans is not None:
                     self._span(core, "send " + self.flow_names[f], t, t + c)
                 core.pc += 1
@@ -930,7 +986,7 @@ class MeshSim:
 
     # -- network -------------------------------------------------------------
     def _inject(self, core: _Core, f: int, nbytes: int, t: int, eof: bool = False,
-                payload=None) -> None:
+                payload=None, ser_min: int = 0) -> None:
         plan = self.send_plan.get((core.rid, f))
         self.msg_count += 1
         if plan is None or not plan[1]:
@@ -940,7 +996,7 @@ class MeshSim:
         if cross:
             ser = -(-nbytes // tg.wafer_link_bytes_per_cycle)
         else:
-            ser = -(-nbytes // tg.link_bytes_per_cycle)
+            ser = max(-(-nbytes // tg.link_bytes_per_cycle), ser_min)
         m = _Msg(self.msg_count, f, core.rid, core.eseg, ser, len(dests), tree, dests)
         m.eof = eof
         m.payload = payload
@@ -1003,7 +1059,13 @@ class MeshSim:
                         core.await_want = None
                         self._wake(core, t, 5)
         if rid in m.dests:
-            self._at(t + ser, E_DELIVER, m, rid)
+            if self.flow_streams[m.flow]:  # a stream is received from its head on
+                if m.tail is None:
+                    m.tail = {}
+                m.tail[rid] = t + ser
+                self._at(t, E_DELIVER, m, rid)
+            else:
+                self._at(t + ser, E_DELIVER, m, rid)
         kids = m.tree.get(rid)
         if kids:
             busy = self.link_busy
@@ -1042,6 +1104,15 @@ class MeshSim:
         if not core.want:
             if core.cd is not None and not self._received(core, core.recv_flow, t):
                 return
+            if core.recv_stage is not None:
+                core.stall[0] += t - core.t_block
+                ins = core.recv_stage
+                core.want = None
+                core.recv_flow = -1
+                core.recv_stage = None
+                core.state = RUN
+                self._stream_in(core, ins, t, _tail(m, core.rid), waited=core.t_block)
+                return
             c_last = self._cost(core, core.recv_cost)
             end = max(t + c_last, core.t_block + self._cost(core, core.recv_total))
             core.stall[0] += t - core.t_block
@@ -1052,6 +1123,25 @@ class MeshSim:
             core.state = RUN
             core.pc += 1
             self._at(end, E_RESUME, core)
+
+    def _stream_in(self, core: _Core, ins: Recv, t: int, tail: int, waited: int | None = None) -> None:
+        """A streaming recv starts at t (the input's head is here); its tail arrives at `tail`.
+
+        The stage's latency and body (wavelets x cycles per wavelet) are drawn
+        once; a fused compute or a forwarding send finishes the stage, else the
+        recv does: when the last wavelet is in and through the stage.
+        """
+        lat, rate = ins.stage
+        core.s_start = t
+        core.s_tail = tail
+        core.s_head = self._cost(core, lat)
+        core.s_body = self._cost(core, ins.wavelets * rate)
+        end = t if ins.fused else max(t + core.s_body, tail) + core.s_head
+        if self.spans is not None:  # a recv that blocked shows as its wait, as any recv's does
+            name = ("recv " if waited is None else "wait ") + self.flow_names[ins.flow]
+            self._span(core, name, t if waited is None else waited, end)
+        core.pc += 1
+        self._at(end, E_RESUME, core)
 
     # -- numerics ----------------------------------------------------------
     def _data(self, core: _Core, t: int, hook, *args):

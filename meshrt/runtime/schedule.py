@@ -18,6 +18,10 @@ the cost model (`meshrt.runtime.cost_model`, one virtual core per class).
   metainfo, a reconfigure `reconfigure` + `reconfigure_route` per released
   and installed route;
 - flows by index (`Schedule.flows`), classes by index (`Schedule.classes`);
+- streaming stages (`event.flow ... streams`): a recv of a streaming flow,
+  the reduce op right after it (fused: it runs on the passing wavelets) and a
+  streaming send right after that (a forward) form one stage, timed by
+  `meshrt.kernels.reduce_tree.stream_stage`;
 - the last send of each flow in the step (end of flow, what route drains
   count), the receives the host primes (loop-carried flows), the flows a
   class is granted at program start;
@@ -46,6 +50,7 @@ from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
 from meshrt.analysis.liveness import host_primed
 from meshrt.kernels import registry
+from meshrt.kernels.reduce_tree import stream_stage
 from meshrt.routing import Box, RectSet
 
 WAVELET_BYTES = 4
@@ -80,7 +85,11 @@ class Compute:
     kernel: str
     op: str
     work: int
-    cycles: float  # work * op_cycles(op)
+    cycles: float  # op_cycles(op, work)
+    # fused into the streaming recv before it (see `Recv.stage`): the op runs on
+    # the wavelets as they pass; `forwards`: a streaming send forwards its result
+    fused: bool = False
+    forwards: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,7 @@ class Send:
     meta: int
     cycles: float  # send_wavelet per wavelet
     last: bool  # the class's last send of the flow in the step (end of flow)
+    forward: bool = False  # forwards the stream the sub just received (see `Recv.stage`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +133,13 @@ class Recv:
     nbytes: int
     cycles: float  # recv_wavelet per wavelet, per message gathered
     primed: bool  # the host sends the first step's messages (a loop-carried flow)
+    # A streaming flow's recv: (latency, cycles per wavelet) of its stage
+    # (`meshrt.kernels.reduce_tree.stream_stage`, with the reduce op that follows
+    # it, if any) and the message's wavelets. `fused`: a compute and/or a
+    # streaming send follow, which finish the stage; otherwise the recv does.
+    stage: tuple[float, float] | None = None
+    wavelets: int = 0
+    fused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +269,7 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
     primed_recvs = host_primed(program, pos)
     ts = costs["task_switch"]
     params = {k.kernel_name: k.param for k in program.kernels()}
+    streaming = {f.flow_name for f in program.flows() if f.is_streaming}
     out = []
     for ci, c in enumerate(classes):
         instrs: list[Instr] = []
@@ -270,26 +288,39 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
             for sub in seg.subs():
                 kernel = sub.kernel_name
                 instrs.append(Sub(kernel, sub.role_name, ts))
-                for e in sub.events():
+                events = sub.events()
+                fused, forward = _stream_stages(events, streaming)
+                for i, e in enumerate(events):
                     if isinstance(e, ev.ComputeOp):
                         work = e.work.value.data
                         instrs.append(Compute(kernel, e.op.data, work,
                                               op_cycles(costs, e.op.data, work,
-                                                        params.get(kernel, _no_params))))
+                                                        params.get(kernel, _no_params)),
+                                              i in fused, i + 1 in forward))
                     elif isinstance(e, ev.SendOp):
                         f = fidx[e.flow_name]
                         meta = e.meta.value.data
                         nb = e.num_bytes + meta
                         if f in awaiting:
                             instrs.append(AwaitCredits(f, tuple(sorted(awaiting.pop(f)))))
-                        instrs.append(Send(f, nb, meta, wavelets(nb) * costs["send_wavelet"], False))
+                        instrs.append(Send(f, nb, meta, wavelets(nb) * costs["send_wavelet"], False,
+                                           i in forward))
                     elif isinstance(e, ev.RecvOp):
                         f = fidx[e.flow_name]
                         nb = e.num_bytes + e.meta.value.data
                         host = (kernel, e.flow_name) in primed_recvs
                         if host:
                             primed[f] += 1
-                        instrs.append(Recv(f, nb, wavelets(nb) * costs["recv_wavelet"], host))
+                        stage = None
+                        if e.flow_name in streaming:
+                            nxt = events[i + 1] if i + 1 < len(events) else None
+                            op = 0.0
+                            if i + 1 in fused and isinstance(nxt, ev.ComputeOp):
+                                op = op_cycles(costs, nxt.op.data, nxt.work.value.data,
+                                               params.get(kernel, _no_params)) / max(wavelets(nb), 1)
+                            stage = stream_stage(costs["recv_wavelet"], costs["send_wavelet"], op)
+                        instrs.append(Recv(f, nb, wavelets(nb) * costs["recv_wavelet"], host, stage,
+                                           wavelets(nb), i + 1 in fused or i + 1 in forward))
                     elif isinstance(e, ev.MetaResolveOp):
                         instrs.append(MetaResolve(fidx[e.flow_name], e.kind.data,
                                                   costs["meta_resolve_slot"] * slots))
@@ -325,6 +356,29 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
         out.append(ClassSchedule(ci, c.class_name, c.wafer_index, RectSet.from_cores(c.cores),
                                  tuple(instrs), grant, dict(primed)))
     return Schedule(names, fidx, tuple(out))
+
+
+def _stream_stages(events, streaming: set[str]) -> tuple[set[int], set[int]]:
+    """Indices of the computes fused into a streaming recv, and of the sends forwarding one.
+
+    A recv of a streaming flow, then (optionally) one compute, then a send
+    on a streaming flow: the compute runs on the passing wavelets, the send
+    forwards them.
+    """
+    fused: set[int] = set()
+    forward: set[int] = set()
+    for i, e in enumerate(events):
+        if not (isinstance(e, ev.RecvOp) and e.flow_name in streaming):
+            continue
+        j = i + 1
+        if j < len(events) and isinstance(events[j], ev.ComputeOp):
+            fused.add(j)
+            j += 1
+        if j < len(events) and isinstance(events[j], ev.SendOp) and events[j].flow_name in streaming:
+            forward.add(j)
+            if j == i + 1:
+                fused.add(j)  # a relay: the send itself finishes the stage
+    return fused, forward
 
 
 def extent(rs: RectSet) -> Box:

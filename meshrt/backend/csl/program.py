@@ -813,7 +813,8 @@ class ProgramWriter:
             if c in self.a.switched:  # switch-chain colours at this class's routers (alloc)
                 body += self.switch_stmts(flow)
             if c in self.td_colors:
-                hold = f"td_seen_{c} + {self.td_count(flow)}" if flow.name in self.drains else "0"
+                n = self.td_count(flow)  # a per-core `if` expression is an operand only in parentheses
+                hold = f"td_seen_{c} + {n if n.isdigit() else f'({n})'}" if flow.name in self.drains else "0"
                 body += [f"td_hold_{c} = {hold};",
                          f"if (td_held_{c}) {{",
                          f"  tc.teardown.exit({self.color(c)}); // the route opens: the install credit",

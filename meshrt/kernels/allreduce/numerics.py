@@ -7,7 +7,9 @@ from meshrt.kernels.numerics import F32, KernelExec, Vec
 
 
 class AllReduce(KernelExec):
-    """Sums the gemv partials down each column; the root rounds, relays back."""
+    """Sums the gemv partials along each column toward its root; the root rounds and
+    multicasts the result. Every add adds what arrived to what the core holds (its own
+    partial, or what it already added), so the tree's shape is the table's alone."""
 
     OPS = frozenset({"add"})
 
@@ -17,31 +19,16 @@ class AllReduce(KernelExec):
 
     def compute(self, cd, op):
         if op == "add":
-            c0, c1, partial = self._own(cd)
             (got,) = self.take(cd, FlowRole.DOWN)
-            cd.acc[self.name] = got + partial
-            if not self._has_down_send(cd):
-                self._finish(cd)
-
-    def _has_down_send(self, cd) -> bool:
-        """Whether the core forwards its partial (every core of the chain but its root)."""
-        _, i, j, w, h = self.grid_pos(cd)
-        return i < w - 1 if self.info.param("axis") == "row" else j < h - 1
-
-    def _finish(self, cd):
-        c0, c1, _ = self._own(cd)
-        total = cd.acc.pop(self.name)
-        n = total.shape[1]
-        cd.values[self.name] = Vec.of(total[:, c0:c1].astype(F32), c0, n)
+            held = cd.acc.get(self.name)
+            cd.acc[self.name] = got + (held if held is not None else self._own(cd)[2])
 
     def send(self, cd, role):
         if role is FlowRole.DOWN:
             if self.name in cd.acc:
                 return cd.acc.pop(self.name)
             return self._own(cd)[2]
-        if role is FlowRole.UP:
-            return cd.values[self.name]
-        return self._output(cd)
+        return self._output(cd)  # the result: multicast back, or on to the consumers
 
     def local_value(self, cd):
         # a one-row region has no chain and so no event: a consumer on the same core
@@ -51,7 +38,10 @@ class AllReduce(KernelExec):
         return None
 
     def _output(self, cd):
-        if self.name not in cd.values:  # a one-row region: nothing to reduce
+        """The rounded sum, on the core that holds it: the root rounds what it added
+        (a one-row region rounds its own partial); the others received it."""
+        if self.name not in cd.values:
             c0, c1, partial = self._own(cd)
-            cd.values[self.name] = Vec.of(partial[:, c0:c1].astype(F32), c0, partial.shape[1])
+            total = cd.acc.pop(self.name, partial)
+            cd.values[self.name] = Vec.of(total[:, c0:c1].astype(F32), c0, total.shape[1])
         return cd.values[self.name]

@@ -43,7 +43,7 @@ class AllReduceOp(KernelOp):
         n = self.output.type.width.data
         across = h if self.axis.data == "row" else w  # the output is split the other way
         return chain(self, [], "add", kctx.micro_batch * ceil_div(n, across) * ACT_BYTES, [], 0,
-                     axis=self.axis.data)
+                     axis=self.axis.data, kctx=kctx)
 
     def input_share(self, width: int) -> int:
         return width

@@ -115,7 +115,7 @@ class AttentionOp(KernelOp):
                  ("compute", "av", b * rows * ceil_div(heads * d, w))]
         msg = b * (ceil_div(heads * d, w) + 2 * ceil_div(heads, w)) * ACT_BYTES  # partial out + max/sum
         roles, flows = chain(self, local, "softmax_merge", msg,
-                             [("compute", "normalize", b * ceil_div(heads * d, w))], int(state))
+                             [("compute", "normalize", b * ceil_div(heads * d, w))], int(state), kctx=kctx)
         for r in roles:
             r.ctrl = kctx.slots * 16  # request descriptor table: per-slot lengths
         return roles, flows

@@ -89,7 +89,7 @@ class ElementwiseOp(KernelOp):
             local = [("compute", "square_sum", b * ceil_div(n, h))]
             finish = [("compute", "rsqrt", b)]
             roles, flows = chain(self, local, "add", b * ACT_BYTES, finish,
-                                 ceil_div(n, h) * ACT_BYTES, outputs_from_root=False)
+                                 ceil_div(n, h) * ACT_BYTES, outputs_from_root=False, kctx=kctx)
             for r in roles:
                 r.events.insert(-1, ("compute", "scale", b * ceil_div(n, h)))
                 r.sends_output = True

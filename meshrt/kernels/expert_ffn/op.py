@@ -126,7 +126,8 @@ class ExpertFFNOp(KernelOp):
         state = self.footprint(n, hidden, f, kctx.expert_weight_bytes, tokens, w, h).state
         up = [("compute", "fmac", tokens * hj * 2 * fi)]
         roles, flows = chain(self, up, "add", tokens * 2 * fi * ACT_BYTES,
-                             [("compute", "silu_mul", tokens * fi)], int(state), outputs_from_root=False)
+                             [("compute", "silu_mul", tokens * fi)], int(state), outputs_from_root=False,
+                             kctx=kctx)
         for r in roles:
             r.events = [e for e in r.events if e != OUTPUTS] + [("compute", "fmac", tokens * fi * hj), OUTPUTS]
             r.sends_output = True

@@ -22,9 +22,9 @@ class Sample(KernelExec):
             cd.acc[self.name] = (logits[np.arange(self.b), idx], idx + c0)
         elif op == "argmax_merge":
             (got,) = self.take(cd, FlowRole.DOWN)
-            gv, gi = got  # from the columns to the left: lower token ids
+            gv, gi = got  # from either side of the root
             mv, mi = cd.acc[self.name]
-            better = mv > gv
+            better = (mv > gv) | ((mv == gv) & (mi < gi))  # ties: the lower token id, as np.argmax
             cd.acc[self.name] = (np.where(better, mv, gv), np.where(better, mi, gi))
         elif op == "eos_check":
             _, idx = cd.acc.pop(self.name)

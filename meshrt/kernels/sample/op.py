@@ -48,7 +48,7 @@ class SampleOp(KernelOp):
         b = kctx.micro_batch
         return chain(self, [("compute", "argmax", b * ceil_div(vocab, w))], "argmax_merge",
                      b * 2 * ACT_BYTES, [("compute", "eos_check", b)], 0, axis="row",
-                     tiles=[(x, y + h - 1, w, 1)], relay_back=False)
+                     tiles=[(x, y + h - 1, w, 1)], relay_back=False, kctx=kctx)
 
     def input_share(self, width: int) -> int:
         return ceil_div(width, self.tiles()[0][2])

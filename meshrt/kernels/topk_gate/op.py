@@ -45,7 +45,7 @@ class TopKGateOp(KernelOp):
         # needs whole tokens), once the routing has been relayed back up.
         return chain(self, [("compute", "fmac", b * ceil_div(n_in, h) * ceil_div(experts, w))], "add",
                      b * ceil_div(experts, w) * ACT_BYTES, [("compute", "topk", b * experts)], int(state),
-                     outputs_from_root=False)
+                     outputs_from_root=False, kctx=kctx)
 
     def input_share(self, width: int) -> int:
         return ceil_div(width, self.tiles()[0][3])

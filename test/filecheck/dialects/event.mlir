@@ -3,7 +3,7 @@
 
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 dynamism [#mesh.dyn<continuous_batching>] hparams {} {
   event.kernel @r "allreduce" on <(0, 1, 4, 4)> inputs [@qkv] params {axis = "row", in_widths = array<i64: 64>, out_width = 64 : i64}
-  event.flow @r.up kernel @r role "up" wafer 0 from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 64
+  event.flow @r.up kernel @r role "up" wafer 0 from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 64 streams
   event.flow @r.bc kernel @r role "up" wafer 0 from <(3, 1, 1, 4)> to <(0, 1, 4, 4)> pattern "row" bytes 64
   event.flow @r.in0 kernel @r role "input" operand 0 wafer 0 from <(0, 0, 4, 1)> to <(0, 1, 4, 1)> pattern "col" bytes 64
   event.flow @tok kernel @sample role "tokens" wafer 0 from <(0, 6, 4, 1)> to <(0, 0, 4, 1)> pattern "col" bytes 8
@@ -38,7 +38,7 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 dynami
 
 // CHECK:      event.schedule @m target "t" mesh 16 x 16
 // CHECK-NEXT:   event.kernel @r "allreduce" on <(0, 1, 4, 4)> inputs [@qkv] params {axis = "row", in_widths = array<i64: 64>, out_width = 64 : i64}
-// CHECK-NEXT:   event.flow @r.up kernel @r role "up" wafer 0 from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 64
+// CHECK-NEXT:   event.flow @r.up kernel @r role "up" wafer 0 from <(0, 1, 3, 4)> to <(1, 1, 3, 4)> pattern "shift" by 1, 0 bytes 64 streams{{$}}
 // CHECK-NEXT:   event.flow @r.bc kernel @r role "up" wafer 0 from <(3, 1, 1, 4)> to <(0, 1, 4, 4)> pattern "row" bytes 64
 // CHECK-NEXT:   event.flow @r.in0 kernel @r role "input" operand 0 wafer 0 from <(0, 0, 4, 1)> to <(0, 1, 4, 1)> pattern "col" bytes 64
 // CHECK-NEXT:   event.flow @tok kernel @sample role "tokens" wafer 0 from

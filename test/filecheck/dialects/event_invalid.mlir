@@ -123,3 +123,10 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
   event.flow @k.down kernel @k role "down" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "col" bytes 8
 }
 // CHECK: error: 'event.flow' op flow @k.down: an operand index goes with role "input", and only with it
+
+// -----
+
+event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  event.flow @f kernel @k role "down" wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 2)> pattern "all" bytes 8 streams
+}
+// CHECK: error: 'event.flow' op flow @f: only shift, row and col flows on one wafer stream (pattern 'all')

@@ -34,7 +34,9 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK-NOT:  event.meta_produce
 
 
-// Every flow says what it carries: a chain's partials and relayed result,
+// Every flow says what it carries: a chain's partials and its result
+// (multicast from the root; relayed back where tiles share columns, as the
+// expert regions here do),
 // a corridor's hops, or another kernel's value and the operand it feeds.
 // ROLES:      event.flow @l0.gate.down kernel @l0.gate role "down" wafer 0
 // ROLES-NEXT: event.flow @l0.gate.up kernel @l0.gate role "up" wafer 0
