@@ -714,7 +714,7 @@ class _Emitter:
                 r = b["lm_head"]
                 n = self.add(g.RMSNormOp("final_norm", r, x, layer=-1, **common))
                 logits = self.add(g.MatmulOp("lm_head", r, n, s.vocab, layer=-1, **common))
-                self.add(g.SampleOp("sample", r, logits, eos=s.eos_token, layer=-1, **common))
+                self.add(g.SampleOp("sample", r, logits, eos=-1 if s.eos_token is None else s.eos_token, layer=-1, **common))
             else:
                 x = self.layer(p, b, x, common)
             prev = p

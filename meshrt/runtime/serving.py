@@ -256,17 +256,14 @@ def run_bytes(shape: ModelShape, kv_slots: int) -> int:
 
 def check_runnable(shape: ModelShape, kv_slots: int, where: Loc | str | None = None) -> None:
     """Refuse, before anything is allocated, a model the reference and the
-    interpreter cannot run: mixed dense and MoE layers (not supported yet), or
+    interpreter cannot run: math they do not compute yet (`missing_math`), or
     more memory than this machine has (`run_bytes`). FrontendError at `where`
-    (the mixed-layer error at the field that chose the MoE layers)."""
-    if shape.is_moe and len(shape.moe_layers) < shape.layers:
-        dense = [i for i in range(shape.layers) if not shape.is_moe_layer(i)]
-        shown = ", ".join(map(str, dense[:4])) + (", ..." if len(dense) > 4 else "")
+    (the missing math at the field that brought it in)."""
+    if shape.missing_math:
         raise FrontendError(
-            f"layers {shown} of {shape.name} are dense and the others MoE: the NumPy reference "
-            "and the interpreter run models whose layers are all MoE or all dense (mixed layers "
-            "are a later issue); `meshrt compile` and `meshrt bench` take it",
-            shape.locs.get("moe_layers") or where)
+            f"{shape.name}: the NumPy reference and the interpreter do not compute "
+            f"{shape.missing_math} yet; `meshrt compile` and `meshrt bench` take it",
+            shape.locs.get("missing_math") or where)
     check_memory(run_bytes(shape, kv_slots), f"the NumPy reference and interpreter of {shape.name}",
                  "use `meshrt bench` (the cost model) for a model this size", where)
 

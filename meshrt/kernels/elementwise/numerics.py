@@ -32,7 +32,8 @@ class Elementwise(KernelExec):
                 (got,) = self.take(cd, FlowRole.DOWN)
                 cd.acc[self.name] = got + cd.acc[self.name]
             elif op == "rsqrt":
-                cd.acc[self.name + ".inv"] = 1.0 / np.sqrt(cd.acc.pop(self.name) / n + ref.RMS_EPS)
+                eps = self.plane.shape.rms_eps
+                cd.acc[self.name + ".inv"] = 1.0 / np.sqrt(cd.acc.pop(self.name) / n + eps)
             elif op == "scale":
                 inv = cd.acc.pop(self.name + ".inv")
                 x = self.input(cd).need(r0, r1, where).astype(F64)

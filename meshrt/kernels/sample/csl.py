@@ -42,6 +42,8 @@ def argmax_merge(b: ComputeBody) -> list[str]:
 
 def eos_check(b: ComputeBody) -> list[str]:
     eos = int(b.w.p.hp("eos_token", 0))
+    if eos < 0:  # no EOS token: only a request's length ends it
+        return [f"for (@range(u16, {b.b})) |j| {{", "  done[j] = 0;", "}"]
     return [
         f"for (@range(u16, {b.b})) |j| {{",
         f"  done[j] = if (@as(u16, y[j * 2 + 1]) == {eos}) 1 else 0;",

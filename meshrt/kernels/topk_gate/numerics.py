@@ -32,10 +32,8 @@ class TopKGate(RoutesTokens):
             cd.acc[self.name] = got + cd.acc[self.name]
         elif op == "topk":
             logits = cd.acc.pop(self.name).astype(F32)
-            probs = ref.softmax(logits, axis=-1)
-            ids = np.argsort(-probs, axis=-1, kind="stable")[:, :self.top_k]
-            wts = np.take_along_axis(probs, ids, axis=-1)
-            cd.route = Routing(ids, (wts / np.sum(wts, axis=-1, keepdims=True)).astype(F32))
+            ids, wts = ref.route(logits, self.top_k, self.plane.shape.norm_topk)
+            cd.route = Routing(ids, wts)
             self.plane.count_routing(self.layer, ids, cd)
 
     def send(self, cd, role):
