@@ -39,8 +39,8 @@ OUT = REPO / "test" / "data" / "hf"
 NEW_TOKENS = 16
 PROMPT_LENS = (5, 8, 11)
 
-BASE = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
+BASE = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=4, vocab_size=128, max_position_embeddings=32,
             eos_token_id=None, bos_token_id=None, pad_token_id=None)
 
 # name -> (model_type, config overrides, save_pretrained options)
@@ -54,15 +54,15 @@ FIXTURES: dict[str, tuple[str, dict, dict]] = {
         rope_theta=1e6, tie_word_embeddings=True, use_sliding_window=True, sliding_window=8,
         max_window_layers=1), {}),
     "qwen3": ("qwen3", dict(
-        hidden_size=60, head_dim=16, rope_theta=1e6,
-        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+        hidden_size=60, head_dim=12, rope_theta=1e6,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}),
         {}),
     "qwen3_moe": ("qwen3_moe", dict(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
-        head_dim=16, rope_theta=20000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}), {}),
+        head_dim=8, rope_theta=20000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}), {}),
     "qwen3_moe_mixed": ("qwen3_moe", dict(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False,
-        mlp_only_layers=[0], head_dim=16, attention_bias=True, rms_norm_eps=1e-5),
+        mlp_only_layers=[0], head_dim=8, attention_bias=True, rms_norm_eps=0.5),
         {"max_shard_size": "60KB"}),
     "mixtral": ("mixtral", dict(
         num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
