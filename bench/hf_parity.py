@@ -12,7 +12,9 @@ Each fixture is a model of one supported type with transformers' own code
 (`AutoModelForCausalLM.from_config`, eager attention, float32): 2 layers,
 hidden 64, the type's features switched on (non-default rope_theta, rope
 scaling, biases, q/k norm, norm_topk_prob true and false, mixed dense / MoE
-layers, sliding windows, tied embeddings, explicit head_dim, eos null), and
+layers, sliding windows, tied embeddings, explicit head_dim, eos null;
+gpt_oss's sinks, router and expert biases, clamped SwiGLU, yarn and
+alternating windows), and
 parameters drawn at O(1) scale (norm gains 1 + N(0, 0.3²), biases N(0, 0.5²),
 linear maps N(0, 1/fan_in), embeddings N(0, 1)) so that a forgotten bias,
 gain or scaling changes the tokens. Each directory `test/data/hf/<name>/`
@@ -67,6 +69,11 @@ FIXTURES: dict[str, tuple[str, dict, dict]] = {
     "mixtral": ("mixtral", dict(
         num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
         rope_theta=3e5), {}),
+    "gpt_oss": ("gpt_oss", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, head_dim=8,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=8, swiglu_limit=1.5,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+                      "beta_fast": 16.0, "beta_slow": 1.0, "truncate": False}), {}),
 }
 
 
@@ -85,8 +92,10 @@ def _o1_init(model, seed: int) -> None:
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
-            else:  # (out, in) linear maps, or fused experts (E, out, in)
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+            else:  # (out, in) linear maps, fused experts (E, out, in), gpt_oss's (E, in, out)
+                fan_in = p.shape[-2] if "experts" in name and "gpt_oss" in type(model).__name__.lower() \
+                    else p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
 
 
 def _greedy(model, prompt: list[int], eos: int | None) -> list[int]:

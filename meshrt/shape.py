@@ -43,13 +43,13 @@ SHAPE_FLOATS = ("dtype_bytes", "expert_dtype_bytes", "kv_bytes")
 # The math beyond the dimensions, as the config's model type computes it (the
 # reference and the kernels' numerics read these): the IR holds a key only
 # where it differs from ModelShape's default (LLaMA 2's math). Flags are 0 / 1.
-MATH_INTS = ("qkv_bias", "o_bias", "mlp_bias", "qk_norm", "norm_topk", "tie_embeddings",
-             "sliding_window", "rope_original_max", "rope_truncate")
-MATH_FLOATS = ("rms_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
-               "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor")
-MATH_STRS = ("rope_type", "missing_math")
 MATH_FLAGS = ("qkv_bias", "o_bias", "mlp_bias", "qk_norm", "norm_topk", "tie_embeddings",
-              "rope_truncate")
+              "rope_truncate", "attn_sinks", "router_bias", "expert_bias")
+MATH_INTS = MATH_FLAGS + ("sliding_window", "rope_original_max")
+MATH_FLOATS = ("rms_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
+               "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor",
+               "swiglu_alpha", "swiglu_limit", "swiglu_shift")
+MATH_STRS = ("rope_type", "missing_math")
 
 # Sanity bounds, far above any real model and far below what would hang the
 # mapper or overflow an i64 product: a larger number is a typo or garbage.
@@ -176,6 +176,14 @@ class ModelShape:
     rope_beta_slow: float = 1.0
     rope_attention_factor: float = 0.0
     rope_truncate: bool = True
+    attn_sinks: bool = False  # gpt_oss: a learned logit per head joins every softmax
+    router_bias: bool = False  # the MoE router has a bias
+    expert_bias: bool = False  # the routed experts' gate, up and down have biases
+    # the FFN activation: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, ±limit) + shift);
+    # the defaults (no clamp) are SwiGLU, silu(g) * u; gpt_oss: 1.702, 7, 1
+    swiglu_alpha: float = 1.0
+    swiglu_limit: float = 0.0
+    swiglu_shift: float = 0.0
     # what the model type computes that the reference and the kernels do not yet
     # (sized and costed, refused by `meshrt run`); "" when nothing
     missing_math: str = ""
@@ -241,11 +249,13 @@ class ModelShape:
         h = self.hidden
         attn = h * self.qkv_width + self.attn_width * h + 2 * h  # + two norm gains
         attn += self.qkv_width * self.qkv_bias + h * self.o_bias + 2 * self.head_dim * self.qk_norm
+        attn += self.heads * self.attn_sinks
         moe = len(self.moe_layers) if self.is_moe else 0
         plain = (1 if self.tie_embeddings else 2) * self.vocab * h + h  # embed, lm_head, final norm
-        plain += self.layers * attn + moe * h * self.experts  # attention, routers
+        plain += self.layers * attn + moe * (h + self.router_bias) * self.experts  # attention, routers
         plain += (self.layers - moe) * (3 * h * self.ffn + (2 * self.ffn + h) * self.mlp_bias)
         experts = moe * (self.experts + self.shared_experts) * 3 * h * self.expert_ffn
+        experts += moe * self.experts * (2 * self.expert_ffn + h) * self.expert_bias
         return plain, experts
 
     def weight_bytes(self) -> float:
@@ -315,6 +325,11 @@ class ModelShape:
             problem = int_problem(key, int(getattr(self, key)))
             if problem:
                 raise err(key, problem)
+        if not (math.isfinite(self.swiglu_alpha) and self.swiglu_alpha > 0
+                and math.isfinite(self.swiglu_limit) and self.swiglu_limit >= 0
+                and math.isfinite(self.swiglu_shift)):
+            raise err("swiglu", "swiglu_alpha must be positive and swiglu_limit not negative, got "
+                                f"{self.swiglu_alpha} and {self.swiglu_limit}")
         if not (math.isfinite(self.rms_eps) and self.rms_eps > 0):
             raise err("rms_eps", f"rms_norm_eps must be a positive number, got {self.rms_eps}")
         problem = self.rope.problem()

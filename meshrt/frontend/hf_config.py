@@ -39,9 +39,12 @@ each type computes it, goes into the shape and so into the IR's hparams:
 - `tie_word_embeddings`: lm_head is the embedding's transpose (stored once).
 - `eos_token_id` null: the model has no EOS token (requests stop at their
   length); a list: its first token.
-- gpt_oss's attention sinks, clamped SwiGLU and router / expert biases are
-  sized but not computed: the shape says so (`missing_math`) and `meshrt run`
-  refuses it at `model_type`.
+- gpt_oss: attention sinks (a learned logit per head in every softmax),
+  router and expert biases, and its clamped SwiGLU (`swiglu_alpha`,
+  `swiglu_limit`, `up + 1`).
+- `quantization_config` (mxfp4, fp8) changes the byte sizes only: the shape
+  says its math is not computed (`missing_math`) and `meshrt run` refuses it
+  at the key.
 
 Dynamism defaults to continuous batching and micro-batch pipelining, plus
 MoE routing for MoE models; micro-batch 1; KV capacity per slot is
@@ -224,6 +227,9 @@ def _read_dtypes(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
     elif method == "fp8":
         f["dtype_bytes"] = 1.0
         cfg.locs["dtype_bytes"] = cfg.loc("quantization_config")
+    if method is not None:  # sized (the bytes above), not computed
+        f["missing_math"] = f"{method} quantized weights (quantization_config)"
+        cfg.locs["missing_math"] = cfg.loc("quantization_config")
     elif method is not None:
         raise FrontendError(f"unsupported quant_method '{method}', expected mxfp4 or fp8",
                             cfg.loc("quant_method"))
@@ -263,10 +269,11 @@ def _read_math(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
         cfg.locs["tie_embeddings"] = cfg.loc("tie_word_embeddings")
     _read_window(cfg, mt, f)
     _read_rope(cfg, mt, f)
-    if mt == "gpt_oss":
-        f["missing_math"] = ("gpt_oss's attention sinks, clamped SwiGLU and router and expert "
-                             "biases")
-        cfg.locs["missing_math"] = cfg.loc("model_type")
+    if mt == "gpt_oss":  # sinks, biased router and experts, the clamped SwiGLU
+        f["attn_sinks"] = f["router_bias"] = f["expert_bias"] = True
+        f["swiglu_alpha"] = cfg.get("swiglu_alpha", 1.702, kind=float, field="swiglu")
+        f["swiglu_limit"] = cfg.get("swiglu_limit", 7.0, kind=float, field="swiglu")
+        f["swiglu_shift"] = 1.0
     for key in ("partial_rotary_factor",):
         if key in data and data[key] not in (None, 1, 1.0):
             raise FrontendError(f"{key} {json.dumps(data[key])} is not implemented (RoPE over "

@@ -51,11 +51,19 @@ class Source:
     names: tuple[str, ...]
     transpose: bool
     stacked: bool = False
+    interleaved: int | None = None  # 0 / 1: the even / odd last-axis entries of a fused tensor
+
+    def theirs(self, expect: tuple[int, ...]) -> tuple[int, ...]:
+        """The checkpoint's shape of a tensor meshrt holds as `expect`."""
+        if self.interleaved is not None:
+            return (*expect[:-1], 2 * expect[-1])
+        return tuple(reversed(expect)) if self.transpose else expect
 
 
 def tensor_names(model_type: str, shape: ref.RefShape) -> dict[str, Source]:
     """Every `Weights.named_arrays` name of `shape` -> its checkpoint tensors, for
-    `model_type` (the types `meshrt.frontend.hf_config` imports but gpt_oss)."""
+    `model_type` (the types `meshrt.frontend.hf_config` imports; gpt_oss's
+    unquantized layout: fused experts, gate and up interleaved)."""
     s = shape
     out: dict[str, Source] = {
         "embed": Source(("model.embed_tokens.weight",), False),
@@ -81,8 +89,21 @@ def tensor_names(model_type: str, shape: ref.RefShape) -> dict[str, Source]:
             f"{me}.bo": one("self_attn.o_proj.bias", False),
             f"{me}.q_norm": one("self_attn.q_norm.weight", False),
             f"{me}.k_norm": one("self_attn.k_norm.weight", False),
+            f"{me}.sinks": one("self_attn.sinks", False),
         }
-        if s.is_moe_layer(i):
+        if s.is_moe_layer(i) and model_type == "gpt_oss":
+            ex = f"{hf}.mlp.experts"
+            out |= {
+                f"{me}.moe.router": one("mlp.router.weight"),
+                f"{me}.moe.router_bias": one("mlp.router.bias", False),
+                f"{me}.moe.w_gate": Source((f"{ex}.gate_up_proj",), False, interleaved=0),
+                f"{me}.moe.w_up": Source((f"{ex}.gate_up_proj",), False, interleaved=1),
+                f"{me}.moe.w_down": Source((f"{ex}.down_proj",), False),
+                f"{me}.moe.b_gate": Source((f"{ex}.gate_up_proj_bias",), False, interleaved=0),
+                f"{me}.moe.b_up": Source((f"{ex}.gate_up_proj_bias",), False, interleaved=1),
+                f"{me}.moe.b_down": Source((f"{ex}.down_proj_bias",), False),
+            }
+        elif s.is_moe_layer(i):
             out[f"{me}.moe.router"] = one(f"{moe_block}.gate.weight")
             for mine, theirs in expert.items():
                 out[f"{me}.moe.{mine}"] = Source(tuple(
@@ -146,8 +167,8 @@ class Checkpoint:
         header.pop("__metadata__", None)
         return header
 
-    def tensor(self, name: str, expect: tuple[int, ...], transpose: bool) -> np.ndarray:
-        """Tensor `name` as float32, in meshrt's orientation, checked against `expect`."""
+    def tensor(self, name: str, expect: tuple[int, ...], src: Source) -> np.ndarray:
+        """Tensor `name` of `src` as float32, in meshrt's orientation, checked against `expect`."""
         path = self.where.get(name)
         if path is None:
             raise FrontendError(f"checkpoint has no tensor '{name}'", str(self.dir))
@@ -155,7 +176,7 @@ class Checkpoint:
         if info is None:
             raise FrontendError(f"checkpoint has no tensor '{name}' (the index names this file)",
                                 str(path))
-        theirs = tuple(reversed(expect)) if transpose else expect
+        theirs = src.theirs(expect)
         if tuple(info.get("shape", ())) != theirs:
             raise FrontendError(f"tensor '{name}' has shape {tuple(info.get('shape', ()))}, the "
                                 f"config makes it {theirs}", str(path))
@@ -174,7 +195,9 @@ class Checkpoint:
             except (SafetensorError, OSError, ValueError) as e:
                 raise FrontendError(f"cannot read tensor '{name}': {e}", str(path)) from None
         a = np.asarray(a, np.float32).reshape(theirs)
-        return np.ascontiguousarray(a.T if transpose else a)
+        if src.interleaved is not None:
+            a = a[..., src.interleaved::2]
+        return np.ascontiguousarray(a.T if src.transpose else a)
 
     def _bf16(self, path: Path, info: dict) -> np.ndarray:
         """bfloat16 widened to float32 from the file's bytes (NumPy has no bfloat16)."""
@@ -199,8 +222,6 @@ def load_checkpoint(directory: str | Path, shape) -> ref.Weights:
         model_type = json.loads((d / "config.json").read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError):
         raise FrontendError("cannot read config.json", str(d / "config.json")) from None
-    if model_type == "gpt_oss":
-        raise FrontendError("gpt_oss checkpoints are not loaded yet", str(d / "config.json"))
     ckpt = Checkpoint(d)
     names = tensor_names(model_type, s)
     expected = ref.Weights.expected(s)
@@ -208,9 +229,9 @@ def load_checkpoint(directory: str | Path, shape) -> ref.Weights:
     for mine, src in names.items():
         want = expected[mine]
         if src.stacked:
-            arrays[mine] = np.stack([ckpt.tensor(n, want[1:], src.transpose) for n in src.names])
+            arrays[mine] = np.stack([ckpt.tensor(n, want[1:], src) for n in src.names])
         else:
-            arrays[mine] = ckpt.tensor(src.names[0], want, src.transpose)
+            arrays[mine] = ckpt.tensor(src.names[0], want, src)
     used = {n for src in names.values() for n in src.names}
     extra = sorted(n for n in ckpt.where if n not in used and not n.endswith(IGNORED_SUFFIXES))
     if extra:
@@ -232,13 +253,15 @@ def _weights(s: ref.RefShape, a: dict[str, np.ndarray]) -> ref.Weights:
             shared_up = np.zeros((0, s.hidden, s.expert_ffn), np.float32)
             moe = ref.MoEFFNWeights(get("moe.router"), get("moe.w_gate"), get("moe.w_up"),
                                     get("moe.w_down"), shared_up, shared_up.copy(),
-                                    np.zeros((0, s.expert_ffn, s.hidden), np.float32))
+                                    np.zeros((0, s.expert_ffn, s.hidden), np.float32),
+                                    get("moe.router_bias"), get("moe.b_gate"), get("moe.b_up"),
+                                    get("moe.b_down"))
         else:
             dense = ref.DenseFFNWeights(get("dense.w_gate"), get("dense.w_up"), get("dense.w_down"),
                                         get("dense.b_gate"), get("dense.b_up"), get("dense.b_down"))
         layers.append(ref.LayerWeights(get("attn_norm"), get("wq"), get("wk"), get("wv"), get("wo"),
                                        get("ffn_norm"), dense, moe, get("bq"), get("bk"), get("bv"),
-                                       get("bo"), get("q_norm"), get("k_norm")))
+                                       get("bo"), get("q_norm"), get("k_norm"), get("sinks")))
     w = ref.Weights(s, a["embed"], layers, a["final_norm"], a["lm_head"])
     w.validate()
     return w

@@ -53,6 +53,7 @@ class DataPlane:
     def __init__(self, program, weights: ref.Weights, host):
         self.weights = weights
         self.shape = weights.shape
+        self.act = ref.Act.of(self.shape)  # the FFNs' activation (`reference.glu`)
         self.b = program.micro_batch_size
         self.moe_routing = "moe_routing" in program.dynamism_kinds
         self.cb = "continuous_batching" in program.dynamism_kinds
@@ -169,6 +170,10 @@ class DataPlane:
         """The q and k norm gains of `layer` (None, None: the model has no q/k norm)."""
         lw = self.weights.layers[layer]
         return lw.q_norm, lw.k_norm
+
+    def sinks(self, layer: int) -> np.ndarray | None:
+        """The attention sink logit of every head of `layer` (None: no sinks)."""
+        return self.weights.layers[layer].sinks
 
     def moe(self, layer: int) -> ref.MoEFFNWeights:
         m = self.weights.layers[layer].moe

@@ -27,14 +27,18 @@ Semantics (what a tiled on-mesh implementation must reproduce)
   ``h // (heads // kv_heads)`` (contiguous groups). Scores are scaled by
   ``1/sqrt(head_dim)``, causal (a query at position p sees keys 0..p of its
   own request only, and in a layer with a sliding window of W only keys
-  p-W+1..p), softmax in float32 with the row max subtracted.
-* Dense FFN: SwiGLU, ``W_down · (silu(W_gate·x) * (W_up·x))``.
+  p-W+1..p), softmax in float32 with the row max subtracted. With
+  ``attn_sinks`` (gpt_oss) each head's learned sink logit joins the softmax
+  as one more column, dropped after it (the weights sum to less than 1).
+* Dense FFN: SwiGLU, ``W_down · (silu(W_gate·x) * (W_up·x))``; the activation
+  is :func:`glu` (gpt_oss's clamped form where the shape says so).
 * MoE FFN (the layers in ``moe_layers``; the others are dense): router logits
   ``x·W_router``, float32 softmax over all experts, top-k by probability (ties
   to the lower expert index), the k weights renormalised to sum to 1 where
   ``norm_topk`` (else the probabilities as they are), output = sum_k w_k ·
   expert_k(x) + sum of all shared experts (always on, weight 1). Every expert
-  is a SwiGLU of width ``expert_ffn``.
+  is a SwiGLU of width ``expert_ffn``; the router has a bias where
+  ``router_bias``, the routed experts' three maps where ``expert_bias``.
 * ``lm_head`` is the embedding's transpose where ``tie_embeddings``.
 * Greedy sampling: argmax of the logits, ties to the lowest token id.
 * A request finishes when it emits ``eos_token`` (the EOS token is part of its
@@ -181,6 +185,10 @@ class MoEFFNWeights:
     shared_gate: np.ndarray  # (shared, hidden, expert_ffn)
     shared_up: np.ndarray  # (shared, hidden, expert_ffn)
     shared_down: np.ndarray  # (shared, expert_ffn, hidden)
+    router_bias: np.ndarray | None = None  # (experts,) where router_bias
+    b_gate: np.ndarray | None = None  # (experts, expert_ffn) where expert_bias
+    b_up: np.ndarray | None = None  # (experts, expert_ffn)
+    b_down: np.ndarray | None = None  # (experts, hidden)
 
 
 @dataclass
@@ -199,6 +207,7 @@ class LayerWeights:
     bo: np.ndarray | None = None  # (hidden,) where o_bias
     q_norm: np.ndarray | None = None  # (head_dim,) where qk_norm
     k_norm: np.ndarray | None = None  # (head_dim,)
+    sinks: np.ndarray | None = None  # (heads,) where attn_sinks
 
 
 def _map_arrays(obj: Any, fn) -> Any:
@@ -265,6 +274,12 @@ class Weights:
                     shared_up=lin(sh, s.hidden, f),
                     shared_down=lin(sh, f, s.hidden),
                 )
+                if s.router_bias:
+                    moe.router_bias = bias(e, True)
+                if s.expert_bias:
+                    moe.b_gate = (0.1 * rng.standard_normal((e, f))).astype(_F32)
+                    moe.b_up = (0.1 * rng.standard_normal((e, f))).astype(_F32)
+                    moe.b_down = (0.1 * rng.standard_normal((e, s.hidden))).astype(_F32)
             else:
                 dense = DenseFFNWeights(lin(s.hidden, s.ffn), lin(s.hidden, s.ffn), lin(s.ffn, s.hidden))
                 if s.mlp_bias:
@@ -275,6 +290,7 @@ class Weights:
             lw.bo = bias(s.hidden, s.o_bias)
             if s.qk_norm:
                 lw.q_norm, lw.k_norm = gain(s.head_dim), gain(s.head_dim)
+            lw.sinks = bias(s.heads, s.attn_sinks)
             layers.append(lw)
         final_norm = gain()
         lm_head = embed.T.copy() if s.tie_embeddings else lin(s.hidden, s.vocab)
@@ -326,6 +342,14 @@ class Weights:
                 expect[f"{p}.bo"] = (s.hidden,)
             if s.qk_norm:
                 expect |= {f"{p}.q_norm": (s.head_dim,), f"{p}.k_norm": (s.head_dim,)}
+            if s.attn_sinks:
+                expect[f"{p}.sinks"] = (s.heads,)
+            if s.is_moe_layer(i) and s.router_bias:
+                expect[f"{p}.moe.router_bias"] = (s.experts,)
+            if s.is_moe_layer(i) and s.expert_bias:
+                expect |= {f"{p}.moe.b_gate": (s.experts, s.expert_ffn),
+                           f"{p}.moe.b_up": (s.experts, s.expert_ffn),
+                           f"{p}.moe.b_down": (s.experts, s.hidden)}
             if s.is_moe_layer(i):
                 e, f, sh = s.experts, s.expert_ffn, s.shared_experts
                 expect |= {
@@ -396,12 +420,14 @@ def qk_norm(x: np.ndarray, gain: np.ndarray | None, eps: float) -> np.ndarray:
     return x if gain is None else rmsnorm(x, gain, eps)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int, window: int = 0) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int, window: int = 0,
+              sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal GQA attention for one request.
 
     q: (Tq, heads, D) at absolute positions q_start..q_start+Tq-1;
     k, v: (Tk, kv_heads, D), keys at positions 0..Tk-1 (already roped);
-    `window` > 0: a query at p sees keys p-window+1..p only.
+    `window` > 0: a query at p sees keys p-window+1..p only; `sinks` (heads,):
+    each head's sink logit is one more softmax column, dropped after it.
     Returns (Tq, heads, D) float32.
     """
     tq, heads, d = q.shape
@@ -421,7 +447,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int, window:
     if window > 0:
         seen &= kpos > qpos[None, :, None] - window
     scores = np.where(seen, scores, _F32(-np.inf))
-    p = softmax(scores, axis=-1)
+    if sinks is not None:  # row r of group kv is head kv * g + r // tq
+        col = np.repeat(np.asarray(sinks, _F32).reshape(kv_heads, g), tq, axis=1)[..., None]
+        p = softmax(np.concatenate([scores, col], axis=-1), axis=-1)[..., :-1]
+    else:
+        p = softmax(scores, axis=-1)
     out = np.matmul(p.astype(_F64), np.asarray(v, _F64).transpose(1, 0, 2))  # (kv, g*tq, d)
     return out.reshape(kv_heads, g, tq, d).transpose(2, 0, 1, 3).reshape(tq, heads, d).astype(_F32)
 
@@ -436,18 +466,45 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x / (_F32(1.0) + np.exp(-x))
 
 
+@dataclass(frozen=True)
+class Act:
+    """The FFN activation of `glu`: alpha, limit (0: no clamp) and the shift of up."""
+
+    alpha: float = 1.0
+    limit: float = 0.0
+    shift: float = 0.0
+
+    @classmethod
+    def of(cls, shape: Any) -> Act:
+        return cls(shape.swiglu_alpha, shape.swiglu_limit, shape.swiglu_shift)
+
+
+SILU = Act()
+
+
+def glu(gate: np.ndarray, up: np.ndarray, act: Act = SILU) -> np.ndarray:
+    """The gated activation, float32: silu(gate) * up, or gpt_oss's clamped form
+    min(gate, limit) * sigmoid(alpha * min(gate, limit)) * (clip(up, ±limit) + shift)."""
+    if act == SILU:
+        return _silu(gate) * up
+    g, u = np.asarray(gate, _F32), np.asarray(up, _F32)
+    if act.limit:
+        g, u = np.minimum(g, _F32(act.limit)), np.clip(u, _F32(-act.limit), _F32(act.limit))
+    return (g / (_F32(1.0) + np.exp(_F32(-act.alpha) * g)) * (u + _F32(act.shift))).astype(_F32)
+
+
 def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
            b_gate: np.ndarray | None = None, b_up: np.ndarray | None = None,
-           b_down: np.ndarray | None = None) -> np.ndarray:
-    """W_down · (silu(W_gate·x + b_gate) * (W_up·x + b_up)) + b_down for rows x: (N, hidden)."""
-    return _mm(_silu(_mm(x, w_gate, b_gate)) * _mm(x, w_up, b_up), w_down, b_down)
+           b_down: np.ndarray | None = None, act: Act = SILU) -> np.ndarray:
+    """W_down · glu(W_gate·x + b_gate, W_up·x + b_up) + b_down for rows x: (N, hidden)."""
+    return _mm(glu(_mm(x, w_gate, b_gate), _mm(x, w_up, b_up), act), w_down, b_down)
 
 
 def dense_ffn(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
               b_gate: np.ndarray | None = None, b_up: np.ndarray | None = None,
-              b_down: np.ndarray | None = None) -> np.ndarray:
+              b_down: np.ndarray | None = None, act: Act = SILU) -> np.ndarray:
     """Dense SwiGLU FFN (same as :func:`swiglu`; named for the layer it is)."""
-    return swiglu(x, w_gate, w_up, w_down, b_gate, b_up, b_down)
+    return swiglu(x, w_gate, w_up, w_down, b_gate, b_up, b_down, act)
 
 
 def route(logits: np.ndarray, top_k: int, normalize: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -463,10 +520,11 @@ def route(logits: np.ndarray, top_k: int, normalize: bool = True) -> tuple[np.nd
 
 
 def expert_routing(hidden_rows: np.ndarray, router: np.ndarray, top_k: int,
-                   normalize: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                   normalize: bool = True, bias: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """MoE gate for rows (N, hidden) (already ffn-normed): :func:`route` of
-    their router logits."""
-    return route(_mm(hidden_rows, router), top_k, normalize)
+    their router logits (+ the router's bias)."""
+    return route(_mm(hidden_rows, router, bias), top_k, normalize)
 
 
 def moe_ffn(
@@ -476,20 +534,24 @@ def moe_ffn(
     counts: np.ndarray | None = None,
     routing: tuple[np.ndarray, np.ndarray] | None = None,
     normalize: bool = True,
+    act: Act = SILU,
 ) -> np.ndarray:
     """MoE FFN for rows (N, hidden). ``counts`` (experts,) if given is
     incremented by the number of rows routed to each expert. ``routing`` lets
     a caller reuse a precomputed :func:`expert_routing` result."""
-    ids, w = routing if routing is not None else expert_routing(x, moe.router, top_k, normalize)
+    ids, w = routing if routing is not None else expert_routing(x, moe.router, top_k, normalize,
+                                                                moe.router_bias)
+    b = (moe.b_gate, moe.b_up, moe.b_down) if moe.b_gate is not None else None
     # Per row, experts are summed in ascending id order then shared experts,
     # in float64: independent of which other rows are in the batch.
     out = np.zeros(x.shape, _F64)
     for e in np.unique(ids):
         rows, slots = np.nonzero(ids == e)
-        y = swiglu(x[rows], moe.w_gate[e], moe.w_up[e], moe.w_down[e])
+        y = swiglu(x[rows], moe.w_gate[e], moe.w_up[e], moe.w_down[e],
+                   *((None,) * 3 if b is None else (b[0][e], b[1][e], b[2][e])), act=act)
         out[rows] += w[rows, slots][:, None].astype(_F64) * y
     for s in range(moe.shared_gate.shape[0]):
-        out += swiglu(x, moe.shared_gate[s], moe.shared_up[s], moe.shared_down[s])
+        out += swiglu(x, moe.shared_gate[s], moe.shared_up[s], moe.shared_down[s], act=act)
     if counts is not None:
         np.add.at(counts, ids.ravel(), 1)
     return out.astype(_F32)
@@ -621,7 +683,7 @@ class ReferenceModel:
         x = self.weights.embed[np.asarray(toks, np.int64)]
         if trace is not None:
             trace._put(-1, "embed", x)
-        eps, rope = s.rms_eps, s.rope
+        eps, rope, act = s.rms_eps, s.rope, Act.of(s)
         for li, lw in enumerate(w.layers):
             n1 = rmsnorm(x, lw.attn_norm, eps)
             lin = _mm(n1, lw.wq, lw.bq), _mm(n1, lw.wk, lw.bk), _mm(n1, lw.wv, lw.bv)
@@ -635,23 +697,23 @@ class ReferenceModel:
                 st._write(li, st.length, k[r0 : r0 + cnt], v[r0 : r0 + cnt])
                 end = st.length + cnt
                 att[r0 : r0 + cnt] = attention(
-                    q[r0 : r0 + cnt], st._k[li][:end], st._v[li][:end], st.length, s.window(li)
-                )
+                    q[r0 : r0 + cnt], st._k[li][:end], st._v[li][:end], st.length, s.window(li),
+                    lw.sinks)
             proj = _mm(att.reshape(n, s.heads * s.head_dim), lw.wo, lw.bo)
             h = x + proj
             n2 = rmsnorm(h, lw.ffn_norm, eps)
             moe = s.is_moe_layer(li)
             if moe:
-                routing = expert_routing(n2, lw.moe.router, s.top_k, s.norm_topk)
+                routing = expert_routing(n2, lw.moe.router, s.top_k, s.norm_topk, lw.moe.router_bias)
                 counts = None
                 if trace is not None:
                     if trace.expert_counts is None:
                         trace.expert_counts = np.zeros((s.layers, s.experts), np.int64)
                     counts = trace.expert_counts[li]
-                f = moe_ffn(n2, lw.moe, s.top_k, counts=counts, routing=routing)
+                f = moe_ffn(n2, lw.moe, s.top_k, counts=counts, routing=routing, act=act)
             else:
                 d = lw.dense
-                f = dense_ffn(n2, d.w_gate, d.w_up, d.w_down, d.b_gate, d.b_up, d.b_down)
+                f = dense_ffn(n2, d.w_gate, d.w_up, d.w_down, d.b_gate, d.b_up, d.b_down, act)
             out = h + f
             if trace is not None:
                 for name, val in (

@@ -274,9 +274,9 @@ def test_run_refuses_segment_ir_too_large_for_memory(tmp_path, segment_ir):
 
 def test_math_the_reference_lacks_is_refused_by_run_at_the_field(tmp_path):
     p = _config(tmp_path, model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2,
-                head_dim=16)
+                head_dim=16, quantization_config={"quant_method": "mxfp4"})
     assert _cli("compile", p, "--target", "test32")[0] == 0  # the compiler and cost model take it
-    line = _one_line(*_cli("run", p), "do not compute gpt_oss's attention sinks")
+    line = _one_line(*_cli("run", p), "do not compute mxfp4 quantized weights")
     assert line.startswith(f"{p}:1:")
 
 

@@ -39,7 +39,7 @@ _spec.loader.exec_module(hf_parity)
 
 def test_every_supported_type_but_gpt_oss_has_a_fixture():
     types = {json.loads((DATA / n / "expected.json").read_text())["model_type"] for n in FIXTURES}
-    assert types == {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"}
+    assert types == {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss"}
     assert set(FIXTURES) == set(hf_parity.FIXTURES)
     for n in FIXTURES:  # small enough to commit
         assert sum(f.stat().st_size for f in (DATA / n).iterdir()) < 500_000
@@ -75,21 +75,39 @@ def test_interpreter_equals_reference_on_test32(name, reference):
     assert got == want
 
 
-@pytest.mark.parametrize("name, change", [
-    ("llama", {"rope_type": "default"}),  # the llama3 scaling
-    ("qwen3", {"rope_type": "default", "rope_factor": 1.0}),  # yarn
-    ("qwen3_moe", {"rope_type": "default", "rope_factor": 1.0}),  # linear
-    ("qwen2", {"sliding_window": 0, "window_layers": ()}),
-    ("mixtral", {"rope_theta": 1e6}),
-    ("qwen3_moe_mixed", {"norm_topk": True}),
-    ("qwen3_moe_mixed", {"rms_eps": 1e-6}),  # its rms_norm_eps is 0.5
+@pytest.mark.parametrize("name, change, drop", [
+    ("llama", {"rope_type": "default"}, ()),  # the llama3 scaling
+    ("llama", {"qkv_bias": False, "o_bias": False, "mlp_bias": False},
+     ("bq", "bk", "bv", "bo", "dense.b_gate", "dense.b_up", "dense.b_down")),
+    ("qwen3", {"rope_type": "default", "rope_factor": 1.0}, ()),  # yarn
+    ("qwen3", {"qk_norm": False}, ("q_norm", "k_norm")),
+    ("qwen3_moe", {"rope_type": "default", "rope_factor": 1.0}, ()),  # linear
+    ("qwen2", {"sliding_window": 0, "window_layers": ()}, ()),
+    ("mixtral", {"rope_theta": 1e6}, ()),
+    ("mixtral", {"sliding_window": 0, "window_layers": ()}, ()),
+    ("qwen3_moe_mixed", {"norm_topk": True}, ()),
+    ("qwen3_moe_mixed", {"rms_eps": 1e-6}, ()),  # its rms_norm_eps is 0.5
+    ("gpt_oss", {"attn_sinks": False}, ("sinks",)),
+    ("gpt_oss", {"swiglu_limit": 0.0}, ()),
+    ("gpt_oss", {"router_bias": False}, ("moe.router_bias",)),
+    ("gpt_oss", {"expert_bias": False}, ("moe.b_gate", "moe.b_up", "moe.b_down")),
+    ("gpt_oss", {"sliding_window": 0, "window_layers": ()}, ()),
 ])
-def test_the_fixtures_exercise_each_feature(name, change):
-    """The same weights with one feature switched off are far from transformers:
-    the parity tests above could fail."""
+def test_the_fixtures_exercise_each_feature(name, change, drop):
+    """The same weights with one feature switched off (its arrays dropped) are
+    far from transformers: the parity tests above could fail."""
     d = DATA / name
-    shape = dataclasses.replace(ref.RefShape.of(driver.load_spec(d).shape), **change)
-    model = ref.ReferenceModel(shape, load_checkpoint(d, shape))
+    full = ref.RefShape.of(driver.load_spec(d).shape)
+    shape = dataclasses.replace(full, **change)
+    weights = load_checkpoint(d, full)
+    weights.shape = shape
+    for lw in weights.layers:
+        for path in drop:
+            *outer, attr = path.split(".")
+            owner = getattr(lw, outer[0]) if outer else lw
+            if owner is not None:
+                setattr(owner, attr, None)
+    model = ref.ReferenceModel(shape, weights)
     exp = json.loads((d / "expected.json").read_text())
     want = np.load(d / "logits.npy")
     rows = []

@@ -24,6 +24,7 @@ class Attention(KernelExec):
         shape = plane.shape
         self.rope, self.eps, self.window = shape.rope, shape.rms_eps, shape.window(self.layer)
         self.q_gain, self.k_gain = plane.qk_gains(self.layer)
+        self.sinks = plane.sinks(self.layer)
         _, _, w, _ = self.tiles[0]
         if self.kvh % w:
             raise DataLayoutError(
@@ -94,6 +95,10 @@ class Attention(KernelExec):
             hq = self.heads // w
             out = np.zeros((self.b, hq, self.d), F32)
             live = s > 0
+            if self.sinks is not None:  # each head's sink logit: one more softmax term
+                sink = self.sinks[i * hq:(i + 1) * hq].astype(F64)[None, :]
+                with np.errstate(invalid="ignore", over="ignore"):
+                    s = s + np.where(live, np.exp(sink - np.where(live, m, 0.0)), 0.0)
             out[live] = (o[live] / s[live][:, None]).astype(F32)
             n = self.heads * self.d
             c0 = i * hq * self.d

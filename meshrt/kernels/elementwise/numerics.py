@@ -52,7 +52,7 @@ class Elementwise(KernelExec):
             v = self.input(cd)
             gate = v.need(2 * c0, 2 * c0 + (c1 - c0), where)
             up = v.need(2 * c0 + (c1 - c0), 2 * c1, where)
-            out = ref._silu(gate) * up
+            out = ref.glu(gate, up, self.plane.act)
         else:
             raise DataLayoutError(f"{where}: elementwise \"{self.kind}\" has no numerics here")
         cd.values[self.name] = Vec.of(out.astype(F32), c0, n)

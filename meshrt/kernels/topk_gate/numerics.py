@@ -15,6 +15,7 @@ class TopKGate(RoutesTokens):
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.router = plane.moe(self.layer).router
+        self.bias = plane.moe(self.layer).router_bias
         self.top_k = info.param("top_k")
         if self.tiles[0][2] != 1:
             raise DataLayoutError(f"kernel @{self.name}: a gate over {self.tiles[0][2]} columns "
@@ -27,6 +28,8 @@ class TopKGate(RoutesTokens):
             r0, r1 = part(n_in, h, j)
             x = self.input(cd).need(r0, r1, self.where(cd))
             cd.acc[self.name] = x.astype(F64) @ cd.tile(self.name, lambda: self.router[r0:r1])
+            if self.bias is not None and r0 == 0:  # the core of the first input rows adds it, once
+                cd.acc[self.name] = cd.acc[self.name] + self.bias
         elif op == "add":
             (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = got + cd.acc[self.name]
