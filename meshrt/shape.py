@@ -163,7 +163,7 @@ class ModelShape:
     mlp_bias: bool = False  # the dense FFN's gate, up and down have biases
     qk_norm: bool = False  # RMSNorm over head_dim of every q and k head, before RoPE
     norm_topk: bool = True  # MoE: the top-k router weights renormalised to sum to 1
-    tie_embeddings: bool = False  # lm_head is the embedding's transpose (stored once)
+    tie_embeddings: bool = False  # lm_head is the embedding's transpose (one tensor in a checkpoint)
     sliding_window: int = 0  # keys within this many positions, in window_layers (0: none)
     window_layers: tuple[int, ...] = ()  # which layers attend over the sliding window
     rope_theta: float = 10000.0  # see meshrt.rope.Rope for the rest
@@ -244,14 +244,15 @@ class ModelShape:
 
     def weight_counts(self) -> tuple[int, int]:
         """(weights stored at dtype_bytes, expert weights at expert_dtype_bytes),
-        counted in elements (embedding and lm_head once each unless tied; biases
-        and q/k norm gains where the model has them)."""
+        counted in elements (embedding and lm_head separately, even tied: their
+        regions each hold their own tiles; biases, q/k norm gains and sinks where
+        the model has them)."""
         h = self.hidden
         attn = h * self.qkv_width + self.attn_width * h + 2 * h  # + two norm gains
         attn += self.qkv_width * self.qkv_bias + h * self.o_bias + 2 * self.head_dim * self.qk_norm
         attn += self.heads * self.attn_sinks
         moe = len(self.moe_layers) if self.is_moe else 0
-        plain = (1 if self.tie_embeddings else 2) * self.vocab * h + h  # embed, lm_head, final norm
+        plain = 2 * self.vocab * h + h  # embed, lm_head (each region its copy, tied or not), final norm
         plain += self.layers * attn + moe * (h + self.router_bias) * self.experts  # attention, routers
         plain += (self.layers - moe) * (3 * h * self.ffn + (2 * self.ffn + h) * self.mlp_bias)
         experts = moe * (self.experts + self.shared_experts) * 3 * h * self.expert_ffn

@@ -36,7 +36,8 @@ each type computes it, goes into the shape and so into the IR's hparams:
   on the layers `layer_types` marks "sliding_attention", else on layers from
   `max_window_layers` on; qwen3_moe with `use_sliding_window`: every layer;
   mixtral: `sliding_window` when not null, every layer; gpt_oss: `layer_types`.
-- `tie_word_embeddings`: lm_head is the embedding's transpose (stored once).
+- `tie_word_embeddings`: lm_head is the embedding's transpose (one tensor in a
+  checkpoint; on the mesh the lm_head region still holds its own tiles).
 - `eos_token_id` null: the model has no EOS token (requests stop at their
   length); a list: its first token.
 - gpt_oss: attention sinks (a learned logit per head in every softmax),
@@ -227,12 +228,12 @@ def _read_dtypes(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
     elif method == "fp8":
         f["dtype_bytes"] = 1.0
         cfg.locs["dtype_bytes"] = cfg.loc("quantization_config")
-    if method is not None:  # sized (the bytes above), not computed
-        f["missing_math"] = f"{method} quantized weights (quantization_config)"
-        cfg.locs["missing_math"] = cfg.loc("quantization_config")
     elif method is not None:
         raise FrontendError(f"unsupported quant_method '{method}', expected mxfp4 or fp8",
                             cfg.loc("quant_method"))
+    if method is not None:  # sized (the bytes above), not computed
+        f["missing_math"] = f"{method} quantized weights (quantization_config)"
+        cfg.locs["missing_math"] = cfg.loc("quantization_config")
 
 
 # transformers' defaults per model type (its configuration classes)

@@ -233,6 +233,8 @@ def load_checkpoint(directory: str | Path, shape) -> ref.Weights:
         else:
             arrays[mine] = ckpt.tensor(src.names[0], want, src)
     used = {n for src in names.values() for n in src.names}
+    if s.tie_embeddings:  # transformers ties it to the embedding whatever the file holds
+        used.add("lm_head.weight")
     extra = sorted(n for n in ckpt.where if n not in used and not n.endswith(IGNORED_SUFFIXES))
     if extra:
         raise FrontendError(f"tensor '{extra[0]}' is not a weight of this {model_type} config"
