@@ -72,6 +72,8 @@ from meshrt.shape import MATH_FLOATS, MATH_INTS, MATH_STRS, ModelShape
 
 __all__ = [
     "RMS_EPS",
+    "SILU",
+    "Act",
     "ROPE_THETA",
     "DenseFFNWeights",
     "KVState",
@@ -87,8 +89,10 @@ __all__ = [
     "dense_ffn",
     "expert_load",
     "expert_routing",
+    "glu",
     "greedy",
     "moe_ffn",
+    "qk_norm",
     "rmsnorm",
     "route",
     "softmax",

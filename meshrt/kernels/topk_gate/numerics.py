@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, Routing, part
 from meshrt.runtime import reference as ref
