@@ -156,6 +156,7 @@ class ModelShape:
     kv_bytes: float = 0.0  # bytes per KV-cache element; 0 = max(dtype_bytes, 2)
     max_seq: int = DEFAULT_MAX_SEQ  # KV capacity per request slot, in tokens
     eos_token: int | None = 0  # None: no EOS token (the IR's -1); requests stop at their length
+    eos_more: tuple[int, ...] = ()  # further EOS tokens (a config's eos_token_id list)
     # -- the math (MATH_INTS / MATH_FLOATS / MATH_STRS) --
     rms_eps: float = 1e-5  # every RMSNorm's epsilon
     qkv_bias: bool = False  # q, k and v projections have biases
@@ -215,6 +216,11 @@ class ModelShape:
     @functools.cached_property
     def _moe_set(self) -> frozenset[int]:
         return frozenset(self.moe_layers)
+
+    @property
+    def eos_tokens(self) -> frozenset[int]:
+        """Every token that ends a request (none without an EOS token)."""
+        return frozenset(() if self.eos_token is None else (self.eos_token, *self.eos_more))
 
     def window(self, layer: int) -> int:
         """The sliding window layer `layer` attends over (0: every earlier key)."""
@@ -283,6 +289,8 @@ class ModelShape:
                               if k in MATH_FLOATS else IntegerAttr(int(v), i64))
         if self.window_layers:
             hparams["window_layers"] = DenseArrayBase.from_list(i64, list(self.window_layers))
+        if self.eos_more:
+            hparams["eos_more"] = DenseArrayBase.from_list(i64, list(self.eos_more))
         return hparams
 
     @classmethod
@@ -306,6 +314,8 @@ class ModelShape:
         kw.update({k: hp.str(k) for k in MATH_STRS if k in hp})
         if "window_layers" in hp:
             kw["window_layers"] = hp.ints("window_layers")
+        if "eos_more" in hp:
+            kw["eos_more"] = hp.ints("eos_more")
         return cls(name=name, **kw, source=source)
 
     # -- checks ----------------------------------------------------------
@@ -345,6 +355,10 @@ class ModelShape:
         if self.eos_token is not None and not 0 <= self.eos_token < self.vocab:
             raise err("eos_token",
                       f"eos_token {self.eos_token} is outside the vocabulary 0..{self.vocab - 1}")
+        bad = [t for t in self.eos_more if not 0 <= t < self.vocab]
+        if bad or (self.eos_more and self.eos_token is None):
+            raise err("eos_token", f"EOS token {bad[0]} is outside the vocabulary 0..{self.vocab - 1}"
+                      if bad else "further EOS tokens need a first one")
         if self.experts:
             if not 1 <= self.top_k <= self.experts:
                 raise err("top_k",

@@ -39,7 +39,7 @@ each type computes it, goes into the shape and so into the IR's hparams:
 - `tie_word_embeddings`: lm_head is the embedding's transpose (one tensor in a
   checkpoint; on the mesh the lm_head region still holds its own tiles).
 - `eos_token_id` null: the model has no EOS token (requests stop at their
-  length); a list: its first token.
+  length); a list: a request ends at any of its tokens.
 - gpt_oss: attention sinks (a learned logit per head in every softmax),
   router and expert biases, and its clamped SwiGLU (`swiglu_alpha`,
   `swiglu_limit`, `up + 1`).
@@ -159,8 +159,13 @@ def hf_spec_from_dict(data: dict[str, Any], path: str = "<config.json>",
     max_pos = cfg.get("max_position_embeddings", DEFAULT_MAX_SEQ, field="max_seq")
     fields["max_seq"] = min(max_pos, DEFAULT_MAX_SEQ)
     eos = data.get("eos_token_id", 0)
-    if isinstance(eos, list) and eos:
+    if isinstance(eos, list) and eos:  # a request ends at any of them
+        more = eos[1:]
         eos = eos[0]
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in more):
+            raise FrontendError(f"field 'eos_token_id' must be an integer or a list of integers, "
+                                f"got {json.dumps(data.get('eos_token_id'))}", cfg.loc("eos_token_id"))
+        fields["eos_more"] = tuple(dict.fromkeys(t for t in more if t != eos))
     if eos is None:
         pass  # no EOS token: requests stop at their length
     elif isinstance(eos, bool) or not isinstance(eos, int):

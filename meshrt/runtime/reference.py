@@ -41,7 +41,7 @@ Semantics (what a tiled on-mesh implementation must reproduce)
   ``router_bias``, the routed experts' three maps where ``expert_bias``.
 * ``lm_head`` is the embedding's transpose where ``tie_embeddings``.
 * Greedy sampling: argmax of the logits, ties to the lowest token id.
-* A request finishes when it emits ``eos_token`` (the EOS token is part of its
+* A request finishes when it emits ``eos_token`` or one of ``eos_more`` (the EOS token is part of its
   output) or when it has produced ``max_new_tokens`` tokens (the first of
   which comes out of prefill).
 
@@ -115,7 +115,7 @@ _F64 = np.float64
 # max_seq keep their defaults: they change no number).
 _REF_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts",
                "top_k", "expert_ffn", "shared_experts", "eos_token", "moe_layers",
-               "window_layers", *MATH_INTS, *MATH_FLOATS, *MATH_STRS)
+               "window_layers", "eos_more", *MATH_INTS, *MATH_FLOATS, *MATH_STRS)
 _NOT_INT = ("eos_token", "moe_layers", "window_layers", *MATH_FLOATS, *MATH_STRS)
 
 
@@ -152,7 +152,7 @@ class RefShape(ModelShape):
         for k, v in kw.items():
             if k == "eos_token":
                 kw[k] = None if v is None else int(v)
-            elif k in ("moe_layers", "window_layers"):
+            elif k in ("moe_layers", "window_layers", "eos_more"):
                 kw[k] = tuple(int(i) for i in (v or ()))
             elif k in _NOT_INT:
                 pass
@@ -162,7 +162,7 @@ class RefShape(ModelShape):
         return cls(**kw)
 
     def without_eos(self) -> RefShape:
-        return dataclasses.replace(self, eos_token=None)
+        return dataclasses.replace(self, eos_token=None, eos_more=())
 
 
 # --------------------------------------------------------------------------
@@ -768,8 +768,7 @@ class ReferenceModel:
         return [int(t) for t in greedy(logits)]
 
     def is_finished(self, output: Sequence[int], max_new_tokens: int) -> bool:
-        eos = self.shape.eos_token
-        return len(output) >= max_new_tokens or (bool(output) and eos is not None and output[-1] == eos)
+        return len(output) >= max_new_tokens or (bool(output) and output[-1] in self.shape.eos_tokens)
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, trace: Trace | None = None) -> list[int]:
         """Greedy generation; the output ends with EOS if one was emitted."""

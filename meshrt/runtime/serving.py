@@ -83,7 +83,7 @@ class Host:
     """Host side of serving plus the sampler root's slot bookkeeping."""
 
     def __init__(self, requests: list[Request], *, micro_batch: int, groups: int, max_seq: int,
-                 eos: int | None, clock_hz: float, static: bool, queue_capacity: int,
+                 eos: frozenset[int], clock_hz: float, static: bool, queue_capacity: int,
                  refill_cycles: int):
         self.b, self.groups, self.max_seq, self.eos = micro_batch, groups, max_seq, eos
         self.static = static
@@ -187,7 +187,7 @@ class Host:
             live.sampled_at.append((seq, s))
             if live.first is None:
                 live.first = now
-            if tok == self.eos or len(live.out) >= live.req.output_len:
+            if tok in self.eos or len(live.out) >= live.req.output_len:
                 live.done = True
                 self.records.append(RequestRecord(live.req.id, live.req.prompt, live.out, live.arrival,
                                                   live.admitted, live.first, now, live.sampled_at))
@@ -394,7 +394,7 @@ def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_
     groups = default_in_flight(program)
     max_seq = HParams.of(program).int("max_seq")
     host = Host(list(requests), micro_batch=program.micro_batch_size, groups=groups, max_seq=max_seq,
-                eos=shape.eos_token, clock_hz=target.clock_hz,
+                eos=shape.eos_tokens, clock_hz=target.clock_hz,
                 static="continuous_batching" not in dyn, queue_capacity=queue_capacity,
                 refill_cycles=int(target.costs.get("host_roundtrip", 0)))
     plane = DataPlane(program, weights, host)

@@ -169,3 +169,18 @@ def test_gpt_oss_math():
     q = shape("gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=16,
               quantization_config={"quant_method": "mxfp4"})
     assert q.missing_math == "mxfp4 quantized weights (quantization_config)"
+
+
+def test_an_eos_list_ends_requests_at_any_of_its_tokens():
+    from meshrt.runtime import reference as ref
+
+    s = shape("llama", eos_token_id=[3, 5, 3, 7])
+    assert (s.eos_token, s.eos_more, s.eos_tokens) == (3, (5, 7), frozenset({3, 5, 7}))
+    hp = s.to_hparams(kv_slots=2, experts_per_region=0)
+    assert ModelShape.from_hparams(hp).eos_more == (5, 7)
+    r = ref.RefShape.of(s)
+    model = ref.ReferenceModel(r, ref.Weights.random(r, 0))
+    assert model.is_finished([1, 7], 10) and model.is_finished([5], 10)
+    assert not model.is_finished([1, 2], 10)
+    with pytest.raises(FrontendError, match="EOS token 200 is outside the vocabulary"):
+        shape("llama", eos_token_id=[3, 200])

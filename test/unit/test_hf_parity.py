@@ -203,3 +203,23 @@ def test_bfloat16_checkpoints_load_widened(tmp_path):
     assert set(w) == set(full) == set(names)
     for k in w:  # bfloat16 keeps 8 bits of mantissa (truncated here)
         assert np.allclose(w[k], full[k], rtol=2 ** -7, atol=0)
+
+
+def test_the_interpreter_ends_a_request_at_any_eos_of_a_list(tmp_path):
+    """eos_token_id [3, 5, 7]: a request that emits 7 (not the first) stops there."""
+    from meshrt.runtime.serving import reference_shape, serve
+    from meshrt.runtime.workloads import Request
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+           "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 128,
+           "intermediate_size": 64, "max_position_embeddings": 32, "eos_token_id": [3, 5, 7],
+           "torch_dtype": "float32"}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    program = driver.segment_program(p, "test32")
+    weights = ref.Weights.random(reference_shape(program), 0)
+    want = ref.ReferenceModel(reference_shape(program), weights).generate([34, 105, 32, 52], 12)
+    assert want == [63, 76, 7]  # seeded weights: ends early, at the list's last token
+    res = serve(program, driver.load_target("test32"), [Request(0, 0.0, [34, 105, 32, 52], 4, 12, 12)],
+                weights=weights)
+    assert res.outputs_match_reference and [r.tokens for r in res.records] == [want]
