@@ -223,3 +223,22 @@ def test_the_interpreter_ends_a_request_at_any_eos_of_a_list(tmp_path):
     res = serve(program, driver.load_target("test32"), [Request(0, 0.0, [34, 105, 32, 52], 4, 12, 12)],
                 weights=weights)
     assert res.outputs_match_reference and [r.tokens for r in res.records] == [want]
+
+
+@pytest.mark.parametrize("spoil, where, needle", [
+    (lambda d: (d / "model.safetensors").write_bytes(b"garbage"), "model.safetensors",
+     "not a safetensors file (bad header)"),
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:50_000]),
+     "model.safetensors", "cannot read tensor"),
+    (lambda d: (d / "model.safetensors").unlink(), "", "no *.safetensors file"),
+    (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": 3}'),
+     "model.safetensors.index.json", "must be a JSON object with a 'weight_map' object"),
+    (lambda d: (d / "config.json").unlink(), "", "a model directory needs a config.json"),
+])
+def test_a_broken_checkpoint_file_is_one_located_line(tmp_path, spoil, where, needle):
+    d = tmp_path / "ckpt"
+    shutil.copytree(DATA / "llama", d)
+    spoil(d)
+    rc, lines = _run(d, "--requests", "1")
+    assert rc == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"{d / where if where else d}: error: ") and needle in lines[0], lines
