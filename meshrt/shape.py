@@ -115,6 +115,17 @@ def kv_slots(micro_batch: int, stages: int, dynamism: Sequence[str]) -> int:
     return micro_batch * in_flight(stages, dynamism)
 
 
+RDT_BYTES_PER_SLOT = 16
+"""Request descriptor table entry per slot: request id, status, length, spare (four u32)."""
+
+
+def rdt_bytes(slots: int) -> int:
+    """Control state of a request descriptor table for `slots` request slots: what every core
+    of the embedding and of each attention keeps (so the slots a stage holds, micro-batch x
+    stages, are bounded by the target's `control_bytes`)."""
+    return slots * RDT_BYTES_PER_SLOT
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """Decoder-only transformer dimensions (dense, MoE, or mixed)."""

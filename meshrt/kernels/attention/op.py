@@ -22,7 +22,7 @@ from meshrt.kernels.interface import (
     ceil_div,
     chain,
 )
-from meshrt.shape import HParams
+from meshrt.shape import HParams, rdt_bytes
 
 QK = ComputeOp("qk", "fmac", csl.qk, reads_input=True)
 """Scores of this core's KV rows: q . K[r]."""
@@ -117,7 +117,7 @@ class AttentionOp(KernelOp):
         roles, flows = chain(self, local, "softmax_merge", msg,
                              [("compute", "normalize", b * ceil_div(heads * d, w))], int(state))
         for r in roles:
-            r.ctrl = kctx.slots * 16  # request descriptor table: per-slot lengths
+            r.ctrl = rdt_bytes(kctx.slots)  # request descriptor table: per-slot lengths
         return roles, flows
 
     def input_share(self, width: int) -> int:

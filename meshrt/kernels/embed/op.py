@@ -23,6 +23,7 @@ from meshrt.kernels.interface import (
     Role,
     ceil_div,
 )
+from meshrt.shape import rdt_bytes
 
 EMBED = ComputeOp("embed", "add", csl.embed, reads_input=True, admits_requests=True)
 """Copy this core's part of each token's embedding row (costed as an add per element)."""
@@ -57,7 +58,7 @@ class EmbedOp(KernelOp):
         state = self.footprint(int_value(self.vocab), hidden, kctx.weight_bytes, kctx.micro_batch, w, h).state
         return [Role("token", self.region,
                      [INPUTS, ("compute", "embed", kctx.micro_batch * ceil_div(hidden, w)), OUTPUTS],
-                     int(state), ctrl=kctx.slots * 16, sends_output=True)], []
+                     int(state), ctrl=rdt_bytes(kctx.slots), sends_output=True)], []
 
     def input_share(self, width: int) -> int:
         return 1  # one token id per slot
