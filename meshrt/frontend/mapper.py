@@ -698,7 +698,7 @@ class _Mapper:
             f"{t.usable_sram_bytes} B); {how}, and a unit (a layer, the embedding or the LM head) cannot be split across wafers",
             self.where())
 
-    def no_fit_wafers(self, need: int, stages: int) -> FrontendError:
+    def no_fit_wafers(self, fewest: int, stages: int) -> FrontendError:
         t = self.target
         sizer = self.planner(stages).sizer
         need = sum(_unit_bytes(sizer, u) for u in self.units)
@@ -708,7 +708,7 @@ class _Mapper:
             f"needed {_fmt_bytes(need)}, available {_fmt_bytes(have)}"
             + (f" (short by {_fmt_bytes(need - have)})" if need > have else
                " (enough in total, but layers cannot be split into the leftover space)")
-            + f"; the model needs at least {need} wafers", self.budget_loc)
+            + f"; the model needs at least {fewest} wafers", self.budget_loc)
 
 
 def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
