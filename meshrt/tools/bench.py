@@ -778,8 +778,10 @@ def print_tables(results: dict, file=None) -> None:
             t.add_row(str(r["wafers_used"]), str(r["stages"]), _fmt(r["cores"]),
                       _fmt(r["step_cycles"]), _fmt(r["tpot_us"], 1), *_bound_cells(r),
                       _fmt(r["user_tokens_per_s"], 1), _fmt(r["system_tokens_per_s"], 1))
-        if wf["fewest"]:
-            t.caption = f"the model needs at least {wf['fewest']} wafer(s) at this micro-batch"
+        t.caption = ("step: one micro-batch's decode step; TPOT = max(step, stages x initiation "
+                     "interval) with a micro-batch per stage in flight"
+                     + (f"; the model needs at least {wf['fewest']} wafer(s) at this micro-batch"
+                        if wf["fewest"] else ""))
         con.print(t)
 
     pad = results["padding"]
