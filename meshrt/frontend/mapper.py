@@ -56,7 +56,7 @@ from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.kernels.gemv.op import GemvOp
 from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div
 from meshrt.limits import format_bytes as _fmt_bytes
-from meshrt.shape import kv_slots, rdt_bytes
+from meshrt.shape import kv_slots
 from meshrt.targets import Target
 
 SCALES = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
@@ -122,6 +122,12 @@ class Sizer:
                 + GemvOp.footprint(s.attn_width, s.hidden, d, self.micro_batch, w, h, "row").total
                 + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
                 + GemvOp.footprint(s.ffn, s.hidden, d, self.micro_batch, w, h, "row").total)
+
+    def control(self) -> int:
+        """Control state per core of the kernels that keep request state (the embedding and
+        attention), by their own formulas: what the target's `control_bytes` must hold."""
+        mb, slots = self.micro_batch, self.kv_slots
+        return max(EmbedOp.control(mb, slots), AttentionOp.control(mb, slots))
 
     def max_width(self, kind: str) -> int:
         s = self.shape
@@ -471,18 +477,20 @@ class _Mapper:
     # -- what every layout must fit ------------------------------------------
     def max_stages(self) -> int:
         """Most stages whose request slots (micro-batch x micro-batches in flight) fit the
-        control state of every core: each core of the embedding and of every attention keeps
-        the request descriptor table of all of them (`rdt_bytes`); 0 if even one stage's do not."""
+        control state of every core (`Sizer.control`: each attention core keeps every slot's
+        context length); 0 if even one stage's do not."""
         cap = self.target.control_bytes
         return max((n for n in range(1, len(self.units) + 1)
-                    if rdt_bytes(self.kv_slots(n)) <= cap), default=0)
+                    if self.planner(n).sizer.control() <= cap), default=0)
 
     def control_error(self, stages: int, why: str, loc: Loc | None = None) -> FrontendError:
         t, slots = self.target, self.kv_slots(stages)
+        need = self.planner(stages).sizer.control()
         return FrontendError(
             f"{why}: {stages} stage(s) at micro-batch {self.mb} keep {slots} request slots, whose "
-            f"request descriptor table needs {rdt_bytes(slots)} bytes of control state per core, "
-            f"but {t.name} has {t.control_bytes}; use a smaller micro-batch", loc or self.where())
+            f"request state (the micro-batch's descriptors and every slot's length) needs {need} "
+            f"bytes of control state per core, but {t.name} has {t.control_bytes}; use a smaller "
+            "micro-batch", loc or self.where())
 
     def embed_message(self, first: Unit, widths: Sequence[int], attn_rows: int, h: int) -> int:
         """Bytes of the largest message an embedding core buffers (besides its table): the

@@ -13,7 +13,7 @@ from meshrt.frontend import step_time
 from meshrt.frontend.errors import FrontendError
 from meshrt.frontend.spec import parse_spec
 from meshrt.runtime.cost_model import CostModel
-from meshrt.shape import rdt_bytes
+from meshrt.kernels.attention.op import AttentionOp
 from meshrt.targets import load_target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,20 +57,22 @@ def test_probe_predicts_the_full_build():
 
 def test_stages_fit_the_control_state():
     t = load_target("test32")
-    spec = driver.load_spec(TINY)
-    for mb, stages in ((2, 4), (4, 4), (8, 2), (16, 1)):
-        m = M.map_model(spec, t, micro_batch=mb).body.block.first_op
+    six = parse_spec(TINY.read_text().replace("layers      = 2", "layers      = 6"))
+    for mb, stages in ((2, 8), (4, 8), (8, 4)):
+        m = M.map_model(six, t, micro_batch=mb).body.block.first_op
         assert m.stages.value.data == stages
-        assert rdt_bytes(m.hparam("kv_slots")) <= t.control_bytes
-    with pytest.raises(FrontendError, match="32 request slots.*512 bytes of control state"):
-        M.map_model(spec, t, micro_batch=32)
+        assert AttentionOp.control(mb, m.hparam("kv_slots")) <= t.control_bytes
+        if stages < 8:  # one more stage would not fit
+            assert AttentionOp.control(mb, mb * (stages + 1)) > t.control_bytes
+    with pytest.raises(FrontendError, match="16 request slots.*320 bytes of control state"):
+        M.map_model(driver.load_spec(TINY), t, micro_batch=16)
 
 
 def test_fixed_stages_beyond_the_control_state_are_an_error():
     spec = parse_spec(SMALL.replace("continuous_batching]", "continuous_batching, "
                                     "micro_batch_pipeline] micro_batch = 8")
-                      + " mapping { stages = 4 }")
-    with pytest.raises(FrontendError, match="stages = 4 do not fit: 4 stage.*micro-batch 8"):
+                      + " mapping { stages = 5 }")
+    with pytest.raises(FrontendError, match="stages = 5 do not fit: 5 stage.*micro-batch 8 keep 40 request slots"):
         M.map_model(spec, load_target("test32"))
 
 
