@@ -7,7 +7,8 @@ order: a layer is [qkv | attention | o_proj | up | down] (dense) or
 adds and the SwiGLU product run on the cores of the band next to them, as a
 real mapping does. Blocks are packed in layer order into rows of height H,
 boustrophedon, row after row, wafer after wafer, so each wafer holds a
-contiguous range of layers.
+contiguous range of layers; on more wafers than the fewest (`wafers` given)
+the units are cut into contiguous runs of balanced width, one per wafer.
 
 Sizing. A band of height H gets the least width whose per-core bytes fit the
 target's usable SRAM: a matmul tiles its weight (in x out) as
@@ -15,13 +16,27 @@ ceil(in/H) x ceil(out/W) per core plus its activation buffers; attention
 tiles its KV cache (kv_slots x max_seq tokens) over sequence rows and
 head-dim columns; experts get one disjoint region per expert (or per group
 of experts when one expert would fill fewer than MIN_EXPERT_CORES cores).
+The embedding also holds a buffer for the largest message it sends (the
+share of the hidden vector a reader in the first layer takes). Where the
+wafers have room, dense layers and the LM head are widened past their least
+width (SCALES): more cores, less work per core.
+
+Choice. Among the packings that fit (each block height H, each width
+scale) the mapper takes the one with the least modelled decode step: the
+cost model run on a probe of the candidate (`meshrt.frontend.step_time`),
+so compute, collectives and the volume moved between regions are priced by
+the one cost model, not by a formula of the mapper's own. Packings whose
+attentions keep whole KV heads per column come first (the interpreter has
+no numerics for split heads).
 
 Stages. With micro-batch pipelining every attention keeps KV for
 micro_batch x stages request slots (one micro-batch in flight per stage), so
-more stages need more SRAM. The mapper takes the fewest wafers that fit
-(or the wafers asked for) and then as many stages as still fit, at most one
-per unit; stage boundaries respect wafer boundaries and balance the number of
-kernels on each stage's critical path.
+more stages need more SRAM, and each attention core a context length per
+slot of control state (`AttentionOp.control`), which bounds the stages. The
+mapper takes the fewest wafers that fit (or exactly the wafers asked for),
+then as many stages as still fit (the most micro-batches in flight), and
+cuts the units into stages (contiguous, never spanning wafers) balancing
+their modelled cycles (`step_time.unit_cycles`).
 
 Conventions of the emitted IR (for the passes downstream):
 - `hparams.kv_slots` is the number of request slots every attention holds
@@ -398,7 +413,11 @@ def _splits(lay: Layout) -> int:
     return sum(p.shape.splits_heads for p in lay.placed)
 
 
-def _heights(target: Target, shape: ModelShape) -> list[int]:
+def _heights(target: Target, shape: ModelShape, fixed: int | None = None) -> list[int]:
+    """Block heights to try: `fixed` if the mapping gives one, else up to MAX_ROW_CHOICES
+    heights target.height // k, at most the hidden size."""
+    if fixed is not None:
+        return [fixed] if fixed <= target.height else []
     cap = min(target.height, shape.hidden)
     first_k = ceil_div(target.height, cap)
     hs: list[int] = []
@@ -498,14 +517,14 @@ class _Mapper:
         as ElementwiseOp's input_share splits it over the region the reader runs on (a dense
         layer's norm and residual add read it in rows over the GEMV rows; an MoE layer's norm
         in rows over the band, its add in columns of the o band, in rows if that is one
-        column), plus the continuous-batching payload riding on it."""
+        column), plus the continuous-batching payload riding on it (counted whether or not
+        the build carries one, so a build and its static counterpart get one mapping)."""
         if first.kind == "dense":
             split = h - attn_rows
         else:
             o = widths[MOE_BANDS.index("o")]
             split = min(h, o) if o > 1 else h
-        cf = self.mb * CF_BYTES_PER_SLOT if "continuous_batching" in self.spec.dynamism else 0
-        return self.mb * ceil_div(self.shape.hidden, split) * ACT_BYTES + cf
+        return self.mb * (ceil_div(self.shape.hidden, split) * ACT_BYTES + CF_BYTES_PER_SLOT)
 
     def shapes(self, stages: int, h: int, scale: float = 1.0) -> list[UnitShape] | None:
         """Every unit's shape at block height `h`, the widening units `scale` times their least
@@ -528,7 +547,7 @@ class _Mapper:
         holds KV for `stages` stages, or None if no height fits."""
         if stages not in self._fewest:
             packed = (_pack(self.units, sh, h, self.target)
-                      for h in _heights(self.target, self.shape)
+                      for h in _heights(self.target, self.shape, self.spec.mapping.block_height)
                       if (sh := self.shapes(stages, h)) is not None)
             self._fewest[stages] = min((lay.wafers for lay in packed if lay is not None),
                                        default=None)
@@ -538,9 +557,13 @@ class _Mapper:
         """Every packing onto exactly `wafers` wafers: each block height, at each width scale
         (SCALES) whose units still fit."""
         out = []
-        for h in _heights(self.target, self.shape):
+        for h in _heights(self.target, self.shape, self.spec.mapping.block_height):
+            prev = None
             for scale in SCALES:
                 shapes = self.shapes(stages, h, scale)
+                if shapes is not None and shapes == prev:
+                    continue  # no unit got wider (rounding): the same packing
+                prev = shapes
                 lay = None if shapes is None else _pack_onto(self.units, shapes, h, self.target,
                                                              wafers)
                 if lay is None:
@@ -577,6 +600,11 @@ class _Mapper:
         if fixed is not None and fixed > n_units:
             raise FrontendError(f"stages = {fixed} exceeds the {n_units} units (embed, "
                                 f"{self.shape.layers} layers, lm_head) a stage can hold", stages_loc)
+        rows = self.spec.mapping.block_height
+        if rows is not None and rows > self.target.height:
+            raise FrontendError(f"block_height = {rows} exceeds the {self.target.height} rows of "
+                                f"target {self.target.name}",
+                                self.spec.mapping.locs.get("block_height") or self.where())
         cap = self.max_stages()
         if fixed is not None and fixed > cap:
             raise self.control_error(fixed, f"stages = {fixed} do not fit", stages_loc)
@@ -625,9 +653,19 @@ class _Mapper:
                     hi = mid - 1
             stages = lo
         lay = self.layout(stages, wafers)
+        n = max(stages, lay.wafers)
+        # the cut into stages balances the units' modelled cycles where there is a choice
+        loads = self.unit_loads(lay) if lay.wafers < n < len(lay.placed) else None
         lay.placed = [_spread(p) for p in lay.placed]
-        lay.stages = _assign_stages(lay, max(stages, lay.wafers))
+        lay.stages = _assign_stages(lay, n, loads)
         return lay
+
+    def unit_loads(self, lay: Layout) -> list[float]:
+        """Each unit's modelled cycles (`step_time.unit_cycles`), or, where its probe does not
+        run, the kernels on the unit's critical path (UNIT_LOAD)."""
+        from meshrt.frontend.step_time import unit_cycles
+
+        return unit_cycles(self, lay) or [float(UNIT_LOAD[p.unit.kind]) for p in lay.placed]
 
     # -- explicit layout -------------------------------------------------
     def explicit_layout(self) -> Layout:
@@ -743,14 +781,17 @@ def _spread(p: Placed, width: int | None = None) -> Placed:
     return Placed(p.unit, p.shape, p.wafer, p.x, p.y, p.h, p.reverse, widths)
 
 
-def _assign_stages(lay: Layout, stages: int) -> list[int]:
-    """Stage of each unit: contiguous, never spanning wafers, balanced loads."""
+def _assign_stages(lay: Layout, stages: int, unit_loads: Sequence[float] | None = None) -> list[int]:
+    """Stage of each unit: contiguous, never spanning wafers, balanced `unit_loads` (each
+    unit's modelled cycles; by default the kernels on its critical path, UNIT_LOAD)."""
+    unit = list(unit_loads) if unit_loads is not None else \
+        [float(UNIT_LOAD[p.unit.kind]) for p in lay.placed]
     per_wafer: list[list[int]] = [[] for _ in range(lay.wafers)]
     for i, p in enumerate(lay.placed):
         per_wafer[p.wafer].append(i)
     per_wafer = [w for w in per_wafer if w]
     counts = [1] * len(per_wafer)  # each wafer at least one stage
-    loads = [sum(UNIT_LOAD[lay.placed[i].unit.kind] for i in w) for w in per_wafer]
+    loads = [sum(unit[i] for i in w) for w in per_wafer]
     for _ in range(stages - len(per_wafer)):
         # next stage to the wafer whose stages are heaviest and can still split
         cands = [k for k, w in enumerate(per_wafer) if counts[k] < len(w)]
@@ -761,12 +802,12 @@ def _assign_stages(lay: Layout, stages: int) -> list[int]:
     out: list[int] = []
     for w, n in zip(per_wafer, counts):
         first = out[-1] + 1 if out else 0
-        for j, cut in enumerate(_partition([UNIT_LOAD[lay.placed[i].unit.kind] for i in w], n)):
+        for j, cut in enumerate(_partition([unit[i] for i in w], n)):
             out.extend([first + j] * cut)
     return out
 
 
-def _partition(loads: list[int], parts: int) -> list[int]:
+def _partition(loads: Sequence[float], parts: int) -> list[int]:
     """Sizes of `parts` contiguous groups of `loads` minimising the heaviest group."""
     n = len(loads)
     pre = [0]

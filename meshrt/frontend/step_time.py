@@ -9,19 +9,26 @@ wavelet, hops and serialisation per flow, reductions and relays as the
 chains they compile to), run on a *probe*: the same model with two layers
 of each layer kind, the embedding and the LM head, mapped with the
 candidate's unit shapes at the candidate's height, lowered through the
-same passes to segment IR. So whatever the passes and the cost model
+same passes to segment IR. The probe is the static build (no dynamism):
+the mapping is chosen for its compute and data movement, the governance
+on top of it costs the same on every candidate, and a build and its
+`--dynamism none` counterpart (the governance comparison) get one mapping. So whatever the passes and the cost model
 charge (collectives, redistributions, transfer volume) is what the mapper
 minimises, and a candidate whose probe does not compile (a resource budget
 the kernels exceed) is never chosen.
 
 A probe's step is the sum of its critical path by kernel
-(`StepEstimate.kernel_path`). The second layer of each kind stands for
-every further layer of that kind (it receives from a layer like itself, as
-they do); the first carries the hand-in from the embedding (or from the
-other kind). The full model's step is then
+(`StepEstimate.kernel_path`), which gives each unit's time: the second
+layer of each kind stands for every further layer of that kind (it
+receives from a layer like itself, as they do); the first carries the
+hand-in from the embedding (or from the other kind). The full model's step
+is the sum of its units' times (`unit_cycles`, `step_cycles`):
 
     probe step + sum over kinds of (layers of the kind - layers probed) x
     the second layer's time.
+
+The unit times also balance the pipeline: the mapper cuts the units into
+stages so that the slowest stage (the initiation interval) is least.
 
 Left out: the hand-offs between wafers (the same count for every candidate
 on the same wafers) and stage boundaries. A probe costs a few tenths of a
@@ -43,7 +50,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from meshrt.frontend.mapper import Layout, _Mapper
 
-MAX_PROBES = 10
+MAX_PROBES = 8
 """Candidate mappings the mapper times with the cost model, at most."""
 
 _LAYER = re.compile(r"l(\d+)_")
@@ -58,36 +65,57 @@ def _probe_kinds(mapper: _Mapper) -> list[tuple[str, int]]:
     return list(counts.items())
 
 
-def step_cycles(mapper: _Mapper, lay: Layout) -> float | None:
-    """Modelled decode-step cycles (one micro-batch in flight) of the full model mapped as
-    `lay`, from its probe; None if the probe does not compile or the cost model cannot run it."""
+def unit_cycles(mapper: _Mapper, lay: Layout) -> list[float] | None:
+    """Modelled cycles of each unit of `lay` (in `lay.placed` order) on the decode step's
+    critical path, from its probe: the embedding and the LM head as probed, the first layer of
+    each kind as the probe's first (with its hand-in), every other layer as the probe's second
+    of its kind; None if the probe does not compile or the cost model cannot run it."""
     shapes: dict[str, object] = {}
     for p in lay.placed:
         shapes.setdefault(p.unit.kind, p.shape)
-    kinds = _probe_kinds(mapper)
-    probe = tuple((kind, min(n, 2)) for kind, n in kinds)
-    key = (mapper.spec.shape, mapper.spec.dynamism, mapper.target, mapper.mb, lay.kv_slots,
-           mapper.group, lay.height, probe, tuple(sorted(shapes.items())))
+    probe = tuple((kind, min(n, 2)) for kind, n in _probe_kinds(mapper))
+    key = (mapper.spec.shape, mapper.target, mapper.mb, lay.kv_slots, mapper.group, lay.height,
+           probe, tuple(sorted(shapes.items())))
     times = _probe_times(*key)
     if times is None:
         return None
-    total, steady = times
-    return total + sum((n - min(n, 2)) * steady[kind] for kind, n in kinds)
+    embed, head, first, steady = times
+    out, seen = [], set()
+    for p in lay.placed:
+        kind = p.unit.kind
+        if kind == "embed":
+            out.append(embed)
+        elif kind == "lm_head":
+            out.append(head)
+        else:
+            out.append(steady[kind] if kind in seen else first[kind])
+            seen.add(kind)
+    return out
+
+
+def step_cycles(mapper: _Mapper, lay: Layout) -> float | None:
+    """Modelled decode-step cycles (one micro-batch in flight) of the full model mapped as
+    `lay`: the sum of its units' (`unit_cycles`); None where that is None."""
+    units = unit_cycles(mapper, lay)
+    return None if units is None else sum(units)
 
 
 @functools.lru_cache(maxsize=512)
-def _probe_times(shape, dynamism, target, mb, kv_slots, group, height, probe, shapes):
-    """(probe step cycles, {layer kind: cycles of its steady layer}) or None."""
+def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
+    """(embedding cycles, LM head cycles, {layer kind: cycles of its first layer},
+    {layer kind: cycles of its second layer}) on the probe's critical path, or None."""
     from meshrt import driver
     from meshrt.diagnostics import MeshrtError
     from meshrt.frontend.errors import FrontendError
     from meshrt.frontend.mapper import Layout, Unit, _Emitter, _Mapper, _pack, _spread
     from meshrt.frontend.model import MappingSpec, ModelSpec
+    from meshrt.passes.pipeline import lower_to
     from meshrt.runtime.cost_model import CostModel, CostModelError
 
     by_kind = dict(shapes)
-    kinds, moe_layers, steady_of = [], [], {}
+    kinds, moe_layers, first_of, steady_of = [], [], {}, {}
     for kind, n in probe:
+        first_of[kind] = len(kinds)
         for _ in range(n):
             if kind == "moe":
                 moe_layers.append(len(kinds))
@@ -96,8 +124,7 @@ def _probe_times(shape, dynamism, target, mb, kv_slots, group, height, probe, sh
     pshape = dataclasses.replace(shape, layers=len(kinds), moe_layers=tuple(moe_layers))
     mapping = MappingSpec(experts_per_region=group) if shape.is_moe else MappingSpec()
     try:
-        spec = ModelSpec(pshape, dynamism=dynamism, micro_batch=mb, mapping=mapping,
-                         source="<probe>")
+        spec = ModelSpec(pshape, dynamism=(), micro_batch=mb, mapping=mapping, source="<probe>")
         pm = _Mapper(spec, target, mb, None)
     except FrontendError:
         return None
@@ -110,17 +137,21 @@ def _probe_times(shape, dynamism, target, mb, kv_slots, group, height, probe, sh
     lay.stages = [p.wafer for p in lay.placed]  # a stage cannot span wafers
     try:
         module = _Emitter(pm, lay).emit()
-        program = driver.segment_program(module, target)
+        program = driver.program_of(lower_to(module, "segments", target, verify=False))
         est = CostModel(program, target).estimate(1)
     except (MeshrtError, FrontendError, CostModelError):
         return None
-    per_layer: dict[int, float] = {}
+    unit: dict[int, float] = {}  # layer index (-1: the embedding, -2: the LM head) -> cycles
     for name, cycles in est.kernel_path.items():
         m = _LAYER.match(name)
-        if m:
-            per_layer[int(m.group(1))] = per_layer.get(int(m.group(1)), 0.0) + cycles
-    steady = {kind: per_layer.get(i, 0.0) for kind, i in steady_of.items()}
-    return est.cycles_per_step, steady
+        i = int(m.group(1)) if m else -1 if name == "embed" else -2
+        unit[i] = unit.get(i, 0.0) + cycles
+    # the critical path adds up to the step; its parts the probe charges to no kernel
+    # (none today) go with the LM head, which closes the loop
+    rest = est.cycles_per_step - sum(unit.values())
+    return (unit.get(-1, 0.0), unit.get(-2, 0.0) + rest,
+            {k: unit.get(i, 0.0) for k, i in first_of.items()},
+            {k: unit.get(i, 0.0) for k, i in steady_of.items()})
 
 
 def fastest(mapper: _Mapper, cands: Sequence[Layout]) -> Layout:

@@ -120,3 +120,13 @@ def test_embedding_sized_for_its_first_layers_messages():
     assert sizer.band("embed", embed.widths[0], embed.h) + msg <= sizer.usable
     # and the kernels' own budget check agrees: the build goes through
     driver.segment_program(M.map_model(spec, t, micro_batch=8), t)
+
+
+def test_block_height_pins_the_rows():
+    spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
+    for rows in (5, 6):
+        pinned = parse_spec(spec.source and Path(spec.source).read_text()
+                            + f"\nmapping {{ block_height = {rows} }}\n")
+        mp = _mapper(pinned)
+        assert {lay.height for lay in mp.candidates(4, 1)} == {rows}
+        assert {p.h for p in mp.default_layout().placed} == {rows}
