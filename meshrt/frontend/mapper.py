@@ -394,8 +394,9 @@ def _pack(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int, targe
 
 def _pack_onto(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int, target: Target,
                wafers: int) -> Layout | None:
-    """The units on exactly `wafers` wafers, contiguous runs of units balanced by width (as
-    few per wafer as the count allows), or None if that does not fit."""
+    """The units on exactly `wafers` wafers: the fewest-wafer packing if it uses that many,
+    else contiguous runs of units of balanced total width, one run per wafer; None if that
+    does not fit."""
     lay = _pack(units, shapes, height, target)
     if lay is None or lay.wafers > wafers:
         return None
