@@ -571,14 +571,7 @@ class _Mapper:
                     break  # wider units fit no better
                 lay.scale, lay.kv_slots = scale, self.kv_slots(stages)
                 out.append(lay)
-                if not self.has_room(lay, wafers):
-                    break
         return out
-
-    def has_room(self, lay: Layout, wafers: int) -> bool:
-        """Whether wider units might still fit: some wafer's rows are not all full."""
-        return any(p.unit.kind in WIDENS for p in lay.placed) and \
-            lay.area < wafers * self.target.cores
 
     def layout(self, stages: int, wafers: int) -> Layout:
         """The fastest packing (by the modelled step) onto exactly `wafers` wafers, preferring
