@@ -135,6 +135,22 @@ def kv_slots(micro_batch: int, stages: int, dynamism: Sequence[str]) -> int:
     return micro_batch * in_flight(stages, dynamism)
 
 
+DESCRIPTOR_BYTES = 16
+"""A request descriptor: request id, status, context length, spare (four u32)."""
+SLOT_LENGTH_BYTES = 4
+"""A request slot's context length (a u32)."""
+
+
+def request_state(micro_batch: int, slots: int = 0) -> int:
+    """Control state per core for request bookkeeping: the descriptors of the micro-batch in
+    hand (its slots' ids and status arrive with it, on the continuous-batching payload, and
+    leave with it) and, for `slots` request slots whose KV the core keeps, each slot's context
+    length (which persists between the visits of its micro-batch). The request table is split
+    so: only what a core reads stays on it, so the slots a stage holds (micro-batch x stages)
+    cost 4 bytes each where KV lives, not a whole descriptor on every core."""
+    return micro_batch * DESCRIPTOR_BYTES + slots * SLOT_LENGTH_BYTES
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """Decoder-only transformer dimensions (dense, MoE, or mixed)."""
