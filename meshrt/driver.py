@@ -62,11 +62,16 @@ def is_ir(path: str | Path) -> bool:
 
 def load_spec(path: str | Path) -> ModelSpec:
     """A model file read, not mapped: a `.json` is a Hugging Face config.json,
-    anything else a .mrt spec (FrontendError on bad input)."""
+    a directory a checkpoint (its config.json), anything else a .mrt spec
+    (FrontendError on bad input)."""
     from meshrt.frontend.hf_config import load_hf_config
     from meshrt.frontend.spec import parse_spec_file
 
     p = Path(path)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise FrontendError("a model directory needs a config.json", str(path))
+        p = p / "config.json"
     if not p.is_file():
         raise FrontendError("no such model file" if not p.exists() else "not a file", str(path))
     try:

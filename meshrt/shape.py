@@ -20,14 +20,17 @@ stage, so every attention keeps KV for micro_batch x stages requests
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from xdsl.dialects.builtin import DenseArrayBase, DictionaryAttr, FloatAttr, IntegerAttr, f64, i64
+from xdsl.dialects.builtin import (DenseArrayBase, DictionaryAttr, FloatAttr, IntegerAttr,
+                                   StringAttr, f64, i64)
 from xdsl.ir import Attribute
 
 from meshrt.diagnostics import FrontendError, Loc
+from meshrt.rope import Rope
 
 DEFAULT_MAX_SEQ = 4096  # KV capacity per request slot when the input gives none
 DEFAULT_DTYPE_BYTES = 2.0
@@ -37,6 +40,16 @@ SHAPE_INTS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn
               "top_k", "expert_ffn", "shared_experts", "max_seq", "eos_token")
 MAPPING_INTS = ("kv_slots", "experts_per_region")  # what the mapper chose
 SHAPE_FLOATS = ("dtype_bytes", "expert_dtype_bytes", "kv_bytes")
+# The math beyond the dimensions, as the config's model type computes it (the
+# reference and the kernels' numerics read these): the IR holds a key only
+# where it differs from ModelShape's default (LLaMA 2's math). Flags are 0 / 1.
+MATH_FLAGS = ("qkv_bias", "o_bias", "mlp_bias", "qk_norm", "norm_topk", "tie_embeddings",
+              "rope_truncate", "attn_sinks", "router_bias", "expert_bias")
+MATH_INTS = MATH_FLAGS + ("sliding_window", "rope_original_max")
+MATH_FLOATS = ("rms_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
+               "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor",
+               "swiglu_alpha", "swiglu_limit", "swiglu_shift")
+MATH_STRS = ("rope_type", "missing_math")
 
 # Sanity bounds, far above any real model and far below what would hang the
 # mapper or overflow an i64 product: a larger number is a typo or garbage.
@@ -48,7 +61,9 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "kv_heads": (1, MAX_DIM), "head_dim": (1, MAX_DIM), "vocab": (1, MAX_DIM),
     "ffn": (0, MAX_DIM), "experts": (0, MAX_EXPERTS), "top_k": (0, MAX_EXPERTS),
     "expert_ffn": (0, MAX_DIM), "shared_experts": (0, MAX_EXPERTS), "max_seq": (1, MAX_DIM),
-    "eos_token": (0, MAX_DIM), "kv_slots": (1, MAX_DIM), "experts_per_region": (0, MAX_EXPERTS),
+    "eos_token": (-1, MAX_DIM), "kv_slots": (1, MAX_DIM), "experts_per_region": (0, MAX_EXPERTS),
+    "sliding_window": (0, MAX_DIM), "rope_original_max": (0, MAX_DIM),
+    **{k: (0, 1) for k in MATH_FLAGS},
 }
 
 
@@ -77,6 +92,11 @@ def hparams_problem(hparams: Any) -> str | None:
     six dimensions are checked as a whole ModelShape (top_k <= experts, ...)."""
     hp = HParams.of(hparams)
     for key, attr in hp.attrs.items():
+        if key in MATH_FLOATS:
+            if not isinstance(attr, IntegerAttr | FloatAttr) or not math.isfinite(attr.value.data):
+                return f"{key} must be a finite number, got {attr}"
+        if key in MATH_STRS and not isinstance(attr, StringAttr):
+            return f"{key} must be a string, got {attr}"
         if key in INT_RANGES or key in SHAPE_FLOATS:
             if not isinstance(attr, IntegerAttr | FloatAttr):
                 return f"{key} must be a number, got {attr}"
@@ -115,6 +135,22 @@ def kv_slots(micro_batch: int, stages: int, dynamism: Sequence[str]) -> int:
     return micro_batch * in_flight(stages, dynamism)
 
 
+DESCRIPTOR_BYTES = 16
+"""A request descriptor: request id, status, context length, spare (four u32)."""
+SLOT_LENGTH_BYTES = 4
+"""A request slot's context length (a u32)."""
+
+
+def request_state(micro_batch: int, slots: int = 0) -> int:
+    """Control state per core for request bookkeeping: the descriptors of the micro-batch in
+    hand (its slots' ids and status arrive with it, on the continuous-batching payload, and
+    leave with it) and, for `slots` request slots whose KV the core keeps, each slot's context
+    length (which persists between the visits of its micro-batch). The request table is split
+    so: only what a core reads stays on it, so the slots a stage holds (micro-batch x stages)
+    cost 4 bytes each where KV lives, not a whole descriptor on every core."""
+    return micro_batch * DESCRIPTOR_BYTES + slots * SLOT_LENGTH_BYTES
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """Decoder-only transformer dimensions (dense, MoE, or mixed)."""
@@ -135,7 +171,39 @@ class ModelShape:
     expert_dtype_bytes: float = 0.0  # bytes per expert weight; 0 = dtype_bytes
     kv_bytes: float = 0.0  # bytes per KV-cache element; 0 = max(dtype_bytes, 2)
     max_seq: int = DEFAULT_MAX_SEQ  # KV capacity per request slot, in tokens
-    eos_token: int = 0
+    eos_token: int | None = 0  # None: no EOS token (the IR's -1); requests stop at their length
+    eos_more: tuple[int, ...] = ()  # further EOS tokens (a config's eos_token_id list)
+    # -- the math (MATH_INTS / MATH_FLOATS / MATH_STRS) --
+    rms_eps: float = 1e-5  # every RMSNorm's epsilon
+    qkv_bias: bool = False  # q, k and v projections have biases
+    o_bias: bool = False  # the attention output projection has a bias
+    mlp_bias: bool = False  # the dense FFN's gate, up and down have biases
+    qk_norm: bool = False  # RMSNorm over head_dim of every q and k head, before RoPE
+    norm_topk: bool = True  # MoE: the top-k router weights renormalised to sum to 1
+    tie_embeddings: bool = False  # lm_head is the embedding's transpose (one tensor in a checkpoint)
+    sliding_window: int = 0  # keys within this many positions, in window_layers (0: none)
+    window_layers: tuple[int, ...] = ()  # which layers attend over the sliding window
+    rope_theta: float = 10000.0  # see meshrt.rope.Rope for the rest
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max: int = 0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float = 0.0
+    rope_truncate: bool = True
+    attn_sinks: bool = False  # gpt_oss: a learned logit per head joins every softmax
+    router_bias: bool = False  # the MoE router has a bias
+    expert_bias: bool = False  # the routed experts' gate, up and down have biases
+    # the FFN activation: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, ±limit) + shift);
+    # the defaults (no clamp) are SwiGLU, silu(g) * u; gpt_oss: 1.702, 7, 1
+    swiglu_alpha: float = 1.0
+    swiglu_limit: float = 0.0
+    swiglu_shift: float = 0.0
+    # what the model type computes that the reference and the kernels do not yet
+    # (sized and costed, refused by `meshrt run`); "" when nothing
+    missing_math: str = ""
     name: str = "model"
     source: str = field(default="<model>", compare=False)
     locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -166,6 +234,25 @@ class ModelShape:
         return frozenset(self.moe_layers)
 
     @property
+    def eos_tokens(self) -> frozenset[int]:
+        """Every token that ends a request (none without an EOS token)."""
+        return frozenset(() if self.eos_token is None else (self.eos_token, *self.eos_more))
+
+    def window(self, layer: int) -> int:
+        """The sliding window layer `layer` attends over (0: every earlier key)."""
+        return self.sliding_window if layer in self._window_set else 0
+
+    @functools.cached_property
+    def _window_set(self) -> frozenset[int]:
+        return frozenset(self.window_layers)
+
+    @functools.cached_property
+    def rope(self) -> Rope:
+        return Rope(self.rope_theta, self.rope_type, self.rope_factor, self.rope_low_freq_factor,
+                    self.rope_high_freq_factor, self.rope_original_max, self.rope_beta_fast,
+                    self.rope_beta_slow, self.rope_attention_factor, self.rope_truncate)
+
+    @property
     def qkv_width(self) -> int:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
@@ -179,18 +266,23 @@ class ModelShape:
 
     def weight_counts(self) -> tuple[int, int]:
         """(weights stored at dtype_bytes, expert weights at expert_dtype_bytes),
-        counted in elements (embedding and lm_head separately, untied)."""
+        counted in elements (embedding and lm_head separately, even tied: their
+        regions each hold their own tiles; biases, q/k norm gains and sinks where
+        the model has them)."""
         h = self.hidden
         attn = h * self.qkv_width + self.attn_width * h + 2 * h  # + two norm gains
+        attn += self.qkv_width * self.qkv_bias + h * self.o_bias + 2 * self.head_dim * self.qk_norm
+        attn += self.heads * self.attn_sinks
         moe = len(self.moe_layers) if self.is_moe else 0
-        plain = 2 * self.vocab * h + h  # embed, lm_head, final norm
-        plain += self.layers * attn + moe * h * self.experts  # attention, routers
-        plain += (self.layers - moe) * 3 * h * self.ffn
+        plain = 2 * self.vocab * h + h  # embed, lm_head (each region its copy, tied or not), final norm
+        plain += self.layers * attn + moe * (h + self.router_bias) * self.experts  # attention, routers
+        plain += (self.layers - moe) * (3 * h * self.ffn + (2 * self.ffn + h) * self.mlp_bias)
         experts = moe * (self.experts + self.shared_experts) * 3 * h * self.expert_ffn
+        experts += moe * self.experts * (2 * self.expert_ffn + h) * self.expert_bias
         return plain, experts
 
     def weight_bytes(self) -> float:
-        """All weights (embedding and lm_head counted separately, untied)."""
+        """All weights (see `weight_counts`)."""
         plain, experts = self.weight_counts()
         return plain * self.dtype_bytes + experts * self.expert_dtype_bytes
 
@@ -198,6 +290,7 @@ class ModelShape:
     def to_hparams(self, kv_slots: int, experts_per_region: int) -> dict[str, Attribute]:
         """The `hparams` dictionary of the graph IR (the mapper's slots and expert group)."""
         ints = {k: getattr(self, k) for k in SHAPE_INTS}
+        ints["eos_token"] = -1 if self.eos_token is None else self.eos_token
         ints["kv_slots"] = kv_slots
         ints["experts_per_region"] = experts_per_region
         hparams: dict[str, Attribute] = {k: IntegerAttr(v, i64) for k, v in ints.items()}
@@ -205,6 +298,15 @@ class ModelShape:
             hparams[k] = FloatAttr(float(getattr(self, k)), f64)
         if self.is_moe:
             hparams["moe_layers"] = DenseArrayBase.from_list(i64, list(self.moe_layers))
+        for k in MATH_INTS + MATH_FLOATS + MATH_STRS:
+            v = getattr(self, k)
+            if v != _DEFAULTS[k]:
+                hparams[k] = (StringAttr(v) if k in MATH_STRS else FloatAttr(float(v), f64)
+                              if k in MATH_FLOATS else IntegerAttr(int(v), i64))
+        if self.window_layers:
+            hparams["window_layers"] = DenseArrayBase.from_list(i64, list(self.window_layers))
+        if self.eos_more:
+            hparams["eos_more"] = DenseArrayBase.from_list(i64, list(self.eos_more))
         return hparams
 
     @classmethod
@@ -217,9 +319,19 @@ class ModelShape:
         if missing:
             raise FrontendError(f"hparams lack {', '.join(missing)}", source)
         kw: dict[str, Any] = {k: hp.int(k) for k in SHAPE_INTS if k in hp}
+        if kw.get("eos_token") == -1:
+            kw["eos_token"] = None
         kw.update({k: hp.float(k) for k in SHAPE_FLOATS if k in hp})
         if "moe_layers" in hp:
             kw["moe_layers"] = hp.ints("moe_layers")
+        kw.update({k: hp.int(k) for k in MATH_INTS if k in hp})
+        kw.update({k: bool(kw[k]) for k in MATH_FLAGS if k in kw})
+        kw.update({k: hp.float(k) for k in MATH_FLOATS if k in hp})
+        kw.update({k: hp.str(k) for k in MATH_STRS if k in hp})
+        if "window_layers" in hp:
+            kw["window_layers"] = hp.ints("window_layers")
+        if "eos_more" in hp:
+            kw["eos_more"] = hp.ints("eos_more")
         return cls(name=name, **kw, source=source)
 
     # -- checks ----------------------------------------------------------
@@ -227,8 +339,6 @@ class ModelShape:
         def err(key: str, msg: str) -> FrontendError:
             return FrontendError(msg, field_loc(self.locs, key, self.source))
 
-        if self.hidden % self.heads:
-            raise err("hidden", f"hidden size {self.hidden} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
             raise err("kv_heads",
                       f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
@@ -238,9 +348,33 @@ class ModelShape:
             problem = bytes_problem(key, getattr(self, key))
             if problem:
                 raise err(key, problem)
+        for key in MATH_INTS:
+            problem = int_problem(key, int(getattr(self, key)))
+            if problem:
+                raise err(key, problem)
+        if not (math.isfinite(self.swiglu_alpha) and self.swiglu_alpha > 0
+                and math.isfinite(self.swiglu_limit) and self.swiglu_limit >= 0
+                and math.isfinite(self.swiglu_shift)):
+            raise err("swiglu", "swiglu_alpha must be positive and swiglu_limit not negative, got "
+                                f"{self.swiglu_alpha} and {self.swiglu_limit}")
+        if not (math.isfinite(self.rms_eps) and self.rms_eps > 0):
+            raise err("rms_eps", f"rms_norm_eps must be a positive number, got {self.rms_eps}")
+        problem = self.rope.problem()
+        if problem:
+            raise err("rope", problem)
+        bad = [i for i in self.window_layers if not 0 <= i < self.layers]
+        if bad:
+            raise err("sliding_window",
+                      f"window_layers lists layer {bad[0]}, outside 0..{self.layers - 1}")
+        if bool(self.window_layers) != bool(self.sliding_window):
+            raise err("sliding_window", "a sliding window needs both its width and its layers")
         if self.eos_token is not None and not 0 <= self.eos_token < self.vocab:
             raise err("eos_token",
                       f"eos_token {self.eos_token} is outside the vocabulary 0..{self.vocab - 1}")
+        bad = [t for t in self.eos_more if not 0 <= t < self.vocab]
+        if bad or (self.eos_more and self.eos_token is None):
+            raise err("eos_token", f"EOS token {bad[0]} is outside the vocabulary 0..{self.vocab - 1}"
+                      if bad else "further EOS tokens need a first one")
         if self.experts:
             if not 1 <= self.top_k <= self.experts:
                 raise err("top_k",
@@ -287,7 +421,7 @@ class HParams:
         return cls(obj.data if isinstance(obj, DictionaryAttr) else obj)
 
     def __contains__(self, key: str) -> bool:
-        return isinstance(self.attrs.get(key), IntegerAttr | FloatAttr | DenseArrayBase)
+        return isinstance(self.attrs.get(key), IntegerAttr | FloatAttr | DenseArrayBase | StringAttr)
 
     def _value(self, key: str, default: float | None) -> float:
         attr = self.attrs.get(key)
@@ -306,6 +440,10 @@ class HParams:
 
     def float(self, key: str, default: float | None = None) -> float:
         return float(self._value(key, default))
+
+    def str(self, key: str) -> str:
+        attr = self.attrs.get(key)
+        return attr.data if isinstance(attr, StringAttr) else str(_DEFAULTS[key])
 
     def ints(self, key: str) -> tuple[int, ...]:
         attr = self.attrs.get(key)
@@ -334,7 +472,8 @@ _DERIVED = {
     "expert_dtype_bytes": lambda hp: hp.dtype_bytes,
     "kv_bytes": lambda hp: kv_bytes_default(hp.dtype_bytes),
 }
-_DEFAULTS: dict[str, float] = {
+_DEFAULTS: dict[str, float | str] = {
     f.name: f.default for f in fields(ModelShape)
-    if f.name in SHAPE_INTS + SHAPE_FLOATS and f.name not in _DERIVED
+    if f.name in SHAPE_INTS + SHAPE_FLOATS + MATH_INTS + MATH_FLOATS + MATH_STRS
+    and f.name not in _DERIVED
 }

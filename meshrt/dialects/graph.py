@@ -425,7 +425,7 @@ class SampleOp(KernelOp):
 
     def verify_kernel(self) -> None:
         vocab = _width(self.input)
-        if not 0 <= _int(self.eos) < vocab:
+        if not -1 <= _int(self.eos) < vocab:  # -1: the model has no EOS token
             raise VerifyException(
                 f"kernel @{self.kernel_name}: eos token {_int(self.eos)} is outside the vocabulary 0..{vocab - 1}"
             )

@@ -17,6 +17,36 @@ really uses:
   expert weights in MXFP4 (17/32 bytes per weight) and the rest in
   `torch_dtype`.
 
+The math beyond the dimensions (`_read_math`), as transformers' code for
+each type computes it, goes into the shape and so into the IR's hparams:
+
+- `rope_theta` and `rope_scaling` (transformers 4) or `rope_parameters`
+  (transformers 5): default, linear, llama3 and yarn RoPE (`meshrt.rope`);
+  another rope type, a per-layer-type rope or `partial_rotary_factor` below 1
+  is an error at its key.
+- `rms_norm_eps` (default 1e-6; mixtral and gpt_oss 1e-5); `hidden_act` must
+  be silu (the FFNs are SwiGLU), anything else is an error at the key.
+- biases: llama `attention_bias` (q, k, v, o) and `mlp_bias` (gate, up,
+  down); qwen2 always q, k, v (no o); qwen3 / qwen3_moe `attention_bias`
+  (q, k, v, o); gpt_oss `attention_bias` (default true).
+- qwen3 / qwen3_moe: q/k RMSNorm over head_dim. qwen3_moe: `norm_topk_prob`
+  (default false: the top-k probabilities as they are); mixtral and gpt_oss
+  renormalise. qwen3_moe reads `num_experts` or `num_local_experts`.
+- sliding windows: qwen2 / qwen3 with `use_sliding_window`: `sliding_window`
+  on the layers `layer_types` marks "sliding_attention", else on layers from
+  `max_window_layers` on; qwen3_moe with `use_sliding_window`: every layer;
+  mixtral: `sliding_window` when not null, every layer; gpt_oss: `layer_types`.
+- `tie_word_embeddings`: lm_head is the embedding's transpose (one tensor in a
+  checkpoint; on the mesh the lm_head region still holds its own tiles).
+- `eos_token_id` null: the model has no EOS token (requests stop at their
+  length); a list: a request ends at any of its tokens.
+- gpt_oss: attention sinks (a learned logit per head in every softmax),
+  router and expert biases, and its clamped SwiGLU (`swiglu_alpha`,
+  `swiglu_limit`, `up + 1`).
+- `quantization_config` (mxfp4, fp8) changes the byte sizes only: the shape
+  says its math is not computed (`missing_math`) and `meshrt run` refuses it
+  at the key.
+
 Dynamism defaults to continuous batching and micro-batch pipelining, plus
 MoE routing for MoE models; micro-batch 1; KV capacity per slot is
 min(max_position_embeddings, 4096) tokens.
@@ -25,6 +55,7 @@ min(max_position_embeddings, 4096) tokens.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -123,13 +154,21 @@ def hf_spec_from_dict(data: dict[str, Any], path: str = "<config.json>",
 
     _read_ffn(cfg, mt, fields)
     _read_dtypes(cfg, mt, fields)
+    _read_math(cfg, mt, fields)
 
     max_pos = cfg.get("max_position_embeddings", DEFAULT_MAX_SEQ, field="max_seq")
     fields["max_seq"] = min(max_pos, DEFAULT_MAX_SEQ)
     eos = data.get("eos_token_id", 0)
-    if isinstance(eos, list) and eos:
+    if isinstance(eos, list) and eos:  # a request ends at any of them
+        more = eos[1:]
         eos = eos[0]
-    if isinstance(eos, bool) or not isinstance(eos, int):
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in more):
+            raise FrontendError(f"field 'eos_token_id' must be an integer or a list of integers, "
+                                f"got {json.dumps(data.get('eos_token_id'))}", cfg.loc("eos_token_id"))
+        fields["eos_more"] = tuple(dict.fromkeys(t for t in more if t != eos))
+    if eos is None:
+        pass  # no EOS token: requests stop at their length
+    elif isinstance(eos, bool) or not isinstance(eos, int):
         raise FrontendError(f"field 'eos_token_id' must be an integer or a list of integers, got "
                             f"{json.dumps(data.get('eos_token_id'))}", cfg.loc("eos_token_id"))
     fields["eos_token"] = eos
@@ -155,7 +194,9 @@ def _read_ffn(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
         f["top_k"] = cfg.get(key, field="top_k")
         f["expert_ffn"] = cfg.get("intermediate_size", field="expert_ffn")
     elif mt == "qwen3_moe":
-        f["experts"] = cfg.get("num_experts", field="experts")
+        # transformers 5 writes the expert count as num_local_experts
+        key = "num_experts" if "num_experts" in cfg.data else "num_local_experts"
+        f["experts"] = cfg.get(key, field="experts")
         f["top_k"] = cfg.get("num_experts_per_tok", field="top_k")
         f["expert_ffn"] = cfg.get("moe_intermediate_size", field="expert_ffn")
         step = cfg.get("decoder_sparse_step", 1, field="moe_layers")
@@ -195,6 +236,151 @@ def _read_dtypes(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
     elif method is not None:
         raise FrontendError(f"unsupported quant_method '{method}', expected mxfp4 or fp8",
                             cfg.loc("quant_method"))
+    if method is not None:  # sized (the bytes above), not computed
+        f["missing_math"] = f"{method} quantized weights (quantization_config)"
+        cfg.locs["missing_math"] = cfg.loc("quantization_config")
+
+
+# transformers' defaults per model type (its configuration classes)
+_THETA = {"mixtral": 1e6, "gpt_oss": 150000.0}
+_EPS = {"mixtral": 1e-5, "gpt_oss": 1e-5}
+_ROPE_KEYS = {  # what each implemented rope type reads; other keys change nothing
+    "default": (), "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+             "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+}
+
+
+def _read_math(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
+    """The math-changing keys of model type `mt` (see the module doc) into `f`."""
+    data = cfg.data
+    f["rms_eps"] = cfg.get("rms_norm_eps", _EPS.get(mt, 1e-6), kind=float, field="rms_eps")
+    act = cfg.get("hidden_act", "silu", kind=str)
+    if act not in ("silu", "swish"):
+        raise FrontendError(f"hidden_act '{act}' is not implemented: meshrt's FFNs are SwiGLU "
+                            "(silu)", cfg.loc("hidden_act"))
+    flag = lambda key, default: _flag(cfg, key, default)  # noqa: E731
+    if mt == "qwen2":
+        f["qkv_bias"], f["o_bias"] = True, False
+    elif mt != "mixtral":
+        f["qkv_bias"] = f["o_bias"] = flag("attention_bias", mt == "gpt_oss")
+    if mt == "llama":
+        f["mlp_bias"] = flag("mlp_bias", False)
+    f["qk_norm"] = mt in ("qwen3", "qwen3_moe")
+    if mt == "qwen3_moe":
+        f["norm_topk"] = flag("norm_topk_prob", False)
+    f["tie_embeddings"] = flag("tie_word_embeddings", False)
+    if f["tie_embeddings"]:
+        cfg.locs["tie_embeddings"] = cfg.loc("tie_word_embeddings")
+    _read_window(cfg, mt, f)
+    _read_rope(cfg, mt, f)
+    if mt == "gpt_oss":  # sinks, biased router and experts, the clamped SwiGLU
+        f["attn_sinks"] = f["router_bias"] = f["expert_bias"] = True
+        f["swiglu_alpha"] = cfg.get("swiglu_alpha", 1.702, kind=float, field="swiglu")
+        f["swiglu_limit"] = cfg.get("swiglu_limit", 7.0, kind=float, field="swiglu")
+        f["swiglu_shift"] = 1.0
+    for key in ("partial_rotary_factor",):
+        if key in data and data[key] not in (None, 1, 1.0):
+            raise FrontendError(f"{key} {json.dumps(data[key])} is not implemented (RoPE over "
+                                "all of head_dim only)", cfg.loc(key))
+
+
+def _flag(cfg: _Config, key: str, default: bool) -> bool:
+    v = cfg.data.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise FrontendError(f"field '{key}' must be true or false, got {json.dumps(v)}", cfg.loc(key))
+    return v
+
+
+def _read_window(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
+    data, layers = cfg.data, f["layers"]
+    if mt == "llama":
+        return  # transformers' llama has no sliding window
+    if mt in ("qwen2", "qwen3", "qwen3_moe") and not _flag(cfg, "use_sliding_window", False):
+        return
+    key = "sliding_window"
+    width = cfg.get(key, 4096 if mt != "mixtral" else 0, field="sliding_window")
+    if not width:
+        return
+    if width < 1:
+        raise FrontendError(f"sliding_window must be at least 1, got {width}", cfg.loc(key))
+    types = data.get("layer_types")
+    if mt in ("qwen2", "qwen3", "gpt_oss") and types is not None:
+        if not isinstance(types, list) or len(types) != layers or any(
+                t not in ("sliding_attention", "full_attention") for t in types):
+            raise FrontendError(f"field 'layer_types' must list {layers} of \"sliding_attention\" "
+                                "and \"full_attention\"", cfg.loc("layer_types"))
+        slide = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    elif mt in ("qwen2", "qwen3"):
+        first = cfg.get("max_window_layers", 28)
+        slide = tuple(range(first, layers))
+    else:
+        slide = tuple(range(layers))  # qwen3_moe, mixtral: every layer
+    if slide:
+        f["sliding_window"], f["window_layers"] = width, slide
+
+
+def _read_rope(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
+    data = cfg.data
+    key = "rope_parameters" if data.get("rope_parameters") is not None else "rope_scaling"
+    p = cfg.get(key, {}, kind=dict)
+    where = cfg.loc(key)
+    if any(isinstance(v, dict) for v in p.values()):
+        raise FrontendError(f"a rope per layer type ('{key}' holds objects) is not implemented",
+                            where)
+    cfg.locs["rope"] = where if p else cfg.loc("rope_theta")
+
+    def num(name: str, default: float | None) -> float:
+        v = p.get(name)
+        if v is None:
+            if default is None:
+                raise FrontendError(f"'{key}' of rope type '{rtype}' is missing '{name}'", where)
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise FrontendError(f"'{key}.{name}' must be a number, got {json.dumps(v)}",
+                                cfg.loc(name) if name in cfg.text else where)
+        return v
+
+    rtype = p.get("rope_type", p.get("type", "default"))
+    if rtype not in _ROPE_KEYS:
+        raise FrontendError(f"rope type '{rtype}' ('{key}') is not implemented; implemented: "
+                            f"{', '.join(_ROPE_KEYS)}", where)
+    if "rope_theta" in p:
+        f["rope_theta"] = num("rope_theta", None)
+    else:
+        f["rope_theta"] = cfg.get("rope_theta", _THETA.get(mt, 10000.0), kind=float, field="rope")
+    if p.get("partial_rotary_factor") not in (None, 1, 1.0):
+        raise FrontendError(f"'{key}.partial_rotary_factor' is not implemented (RoPE over all "
+                            "of head_dim only)", where)
+    f["rope_type"] = rtype
+    if rtype == "default":
+        return
+    max_pos = cfg.get("max_position_embeddings", DEFAULT_MAX_SEQ)
+    original = int(num("original_max_position_embeddings", max_pos))
+    f["rope_factor"] = num("factor", None if rtype != "yarn" else max_pos / original)
+    if rtype == "llama3":
+        f["rope_low_freq_factor"] = num("low_freq_factor", None)
+        f["rope_high_freq_factor"] = num("high_freq_factor", None)
+        f["rope_original_max"] = original
+    elif rtype == "yarn":
+        f["rope_original_max"] = original
+        f["rope_beta_fast"] = num("beta_fast", 32.0) or 32.0
+        f["rope_beta_slow"] = num("beta_slow", 1.0) or 1.0
+        truncate = p.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise FrontendError(f"'{key}.truncate' must be true or false", where)
+        f["rope_truncate"] = truncate
+        factor, mscale, mscale_all = f["rope_factor"], num("mscale", 0.0), num("mscale_all_dim", 0.0)
+        attn = num("attention_factor", 0.0)
+        if not attn and mscale and mscale_all:
+            def get_mscale(m: float) -> float:
+                return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+            attn = get_mscale(mscale) / get_mscale(mscale_all)
+        f["rope_attention_factor"] = attn
 
 
 def _model_name(data: dict[str, Any], path: str) -> str:

@@ -7,7 +7,8 @@ order: a layer is [qkv | attention | o_proj | up | down] (dense) or
 adds and the SwiGLU product run on the cores of the band next to them, as a
 real mapping does. Blocks are packed in layer order into rows of height H,
 boustrophedon, row after row, wafer after wafer, so each wafer holds a
-contiguous range of layers.
+contiguous range of layers; on more wafers than the fewest (`wafers` given)
+the units are cut into contiguous runs of balanced width, one per wafer.
 
 Sizing. A band of height H gets the least width whose per-core bytes fit the
 target's usable SRAM: a matmul tiles its weight (in x out) as
@@ -15,13 +16,27 @@ ceil(in/H) x ceil(out/W) per core plus its activation buffers; attention
 tiles its KV cache (kv_slots x max_seq tokens) over sequence rows and
 head-dim columns; experts get one disjoint region per expert (or per group
 of experts when one expert would fill fewer than MIN_EXPERT_CORES cores).
+The embedding also holds a buffer for the largest message it sends (the
+share of the hidden vector a reader in the first layer takes). Where the
+wafers have room, dense layers and the LM head are widened past their least
+width (SCALES): more cores, less work per core.
+
+Choice. Among the packings that fit (each block height H, each width
+scale) the mapper takes the one with the least modelled decode step: the
+cost model run on a probe of the candidate (`meshrt.frontend.step_time`),
+so compute, collectives and the volume moved between regions are priced by
+the one cost model, not by a formula of the mapper's own. Packings whose
+attentions keep whole KV heads per column come first (the interpreter has
+no numerics for split heads).
 
 Stages. With micro-batch pipelining every attention keeps KV for
 micro_batch x stages request slots (one micro-batch in flight per stage), so
-more stages need more SRAM. The mapper takes the fewest wafers that fit
-(or the wafers asked for) and then as many stages as still fit, at most one
-per unit; stage boundaries respect wafer boundaries and balance the number of
-kernels on each stage's critical path.
+more stages need more SRAM, and each attention core a context length per
+slot of control state (`AttentionOp.control`), which bounds the stages. The
+mapper takes the fewest wafers that fit (or exactly the wafers asked for),
+then as many stages as still fit (the most micro-batches in flight), and
+cuts the units into stages (contiguous, never spanning wafers) balancing
+their modelled cycles (`step_time.unit_cycles`).
 
 Conventions of the emitted IR (for the passes downstream):
 - `hparams.kv_slots` is the number of request slots every attention holds
@@ -54,11 +69,13 @@ from meshrt.kernels.dispatch.relay import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.kernels.gemv.op import GemvOp
-from meshrt.kernels.interface import ceil_div
+from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div
 from meshrt.limits import format_bytes as _fmt_bytes
 from meshrt.shape import kv_slots
 from meshrt.targets import Target
 
+SCALES = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
+"""Widths the widening units are tried at, times their least width, where the wafers have room."""
 MIN_EXPERT_CORES = 4  # below this an expert region has no room for distinct roles
 MAX_ROW_CHOICES = 64  # candidate block heights tried per wafer
 MAX_WAFERS = 2048  # the largest wafer budget mapped without a `wafers` given (a CS-3 cluster)
@@ -121,6 +138,12 @@ class Sizer:
                 + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
                 + GemvOp.footprint(s.ffn, s.hidden, d, self.micro_batch, w, h, "row").total)
 
+    def control(self) -> int:
+        """Control state per core of the kernels that keep request state (the embedding and
+        attention), by their own formulas: what the target's `control_bytes` must hold."""
+        mb, slots = self.micro_batch, self.kv_slots
+        return max(EmbedOp.control(mb, slots), AttentionOp.control(mb, slots))
+
     def max_width(self, kind: str) -> int:
         s = self.shape
         return {
@@ -166,6 +189,9 @@ def _min_width(fn: Callable[[int], float], max_w: int, usable: int) -> int | Non
 # Units and their widths at a given block height
 # ---------------------------------------------------------------------------
 
+WIDENS = ("dense", "lm_head")
+"""Units the mapper widens past their least width when the wafers have room (the embedding,
+whose every core sends, and the MoE layers' bands keep their least width)."""
 DENSE_BANDS = ("layer",)  # attention on its top rows, the GEMVs on one region below
 MOE_BANDS = ("qkv", "attn", "o", "gate", "relay")
 
@@ -217,12 +243,15 @@ class Planner:
         s = sizer.shape
         self.regions = (s.experts // group + s.shared_experts) if s.is_moe else 0
         self.band_width = functools.lru_cache(maxsize=None)(self._band_width)
+        self.stack = functools.lru_cache(maxsize=None)(self._stack)
         self.expert_width = functools.lru_cache(maxsize=None)(self._expert_width)
         self.unit_shape = functools.lru_cache(maxsize=None)(self._unit_shape)
 
-    def _band_width(self, kind: str, h: int) -> int | None:
+    def _band_width(self, kind: str, h: int, msg: int = 0) -> int | None:
+        """Least width of a `kind` band `h` rows high whose bytes per core, plus a buffer of
+        `msg` bytes for the largest message its cores send, fit."""
         sz = self.sizer
-        w = _min_width(lambda w: sz.band(kind, w, h), sz.max_width(kind), sz.usable)
+        w = _min_width(lambda w: sz.band(kind, w, h) + msg, sz.max_width(kind), sz.usable)
         if kind == "attn" and w is not None:
             # Whole KV heads per column (the interpreter's attention needs no
             # dot products across columns); wider bands split head_dim instead.
@@ -247,14 +276,16 @@ class Planner:
                 best = cand
         return best
 
-    def stack(self, height: int) -> tuple[int, int] | None:
+    def _stack(self, height: int, scale: float = 1.0) -> tuple[int, int] | None:
         """(width, attention rows) of a dense layer `height` rows high, or None.
 
         The layer is one region: attention's KV on the top rows, all four
         GEMVs tiled over the rows below, the same columns, so every GEMV reads
         its input where the previous one left it. The least width whose
         attention and GEMV rows both fit in `height` (square-ish at the
-        heights the mapper tries); the GEMVs get every row attention leaves.
+        heights the mapper tries), times `scale` when the mapping has room to
+        spare (more cores per layer: less work per core); the GEMVs get every
+        row attention leaves.
         """
         sz, s = self.sizer, self.sizer.shape
         max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim)
@@ -273,19 +304,26 @@ class Planner:
         # products across columns); wider layers split head_dim instead.
         kv = s.kv_heads
         w = next((d for d in range(lo, kv + 1) if kv % d == 0), lo)
+        if scale > 1.0:
+            w = min(max_w, max(w, round(w * scale)))
         found = rows(w)
         return None if found is None else (w, found[0])
 
-    def _unit_shape(self, kind: str, height: int, with_experts: bool = True) -> UnitShape | None:
+    def _unit_shape(self, kind: str, height: int, with_experts: bool = True, scale: float = 1.0,
+                    msg: int = 0) -> UnitShape | None:
+        """The shape of a `kind` unit `height` rows high: `scale` widens the units that widen
+        (WIDENS) past their least width; `msg` is the largest message an embedding core sends."""
         if kind == "dense":
-            st = self.stack(height)
+            st = self.stack(height, scale)
             return None if st is None else UnitShape((st[0],), None, st[1],
                                                      st[0] > self.sizer.shape.kv_heads)
         widths = []
         for band in Unit(kind, 0).bands:
-            w = self.band_width(band, height)
+            w = self.band_width(band, height, msg if kind == "embed" else 0)
             if w is None:
                 return None
+            if kind in WIDENS and scale > 1.0:
+                w = min(self.sizer.max_width(band), max(w, round(w * scale)))
             widths.append(w)
         grid = None
         if kind == "moe" and with_experts:
@@ -319,24 +357,33 @@ class Layout:
     height: int
     kv_slots: int
     stages: list[int] = field(default_factory=list)  # stage of each placed unit
+    scale: float = 1.0  # how much wider than their least width the widening units are
+    step_cycles: float | None = None  # the modelled decode step it was chosen by, if timed
 
     @property
     def area(self) -> int:
         return sum(p.shape.width * p.h for p in self.placed)
 
 
-def _pack(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int,
-          target: Target) -> Layout | None:
+def _pack(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int, target: Target,
+          wafer_of: Sequence[int] | None = None) -> Layout | None:
+    """Units in order into rows `height` high, boustrophedon, row after row: onto the next
+    wafer when one is full (the fewest wafers), or onto the wafers `wafer_of` gives each
+    unit (non-decreasing); None if a unit, or a wafer's units, do not fit."""
     rows_per_wafer = target.height // height
     placed: list[Placed] = []
     wafer = row = x = 0
-    for unit, shape in zip(units, shapes):
+    for i, (unit, shape) in enumerate(zip(units, shapes)):
         w = shape.width
         if w > target.width:
             return None
+        if wafer_of is not None and wafer_of[i] != wafer:
+            wafer, row, x = wafer_of[i], 0, 0
         if x + w > target.width:
             row, x = row + 1, 0
             if row == rows_per_wafer:
+                if wafer_of is not None:
+                    return None
                 wafer, row = wafer + 1, 0
         reverse = row % 2 == 1
         px = target.width - x - w if reverse else x
@@ -345,22 +392,33 @@ def _pack(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int,
     return Layout(placed, wafer + 1, height, 0)
 
 
-def _score(lay: Layout) -> tuple[int, int, int, int]:
-    """Fewest wafers, then fewest attentions splitting heads, then least hop latency, then least area.
+def _pack_onto(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int, target: Target,
+               wafers: int) -> Layout | None:
+    """The units on exactly `wafers` wafers: the fewest-wafer packing if it uses that many,
+    else contiguous runs of units of balanced total width, one run per wafer; None if that
+    does not fit."""
+    lay = _pack(units, shapes, height, target)
+    if lay is None or lay.wafers > wafers:
+        return None
+    if lay.wafers == wafers:
+        return lay
+    if wafers > len(units):
+        return None
+    sizes = _partition([sh.width for sh in shapes], wafers)
+    wafer_of = [k for k, n in enumerate(sizes) for _ in range(n)]
+    return _pack(units, shapes, height, target, wafer_of)
 
-    A band's collectives (row and column reduction trees) cost about w + h
-    hops, so square bands are fastest; expert regions run in parallel and
-    count once per layer.
-    """
-    hops = 0
-    for p in lay.placed:
-        hops += sum(w + p.h for w in p.shape.widths)
-        if p.shape.grid:
-            hops += p.shape.grid.w + p.shape.grid.h
-    return lay.wafers, sum(p.shape.splits_heads for p in lay.placed), hops, lay.area
+
+def _splits(lay: Layout) -> int:
+    """Attentions that split head_dim over columns (the interpreter has no numerics for them)."""
+    return sum(p.shape.splits_heads for p in lay.placed)
 
 
-def _heights(target: Target, shape: ModelShape) -> list[int]:
+def _heights(target: Target, shape: ModelShape, fixed: int | None = None) -> list[int]:
+    """Block heights to try: `fixed` if the mapping gives one, else up to MAX_ROW_CHOICES
+    heights target.height // k, at most the hidden size."""
+    if fixed is not None:
+        return [fixed] if fixed <= target.height else []
     cap = min(target.height, shape.hidden)
     first_k = ceil_div(target.height, cap)
     hs: list[int] = []
@@ -392,7 +450,7 @@ class _Mapper:
             Unit("moe" if s.is_moe_layer(i) else "dense", i) for i in range(s.layers)
         ] + [Unit("lm_head", -1)]
         self.group = self._expert_group()
-        self._layouts: dict[int, Layout | None] = {}
+        self._fewest: dict[int, int | None] = {}
 
     def where(self) -> Loc:
         return Loc(self.spec.source)
@@ -436,64 +494,172 @@ class _Mapper:
     def planner(self, stages: int) -> Planner:
         return Planner(Sizer(self.shape, self.mb, self.kv_slots(stages), self.usable), self.group)
 
-    # -- default layout --------------------------------------------------
-    def layout(self, stages: int) -> Layout | None:
-        """Best packing when every attention holds KV for `stages` stages."""
-        if stages in self._layouts:
-            return self._layouts[stages]
+    # -- what every layout must fit ------------------------------------------
+    def max_stages(self) -> int:
+        """Most stages whose request slots (micro-batch x micro-batches in flight) fit the
+        control state of every core (`Sizer.control`: each attention core keeps every slot's
+        context length); 0 if even one stage's do not."""
+        cap = self.target.control_bytes
+        return max((n for n in range(1, len(self.units) + 1)
+                    if self.planner(n).sizer.control() <= cap), default=0)
+
+    def control_error(self, stages: int, why: str, loc: Loc | None = None) -> FrontendError:
+        t, slots = self.target, self.kv_slots(stages)
+        need = self.planner(stages).sizer.control()
+        return FrontendError(
+            f"{why}: {stages} stage(s) at micro-batch {self.mb} keep {slots} request slots, whose "
+            f"request state (the micro-batch's descriptors and every slot's length) needs {need} "
+            f"bytes of control state per core, but {t.name} has {t.control_bytes}; use a smaller "
+            "micro-batch", loc or self.where())
+
+    def embed_message(self, first: Unit, widths: Sequence[int], attn_rows: int, h: int) -> int:
+        """Bytes of the largest message an embedding core buffers (besides its table): the
+        share of the hidden vector each reader of the embedding in the first layer receives,
+        as ElementwiseOp's input_share splits it over the region the reader runs on (a dense
+        layer's norm and residual add read it in rows over the GEMV rows; an MoE layer's norm
+        in rows over the band, its add in columns of the o band, in rows if that is one
+        column), plus the continuous-batching payload riding on it (counted whether or not
+        the build carries one, so a build and its static counterpart get one mapping)."""
+        if first.kind == "dense":
+            split = h - attn_rows
+        else:
+            o = widths[MOE_BANDS.index("o")]
+            split = min(h, o) if o > 1 else h
+        return self.mb * (ceil_div(self.shape.hidden, split) * ACT_BYTES + CF_BYTES_PER_SLOT)
+
+    def shapes(self, stages: int, h: int, scale: float = 1.0) -> list[UnitShape] | None:
+        """Every unit's shape at block height `h`, the widening units `scale` times their least
+        width (the embedding sized for the messages its first layer's readers take); None if
+        one does not fit."""
         planner = self.planner(stages)
-        best: Layout | None = None
-        for h in _heights(self.target, self.shape):
-            shapes = [planner.unit_shape(u.kind, h) for u in self.units]
-            if any(sh is None for sh in shapes):
-                continue
-            lay = _pack(self.units, shapes, h, self.target)
-            if lay is None:
-                continue
-            if best is None or _score(lay) < _score(best):
-                best = lay
-        if best is not None:
-            best.kv_slots = self.kv_slots(stages)
-        self._layouts[stages] = best
-        return best
+        rest = []
+        for u in self.units[1:]:
+            sh = planner.unit_shape(u.kind, h, True, scale if u.kind in WIDENS else 1.0)
+            if sh is None:
+                return None
+            rest.append(sh)
+        msg = self.embed_message(self.units[1], rest[0].widths, rest[0].attn_rows, h)
+        embed = planner.unit_shape("embed", h, True, 1.0, msg)
+        return None if embed is None else [embed, *rest]
+
+    # -- default layout --------------------------------------------------
+    def fewest_wafers(self, stages: int) -> int | None:
+        """The fewest wafers the units pack into at any block height when every attention
+        holds KV for `stages` stages, or None if no height fits."""
+        if stages not in self._fewest:
+            packed = (_pack(self.units, sh, h, self.target)
+                      for h in _heights(self.target, self.shape, self.spec.mapping.block_height)
+                      if (sh := self.shapes(stages, h)) is not None)
+            self._fewest[stages] = min((lay.wafers for lay in packed if lay is not None),
+                                       default=None)
+        return self._fewest[stages]
+
+    def candidates(self, stages: int, wafers: int) -> list[Layout]:
+        """Every packing onto exactly `wafers` wafers: each block height, at each width scale
+        (SCALES) whose units still fit."""
+        out = []
+        for h in _heights(self.target, self.shape, self.spec.mapping.block_height):
+            prev = None
+            for scale in SCALES:
+                shapes = self.shapes(stages, h, scale)
+                if shapes is not None and shapes == prev:
+                    continue  # no unit got wider (rounding): the same packing
+                prev = shapes
+                lay = None if shapes is None else _pack_onto(self.units, shapes, h, self.target,
+                                                             wafers)
+                if lay is None:
+                    break  # wider units fit no better
+                lay.scale, lay.kv_slots = scale, self.kv_slots(stages)
+                out.append(lay)
+        return out
+
+    def layout(self, stages: int, wafers: int) -> Layout:
+        """The fastest packing (by the modelled step) onto exactly `wafers` wafers, preferring
+        ones whose attentions keep whole KV heads per column (the interpreter's numerics)."""
+        from meshrt.frontend.step_time import fastest
+
+        cands = self.candidates(stages, wafers)
+        if not cands:
+            raise FrontendError(
+                f"the units do not pack onto exactly {wafers} {self.target.name} wafers at any "
+                f"block height (the fewest they fit is {self.fewest_wafers(stages)})",
+                self.budget_loc)
+        fewest = min(_splits(lay) for lay in cands)
+        return fastest(self, [lay for lay in cands if _splits(lay) == fewest])
 
     def default_layout(self) -> Layout:
         n_units = len(self.units)
         fixed = self.spec.mapping.stages
+        stages_loc = self.spec.mapping.locs.get("stages") or self.where()
         if fixed is not None and fixed > n_units:
             raise FrontendError(f"stages = {fixed} exceeds the {n_units} units (embed, "
-                                f"{self.shape.layers} layers, lm_head) a stage can hold",
-                                self.spec.mapping.locs.get("stages") or self.where())
+                                f"{self.shape.layers} layers, lm_head) a stage can hold", stages_loc)
+        rows = self.spec.mapping.block_height
+        if rows is not None and rows > self.target.height:
+            raise FrontendError(f"block_height = {rows} exceeds the {self.target.height} rows of "
+                                f"target {self.target.name}",
+                                self.spec.mapping.locs.get("block_height") or self.where())
+        cap = self.max_stages()
+        if fixed is not None and fixed > cap:
+            raise self.control_error(fixed, f"stages = {fixed} do not fit", stages_loc)
+        if cap == 0:
+            raise self.control_error(1, "the request slots do not fit")
+        most = min(n_units, cap)
         # Fewest wafers: stages >= wafers, and more stages mean more KV.
         stages = fixed or 1
-        lay = self.layout(stages)
-        while lay is not None and fixed is None and lay.wafers > stages and stages < n_units:
-            stages = min(lay.wafers, n_units)
-            lay = self.layout(stages)
-        if lay is None:
+        need = self.fewest_wafers(stages)
+        while need is not None and fixed is None and need > stages and stages < most:
+            stages = min(need, most)
+            need = self.fewest_wafers(stages)
+        if need is None:
             raise self.no_fit_unit(stages)
-        if self.wafers is not None and lay.wafers > self.wafers:
-            raise self.no_fit_wafers(lay, stages)
-        if fixed is not None and lay.wafers > fixed:
-            raise FrontendError(f"stages = {fixed} is fewer than the {lay.wafers} wafers the "
-                                "model needs (a stage cannot span wafers)",
-                                self.spec.mapping.locs.get("stages") or self.where())
-        budget = self.wafers or lay.wafers
+        if need > stages:
+            if fixed is not None:
+                raise FrontendError(f"stages = {fixed} is fewer than the {need} wafers the "
+                                    "model needs (a stage cannot span wafers)", stages_loc)
+            raise self.control_error(need, f"the model needs {need} wafers, so as many stages "
+                                     "(a stage cannot span wafers)")
+        if self.wafers is not None and need > self.wafers:
+            raise self.no_fit_wafers(need, stages)
+        wafers = self.wafers or need
+        if wafers > n_units:
+            raise FrontendError(f"cannot use {wafers} wafers: the model has {n_units} units "
+                                f"(embed, {self.shape.layers} layers, lm_head) and a wafer holds "
+                                "at least one", self.budget_loc)
+        if wafers > stages:  # more wafers asked than the fewest: a stage on each
+            if fixed is not None:
+                raise FrontendError(f"stages = {fixed} is fewer than the {wafers} wafers asked "
+                                    "for (a stage cannot span wafers)", stages_loc)
+            if wafers > cap:
+                raise self.control_error(wafers, f"{wafers} wafers need as many stages")
+            stages = wafers
+            if (self.fewest_wafers(stages) or wafers + 1) > wafers:
+                raise self.no_fit_wafers(self.fewest_wafers(stages) or wafers, stages)
         if fixed is None and self.spec.pipelined:
-            # As many stages as still fit the wafer budget (more concurrency).
-            lo, hi = stages, n_units
+            # As many stages as still fit the wafers (more micro-batches in flight).
+            lo, hi = stages, most
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                cand = self.layout(mid)
-                if cand is not None and cand.wafers <= budget:
+                n = self.fewest_wafers(mid)
+                if n is not None and n <= wafers:
                     lo = mid
                 else:
                     hi = mid - 1
-            stages, lay = lo, self.layout(lo)
-        assert lay is not None
+            stages = lo
+        lay = self.layout(stages, wafers)
+        n = max(stages, lay.wafers)
+        # the cut into stages balances the units' modelled cycles where there is a choice
+        loads = self.unit_loads(lay) if lay.wafers < n < len(lay.placed) else None
         lay.placed = [_spread(p) for p in lay.placed]
-        lay.stages = _assign_stages(lay, max(stages, lay.wafers))
+        lay.stages = _assign_stages(lay, n, loads)
         return lay
+
+    def unit_loads(self, lay: Layout) -> list[float]:
+        """Each unit's modelled cycles (`step_time.unit_cycles`), or, where its probe does not
+        run, the kernels on the unit's critical path (UNIT_LOAD)."""
+        from meshrt.frontend.step_time import unit_cycles
+
+        return unit_cycles(self, lay) or [float(UNIT_LOAD[p.unit.kind]) for p in lay.placed]
 
     # -- explicit layout -------------------------------------------------
     def explicit_layout(self) -> Layout:
@@ -523,11 +689,19 @@ class _Mapper:
         if not wafers_used <= stages <= n_units:
             raise FrontendError(f"stages = {stages} must be between the {wafers_used} wafer(s) "
                                 f"used and the {n_units} units", m.locs.get("stages") or self.where())
+        if stages > self.max_stages():
+            raise self.control_error(stages, "the mapping's stages do not fit",
+                                     m.locs.get("stages"))
         planner = self.planner(stages)
         placed = []
+        first = planner.unit_shape(self.units[1].kind, rects[1].h, self.units[1].layer not in m.experts)
+        msg = 0 if first is None else self.embed_message(
+            self.units[1], _spread(Placed(self.units[1], first, 0, 0, 0, rects[1].h, False),
+                                   rects[1].w).widths, first.attn_rows, rects[1].h)
         for unit, r in zip(self.units, rects):
             explicit_experts = unit.layer in m.experts
-            shape = planner.unit_shape(unit.kind, r.h, not explicit_experts)
+            shape = planner.unit_shape(unit.kind, r.h, not explicit_experts, 1.0,
+                                       msg if unit.kind == "embed" else 0)
             if shape is None or shape.width > r.w:
                 fit = (f"a region at least {shape.width} cores wide at height {r.h}" if shape
                        else f"more than {r.h} rows")
@@ -564,7 +738,7 @@ class _Mapper:
             f"{t.usable_sram_bytes} B); {how}, and a unit (a layer, the embedding or the LM head) cannot be split across wafers",
             self.where())
 
-    def no_fit_wafers(self, lay: Layout, stages: int) -> FrontendError:
+    def no_fit_wafers(self, fewest: int, stages: int) -> FrontendError:
         t = self.target
         sizer = self.planner(stages).sizer
         need = sum(_unit_bytes(sizer, u) for u in self.units)
@@ -574,7 +748,7 @@ class _Mapper:
             f"needed {_fmt_bytes(need)}, available {_fmt_bytes(have)}"
             + (f" (short by {_fmt_bytes(need - have)})" if need > have else
                " (enough in total, but layers cannot be split into the leftover space)")
-            + f"; the model needs at least {lay.wafers} wafers", self.budget_loc)
+            + f"; the model needs at least {fewest} wafers", self.budget_loc)
 
 
 def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
@@ -601,14 +775,17 @@ def _spread(p: Placed, width: int | None = None) -> Placed:
     return Placed(p.unit, p.shape, p.wafer, p.x, p.y, p.h, p.reverse, widths)
 
 
-def _assign_stages(lay: Layout, stages: int) -> list[int]:
-    """Stage of each unit: contiguous, never spanning wafers, balanced loads."""
+def _assign_stages(lay: Layout, stages: int, unit_loads: Sequence[float] | None = None) -> list[int]:
+    """Stage of each unit: contiguous, never spanning wafers, balanced `unit_loads` (each
+    unit's modelled cycles; by default the kernels on its critical path, UNIT_LOAD)."""
+    unit = list(unit_loads) if unit_loads is not None else \
+        [float(UNIT_LOAD[p.unit.kind]) for p in lay.placed]
     per_wafer: list[list[int]] = [[] for _ in range(lay.wafers)]
     for i, p in enumerate(lay.placed):
         per_wafer[p.wafer].append(i)
     per_wafer = [w for w in per_wafer if w]
     counts = [1] * len(per_wafer)  # each wafer at least one stage
-    loads = [sum(UNIT_LOAD[lay.placed[i].unit.kind] for i in w) for w in per_wafer]
+    loads = [sum(unit[i] for i in w) for w in per_wafer]
     for _ in range(stages - len(per_wafer)):
         # next stage to the wafer whose stages are heaviest and can still split
         cands = [k for k, w in enumerate(per_wafer) if counts[k] < len(w)]
@@ -619,12 +796,12 @@ def _assign_stages(lay: Layout, stages: int) -> list[int]:
     out: list[int] = []
     for w, n in zip(per_wafer, counts):
         first = out[-1] + 1 if out else 0
-        for j, cut in enumerate(_partition([UNIT_LOAD[lay.placed[i].unit.kind] for i in w], n)):
+        for j, cut in enumerate(_partition([unit[i] for i in w], n)):
             out.extend([first + j] * cut)
     return out
 
 
-def _partition(loads: list[int], parts: int) -> list[int]:
+def _partition(loads: Sequence[float], parts: int) -> list[int]:
     """Sizes of `parts` contiguous groups of `loads` minimising the heaviest group."""
     n = len(loads)
     pre = [0]
@@ -714,7 +891,7 @@ class _Emitter:
                 r = b["lm_head"]
                 n = self.add(g.RMSNormOp("final_norm", r, x, layer=-1, **common))
                 logits = self.add(g.MatmulOp("lm_head", r, n, s.vocab, layer=-1, **common))
-                self.add(g.SampleOp("sample", r, logits, eos=s.eos_token, layer=-1, **common))
+                self.add(g.SampleOp("sample", r, logits, eos=-1 if s.eos_token is None else s.eos_token, layer=-1, **common))
             else:
                 x = self.layer(p, b, x, common)
             prev = p

@@ -62,6 +62,7 @@ class MappingSpec:
     stages: int | None = None
     experts_per_region: int | None = None
     placement: str = "contiguous"
+    block_height: int | None = None  # the default layout's row height (None: the mapper's choice)
     layers: Mapping[int, RectChoice] = field(default_factory=dict, hash=False)
     experts: Mapping[int, tuple[RectChoice, ...]] = field(default_factory=dict, hash=False)
     embed: RectChoice | None = None
@@ -118,6 +119,12 @@ class ModelSpec:
 
         if m.stages is not None and m.stages < 1:
             raise err("stages", f"stages must be at least 1, got {m.stages}")
+        if m.block_height is not None:
+            if m.block_height < 1:
+                raise err("block_height", f"block_height must be at least 1, got {m.block_height}")
+            if m.explicit:
+                raise err("block_height", "block_height applies to the default layout, not to "
+                          "explicit regions")
         if m.placement != "contiguous":
             raise err("placement", f"unknown expert placement '{m.placement}' for the frontend, "
                       "expected contiguous (eplb and vibe are the place-experts pass)")

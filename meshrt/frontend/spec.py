@@ -35,7 +35,8 @@ MODEL_FIELDS: dict[str, str] = {
 }
 REQUIRED_MODEL_FIELDS = ("layers", "hidden", "heads", "vocab")
 RUNTIME_FIELDS: dict[str, str] = {"dynamism": NAMES, "micro_batch": INT, "wafers": INT}
-MAPPING_FIELDS: dict[str, str] = {"stages": INT, "experts_per_region": INT, "placement": NAME}
+MAPPING_FIELDS: dict[str, str] = {"stages": INT, "experts_per_region": INT, "placement": NAME,
+                                  "block_height": INT}
 
 
 @functools.lru_cache(maxsize=1)
@@ -269,6 +270,7 @@ class _Builder:
             stages=vals.get("stages"),
             experts_per_region=vals.get("experts_per_region"),
             placement=vals.get("placement", "contiguous"),
+            block_height=vals.get("block_height"),
             layers=layers,
             experts=experts,
             embed=ends.get("embed"),

@@ -88,11 +88,14 @@ def _passes(pipeline: str | None) -> list[str]:
     return pipeline.split(",") if pipeline else []
 
 
-def lower_to(module: ModuleOp, level: str, target: Target | None = None) -> ModuleOp:
+def lower_to(module: ModuleOp, level: str, target: Target | None = None, *,
+             verify: bool = True) -> ModuleOp:
     """Run the passes from the module's level (graph IR, or printed IR of any
     level) down to `level` in place and return the module.
 
-    `target` is given to the passes as it is; None: each loads the IR's."""
+    `target` is given to the passes as it is; None: each loads the IR's.
+    `verify=False` skips verifying the IR between passes (the mapper's probes,
+    whose IR the passes build from a verified graph)."""
     from meshrt.diagnostics import MeshrtError
 
     start = level_of(module)
@@ -100,26 +103,29 @@ def lower_to(module: ModuleOp, level: str, target: Target | None = None) -> Modu
         raise MeshrtError(f"{NO_PROGRAM} to lower", module)
     pipeline = pipeline_between(start, level)
     if pipeline:
-        run_pipeline(module, pipeline, target)
+        run_pipeline(module, pipeline, target, verify=verify)
     return module
 
 
-def run_pipeline(module: ModuleOp, spec: str, target: Target | None = None) -> None:
+def run_pipeline(module: ModuleOp, spec: str, target: Target | None = None, *,
+                 verify: bool = True) -> None:
     """Run a meshrt-opt style pass pipeline (`a,b{opt=1}`) on `module` in place.
 
     `target` (a Target) goes to every pass with a `target` option the spec
-    leaves unset."""
+    leaves unset; `verify` checks the IR after each pass."""
     from xdsl.context import Context
     from xdsl.passes import PassPipeline
 
     from meshrt.diagnostics import verify_located
     from meshrt.passes import get_all_passes
 
+    verify_ir = verify
+
     def verify(_prev, mod: ModuleOp, _next) -> None:
         verify_located(mod)
 
     ctx = Context(allow_unregistered=False)
-    pipeline = PassPipeline.parse_spec(get_all_passes(), spec, verify)
+    pipeline = PassPipeline.parse_spec(get_all_passes(), spec, verify if verify_ir else None)
     if target is not None:
         pipeline = dataclasses.replace(
             pipeline, passes=tuple(_with_target(p, target) for p in pipeline.passes))

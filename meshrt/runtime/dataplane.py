@@ -53,6 +53,7 @@ class DataPlane:
     def __init__(self, program, weights: ref.Weights, host):
         self.weights = weights
         self.shape = weights.shape
+        self.act = ref.Act.of(self.shape)  # the FFNs' activation (`reference.glu`)
         self.b = program.micro_batch_size
         self.moe_routing = "moe_routing" in program.dynamism_kinds
         self.cb = "continuous_batching" in program.dynamism_kinds
@@ -98,25 +99,37 @@ class DataPlane:
 
     # weights by kernel name (the lowering's naming: l{i}_qkv, l{i}_o, ...)
     def matrix(self, name: str, layer: int, grid) -> np.ndarray:
+        return self._gemv_array(name, layer, grid, bias=False)
+
+    def bias(self, name: str, layer: int, grid) -> np.ndarray | None:
+        """The bias of gemv `name` laid out as its matrix's columns, or None (no bias)."""
+        return self._gemv_array(name, layer, grid, bias=True)
+
+    def _gemv_array(self, name: str, layer: int, grid, *, bias: bool):
         w = self.weights
         if name == "lm_head":
-            return w.lm_head
+            return None if bias else w.lm_head
         lw = w.layers[layer]
         suffix = name.split("_", 1)[1]
         if suffix == "qkv":
-            return np.concatenate([lw.wq, lw.wk, lw.wv], axis=1)
+            parts = (lw.bq, lw.bk, lw.bv) if bias else (lw.wq, lw.wk, lw.wv)
+            return None if parts[0] is None else np.concatenate(parts, axis=-1)
         if suffix == "o":
-            return lw.wo
+            return lw.bo if bias else lw.wo
+        d = lw.dense
         if suffix == "up":  # per column block: gate then up of one slice of the FFN width
+            gate, up = (d.b_gate, d.b_up) if bias else (d.w_gate, d.w_up)
+            if gate is None:
+                return None
             _, _, cols, _ = grid
-            f = lw.dense.w_gate.shape[1]
+            f = gate.shape[-1]
             blocks = []
             for i in range(cols):
                 lo, hi = part(f, cols, i)
-                blocks += [lw.dense.w_gate[:, lo:hi], lw.dense.w_up[:, lo:hi]]
-            return np.concatenate(blocks, axis=1)
+                blocks += [gate[..., lo:hi], up[..., lo:hi]]
+            return np.concatenate(blocks, axis=-1)
         if suffix == "down":
-            return lw.dense.w_down
+            return d.b_down if bias else d.w_down
         raise DataLayoutError(f"kernel @{name}: no weight matrix of that name")
 
     # the reference's traced value (`reference.Trace`) each kernel's output is, by the
@@ -152,6 +165,15 @@ class DataPlane:
             return self.weights.final_norm
         lw = self.weights.layers[layer]
         return lw.attn_norm if name.endswith("norm1") else lw.ffn_norm
+
+    def qk_gains(self, layer: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The q and k norm gains of `layer` (None, None: the model has no q/k norm)."""
+        lw = self.weights.layers[layer]
+        return lw.q_norm, lw.k_norm
+
+    def sinks(self, layer: int) -> np.ndarray | None:
+        """The attention sink logit of every head of `layer` (None: no sinks)."""
+        return self.weights.layers[layer].sinks
 
     def moe(self, layer: int) -> ref.MoEFFNWeights:
         m = self.weights.layers[layer].moe

@@ -12,23 +12,36 @@ Semantics (what a tiled on-mesh implementation must reproduce)
       h   = x + Wo · attention(rope(Wq·n1), rope(Wk·n1), Wv·n1)   n1 = rmsnorm(x, g_attn)
       out = h + ffn(n2)                                           n2 = rmsnorm(h, g_ffn)
 
-* RMSNorm: ``x / sqrt(mean(x**2) + 1e-5) * gain`` (no bias, no mean removal).
-* RoPE (theta 10000), "rotate-half" pairing: element ``i`` of a head is
-  rotated with element ``i + head_dim/2`` by angle ``pos * theta**(-2i/head_dim)``,
-  where ``pos`` is the token's 0-based index within its request. Applied to q
-  and k (k is cached *after* rotation). ``head_dim`` must be even.
+* RMSNorm: ``x / sqrt(mean(x**2) + rms_eps) * gain`` (no bias, no mean removal;
+  ``rms_eps`` 1e-5 unless the shape says otherwise).
+* Projections ``x·W + b``: q, k, v have biases where ``qkv_bias``, the output
+  projection where ``o_bias``, the dense FFN's three where ``mlp_bias``.
+* q/k norm (``qk_norm``, Qwen3): an RMSNorm over ``head_dim`` of every q and k
+  head with its own (head_dim,) gain, before RoPE.
+* RoPE, "rotate-half" pairing: element ``i`` of a head is rotated with element
+  ``i + head_dim/2`` by angle ``pos * inv_freq[i]``, where ``pos`` is the token's
+  0-based index within its request and ``inv_freq`` is ``meshrt.rope``'s table
+  (``theta**(-2i/head_dim)``, or its linear / llama3 / yarn scaling). Applied to
+  q and k (k is cached *after* rotation). ``head_dim`` must be even.
 * Attention: grouped-query; query head ``h`` reads KV head
   ``h // (heads // kv_heads)`` (contiguous groups). Scores are scaled by
   ``1/sqrt(head_dim)``, causal (a query at position p sees keys 0..p of its
-  own request only), softmax in float32 with the row max subtracted.
-* Dense FFN: SwiGLU, ``W_down · (silu(W_gate·x) * (W_up·x))``.
-* MoE FFN: router logits ``x·W_router``, float32 softmax over all experts,
-  top-k by probability (ties to the lower expert index), the k weights
-  renormalised to sum to 1, output = sum_k w_k · expert_k(x) + sum of all
-  shared experts (always on, weight 1). Every expert is a SwiGLU of width
-  ``expert_ffn``.
+  own request only, and in a layer with a sliding window of W only keys
+  p-W+1..p), softmax in float32 with the row max subtracted. With
+  ``attn_sinks`` (gpt_oss) each head's learned sink logit joins the softmax
+  as one more column, dropped after it (the weights sum to less than 1).
+* Dense FFN: SwiGLU, ``W_down · (silu(W_gate·x) * (W_up·x))``; the activation
+  is :func:`glu` (gpt_oss's clamped form where the shape says so).
+* MoE FFN (the layers in ``moe_layers``; the others are dense): router logits
+  ``x·W_router``, float32 softmax over all experts, top-k by probability (ties
+  to the lower expert index), the k weights renormalised to sum to 1 where
+  ``norm_topk`` (else the probabilities as they are), output = sum_k w_k ·
+  expert_k(x) + sum of all shared experts (always on, weight 1). Every expert
+  is a SwiGLU of width ``expert_ffn``; the router has a bias where
+  ``router_bias``, the routed experts' three maps where ``expert_bias``.
+* ``lm_head`` is the embedding's transpose where ``tie_embeddings``.
 * Greedy sampling: argmax of the logits, ties to the lowest token id.
-* A request finishes when it emits ``eos_token`` (the EOS token is part of its
+* A request finishes when it emits ``eos_token`` or one of ``eos_more`` (the EOS token is part of its
   output) or when it has produced ``max_new_tokens`` tokens (the first of
   which comes out of prefill).
 
@@ -53,11 +66,14 @@ from typing import Any
 
 import numpy as np
 
+from meshrt import rope as _rope
 from meshrt.diagnostics import FrontendError
-from meshrt.shape import ModelShape
+from meshrt.shape import MATH_FLOATS, MATH_INTS, MATH_STRS, ModelShape
 
 __all__ = [
     "RMS_EPS",
+    "SILU",
+    "Act",
     "ROPE_THETA",
     "DenseFFNWeights",
     "KVState",
@@ -73,9 +89,12 @@ __all__ = [
     "dense_ffn",
     "expert_load",
     "expert_routing",
+    "glu",
     "greedy",
     "moe_ffn",
+    "qk_norm",
     "rmsnorm",
+    "route",
     "softmax",
     "swiglu",
 ]
@@ -92,26 +111,29 @@ _F64 = np.float64
 # --------------------------------------------------------------------------
 
 
-# The fields a reference shape takes from a config (the byte sizes, max_seq
-# and the MoE layers keep their defaults: every layer is MoE or none is).
+# The fields a reference shape takes from a config (the byte sizes and
+# max_seq keep their defaults: they change no number).
 _REF_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts",
-               "top_k", "expert_ffn", "shared_experts", "eos_token")
+               "top_k", "expert_ffn", "shared_experts", "eos_token", "moe_layers",
+               "window_layers", "eos_more", *MATH_INTS, *MATH_FLOATS, *MATH_STRS)
+_NOT_INT = ("eos_token", "moe_layers", "window_layers", *MATH_FLOATS, *MATH_STRS)
 
 
 @dataclass(frozen=True)
 class RefShape(ModelShape):
     """The model shape the reference runs (a `ModelShape`, checked as one): dense
     models have ``experts == 0`` and ``ffn > 0``; MoE models have ``experts > 0``,
-    ``ffn == 0`` (every layer MoE). ``eos_token`` None: requests stop only at
-    their length. The first six fields are positional, as in ``RefShape(layers,
+    and ``ffn > 0`` only if some layers are dense (not in ``moe_layers``).
+    ``eos_token`` None: requests stop only at their length. The first six fields are positional, as in ``RefShape(layers,
     hidden, heads, kv_heads, head_dim, vocab, ffn=...)``."""
 
     eos_token: int | None = None
     name: str = "reference"
 
     def __post_init__(self) -> None:
-        if self.experts and self.ffn:
-            raise ValueError("an MoE shape must have ffn == 0 (experts use expert_ffn)")
+        if self.experts and self.ffn and (not self.moe_layers or len(self.moe_layers) == self.layers):
+            raise ValueError("an MoE shape must have ffn == 0 (experts use expert_ffn) unless "
+                             "some layers are dense")
         try:
             super().__post_init__()
         except FrontendError as e:
@@ -130,13 +152,17 @@ class RefShape(ModelShape):
         for k, v in kw.items():
             if k == "eos_token":
                 kw[k] = None if v is None else int(v)
+            elif k in ("moe_layers", "window_layers", "eos_more"):
+                kw[k] = tuple(int(i) for i in (v or ()))
+            elif k in _NOT_INT:
+                pass
             else:
                 # Configs often spell "no experts" / "no dense FFN" as None.
                 kw[k] = 0 if v is None else int(v)
         return cls(**kw)
 
     def without_eos(self) -> RefShape:
-        return dataclasses.replace(self, eos_token=None)
+        return dataclasses.replace(self, eos_token=None, eos_more=())
 
 
 # --------------------------------------------------------------------------
@@ -149,6 +175,9 @@ class DenseFFNWeights:
     w_gate: np.ndarray  # (hidden, ffn)
     w_up: np.ndarray  # (hidden, ffn)
     w_down: np.ndarray  # (ffn, hidden)
+    b_gate: np.ndarray | None = None  # (ffn,) where mlp_bias
+    b_up: np.ndarray | None = None  # (ffn,)
+    b_down: np.ndarray | None = None  # (hidden,)
 
 
 @dataclass
@@ -160,6 +189,10 @@ class MoEFFNWeights:
     shared_gate: np.ndarray  # (shared, hidden, expert_ffn)
     shared_up: np.ndarray  # (shared, hidden, expert_ffn)
     shared_down: np.ndarray  # (shared, expert_ffn, hidden)
+    router_bias: np.ndarray | None = None  # (experts,) where router_bias
+    b_gate: np.ndarray | None = None  # (experts, expert_ffn) where expert_bias
+    b_up: np.ndarray | None = None  # (experts, expert_ffn)
+    b_down: np.ndarray | None = None  # (experts, hidden)
 
 
 @dataclass
@@ -172,6 +205,13 @@ class LayerWeights:
     ffn_norm: np.ndarray  # (hidden,)
     dense: DenseFFNWeights | None = None
     moe: MoEFFNWeights | None = None
+    bq: np.ndarray | None = None  # (heads*head_dim,) where qkv_bias
+    bk: np.ndarray | None = None  # (kv_heads*head_dim,)
+    bv: np.ndarray | None = None  # (kv_heads*head_dim,)
+    bo: np.ndarray | None = None  # (hidden,) where o_bias
+    q_norm: np.ndarray | None = None  # (head_dim,) where qk_norm
+    k_norm: np.ndarray | None = None  # (head_dim,)
+    sinks: np.ndarray | None = None  # (heads,) where attn_sinks
 
 
 def _map_arrays(obj: Any, fn) -> Any:
@@ -200,8 +240,11 @@ class Weights:
         """Seeded random weights. Linear maps are N(0, 1/fan_in) so every
         projection keeps O(1) activations; the embedding is N(0, 1) so the
         residual stream starts at unit RMS; norm gains are 1 + N(0, 0.1²) so a
-        forgotten gain shows up in comparisons. The draw order is fixed, and
-        ``eos_token`` does not influence it."""
+        forgotten gain shows up in comparisons; biases are N(0, 0.1²) and q/k
+        norm gains 1 + N(0, 0.1²), drawn after a layer's other weights (a shape
+        without them draws what it did before). The draw order is fixed, and
+        ``eos_token`` does not influence it. ``tie_embeddings``: lm_head is the
+        embedding's transpose."""
         s = RefShape.of(shape)
         rng = np.random.default_rng(seed)
 
@@ -209,8 +252,11 @@ class Weights:
             fan_in = dims[-2]
             return (rng.standard_normal(dims) / math.sqrt(fan_in)).astype(_F32)
 
-        def gain() -> np.ndarray:
-            return (1.0 + 0.1 * rng.standard_normal(s.hidden)).astype(_F32)
+        def gain(n: int = s.hidden) -> np.ndarray:
+            return (1.0 + 0.1 * rng.standard_normal(n)).astype(_F32)
+
+        def bias(n: int, on: bool) -> np.ndarray | None:
+            return (0.1 * rng.standard_normal(n)).astype(_F32) if on else None
 
         embed = rng.standard_normal((s.vocab, s.hidden)).astype(_F32)
         q_dim, kv_dim = s.heads * s.head_dim, s.kv_heads * s.head_dim
@@ -221,7 +267,7 @@ class Weights:
             wo = lin(q_dim, s.hidden)
             ffn_norm = gain()
             dense = moe = None
-            if s.is_moe:
+            if s.is_moe_layer(len(layers)):
                 e, f, sh = s.experts, s.expert_ffn, s.shared_experts
                 moe = MoEFFNWeights(
                     router=lin(s.hidden, e),
@@ -232,11 +278,26 @@ class Weights:
                     shared_up=lin(sh, s.hidden, f),
                     shared_down=lin(sh, f, s.hidden),
                 )
+                if s.router_bias:
+                    moe.router_bias = bias(e, True)
+                if s.expert_bias:
+                    moe.b_gate = (0.1 * rng.standard_normal((e, f))).astype(_F32)
+                    moe.b_up = (0.1 * rng.standard_normal((e, f))).astype(_F32)
+                    moe.b_down = (0.1 * rng.standard_normal((e, s.hidden))).astype(_F32)
             else:
                 dense = DenseFFNWeights(lin(s.hidden, s.ffn), lin(s.hidden, s.ffn), lin(s.ffn, s.hidden))
-            layers.append(LayerWeights(attn_norm, wq, wk, wv, wo, ffn_norm, dense, moe))
+                if s.mlp_bias:
+                    dense.b_gate, dense.b_up = bias(s.ffn, True), bias(s.ffn, True)
+                    dense.b_down = bias(s.hidden, True)
+            lw = LayerWeights(attn_norm, wq, wk, wv, wo, ffn_norm, dense, moe)
+            lw.bq, lw.bk, lw.bv = (bias(n, s.qkv_bias) for n in (q_dim, kv_dim, kv_dim))
+            lw.bo = bias(s.hidden, s.o_bias)
+            if s.qk_norm:
+                lw.q_norm, lw.k_norm = gain(s.head_dim), gain(s.head_dim)
+            lw.sinks = bias(s.heads, s.attn_sinks)
+            layers.append(lw)
         final_norm = gain()
-        lm_head = lin(s.hidden, s.vocab)
+        lm_head = embed.T.copy() if s.tie_embeddings else lin(s.hidden, s.vocab)
         return cls(s, embed, layers, final_norm, lm_head)
 
     def astype(self, dtype) -> Weights:
@@ -260,8 +321,9 @@ class Weights:
         walk("", self)
         return out
 
-    def validate(self) -> None:
-        s = self.shape
+    @staticmethod
+    def expected(s: RefShape) -> dict[str, tuple[int, ...]]:
+        """The shape of every array a `Weights` of shape `s` holds, by `named_arrays` name."""
         q_dim, kv_dim = s.heads * s.head_dim, s.kv_heads * s.head_dim
         expect = {
             "embed": (s.vocab, s.hidden),
@@ -278,7 +340,21 @@ class Weights:
                 f"{p}.wo": (q_dim, s.hidden),
                 f"{p}.ffn_norm": (s.hidden,),
             }
-            if s.is_moe:
+            if s.qkv_bias:
+                expect |= {f"{p}.bq": (q_dim,), f"{p}.bk": (kv_dim,), f"{p}.bv": (kv_dim,)}
+            if s.o_bias:
+                expect[f"{p}.bo"] = (s.hidden,)
+            if s.qk_norm:
+                expect |= {f"{p}.q_norm": (s.head_dim,), f"{p}.k_norm": (s.head_dim,)}
+            if s.attn_sinks:
+                expect[f"{p}.sinks"] = (s.heads,)
+            if s.is_moe_layer(i) and s.router_bias:
+                expect[f"{p}.moe.router_bias"] = (s.experts,)
+            if s.is_moe_layer(i) and s.expert_bias:
+                expect |= {f"{p}.moe.b_gate": (s.experts, s.expert_ffn),
+                           f"{p}.moe.b_up": (s.experts, s.expert_ffn),
+                           f"{p}.moe.b_down": (s.experts, s.hidden)}
+            if s.is_moe_layer(i):
                 e, f, sh = s.experts, s.expert_ffn, s.shared_experts
                 expect |= {
                     f"{p}.moe.router": (s.hidden, e),
@@ -295,6 +371,13 @@ class Weights:
                     f"{p}.dense.w_up": (s.hidden, s.ffn),
                     f"{p}.dense.w_down": (s.ffn, s.hidden),
                 }
+                if s.mlp_bias:
+                    expect |= {f"{p}.dense.b_gate": (s.ffn,), f"{p}.dense.b_up": (s.ffn,),
+                               f"{p}.dense.b_down": (s.hidden,)}
+        return expect
+
+    def validate(self) -> None:
+        expect = self.expected(self.shape)
         got = self.named_arrays()
         if set(got) != set(expect):
             raise ValueError(f"weights do not match shape: unexpected {sorted(set(got) ^ set(expect))}")
@@ -308,9 +391,10 @@ class Weights:
 # --------------------------------------------------------------------------
 
 
-def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """float32 result of x @ w, accumulated in float64 (see module doc)."""
-    return np.matmul(np.asarray(x, _F64), np.asarray(w, _F64)).astype(_F32)
+def _mm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """float32 result of x @ w (+ b), accumulated in float64 (see module doc)."""
+    y = np.matmul(np.asarray(x, _F64), np.asarray(w, _F64))
+    return (y if b is None else y + np.asarray(b, _F64)).astype(_F32)
 
 
 def rmsnorm(x: np.ndarray, gain: np.ndarray, eps: float = RMS_EPS) -> np.ndarray:
@@ -328,23 +412,26 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def apply_rope(x: np.ndarray, positions: np.ndarray, theta: float = ROPE_THETA) -> np.ndarray:
-    """Rotate-half RoPE. x: (N, n_heads, head_dim); positions: (N,) ints."""
-    x = np.asarray(x, _F32)
-    d = x.shape[-1]
-    half = d // 2
-    inv_freq = theta ** (-np.arange(half, dtype=_F64) * 2.0 / d)
-    ang = np.asarray(positions, _F64)[:, None] * inv_freq[None, :]  # (N, half)
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    x1, x2 = x[..., :half].astype(_F64), x[..., half:].astype(_F64)
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(_F32)
+def apply_rope(x: np.ndarray, positions: np.ndarray, rope: _rope.Rope | float = ROPE_THETA) -> np.ndarray:
+    """Rotate-half RoPE. x: (N, n_heads, head_dim); positions: (N,) ints; `rope`
+    a `meshrt.rope.Rope` (or a bare theta)."""
+    rope = rope if isinstance(rope, _rope.Rope) else _rope.Rope(theta=float(rope))
+    return _rope.rotate(np.asarray(x, _F32), positions, rope).astype(_F32)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int) -> np.ndarray:
+def qk_norm(x: np.ndarray, gain: np.ndarray | None, eps: float) -> np.ndarray:
+    """Qwen3's per-head RMSNorm of q or k (N, n_heads, head_dim); None: x as it is."""
+    return x if gain is None else rmsnorm(x, gain, eps)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int, window: int = 0,
+              sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal GQA attention for one request.
 
     q: (Tq, heads, D) at absolute positions q_start..q_start+Tq-1;
-    k, v: (Tk, kv_heads, D), keys at positions 0..Tk-1 (already roped).
+    k, v: (Tk, kv_heads, D), keys at positions 0..Tk-1 (already roped);
+    `window` > 0: a query at p sees keys p-window+1..p only; `sinks` (heads,):
+    each head's sink logit is one more softmax column, dropped after it.
     Returns (Tq, heads, D) float32.
     """
     tq, heads, d = q.shape
@@ -359,8 +446,16 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int) -> np.n
     kt = np.asarray(k, _F64).transpose(1, 2, 0)  # (kv, d, tk)
     scores = (np.matmul(qg, kt) / math.sqrt(d)).astype(_F32)  # (kv, g*tq, tk)
     qpos = np.tile(np.arange(q_start, q_start + tq), g)  # row r -> position of query r % tq
-    scores = np.where(np.arange(tk)[None, None, :] <= qpos[None, :, None], scores, _F32(-np.inf))
-    p = softmax(scores, axis=-1)
+    kpos = np.arange(tk)[None, None, :]
+    seen = kpos <= qpos[None, :, None]
+    if window > 0:
+        seen &= kpos > qpos[None, :, None] - window
+    scores = np.where(seen, scores, _F32(-np.inf))
+    if sinks is not None:  # row r of group kv is head kv * g + r // tq
+        col = np.repeat(np.asarray(sinks, _F32).reshape(kv_heads, g), tq, axis=1)[..., None]
+        p = softmax(np.concatenate([scores, col], axis=-1), axis=-1)[..., :-1]
+    else:
+        p = softmax(scores, axis=-1)
     out = np.matmul(p.astype(_F64), np.asarray(v, _F64).transpose(1, 0, 2))  # (kv, g*tq, d)
     return out.reshape(kv_heads, g, tq, d).transpose(2, 0, 1, 3).reshape(tq, heads, d).astype(_F32)
 
@@ -375,28 +470,65 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x / (_F32(1.0) + np.exp(-x))
 
 
-def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
-    """W_down · (silu(W_gate·x) * (W_up·x)) for rows x: (N, hidden)."""
-    return _mm(_silu(_mm(x, w_gate)) * _mm(x, w_up), w_down)
+@dataclass(frozen=True)
+class Act:
+    """The FFN activation of `glu`: alpha, limit (0: no clamp) and the shift of up."""
+
+    alpha: float = 1.0
+    limit: float = 0.0
+    shift: float = 0.0
+
+    @classmethod
+    def of(cls, shape: Any) -> Act:
+        return cls(shape.swiglu_alpha, shape.swiglu_limit, shape.swiglu_shift)
 
 
-def dense_ffn(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
+SILU = Act()
+
+
+def glu(gate: np.ndarray, up: np.ndarray, act: Act = SILU) -> np.ndarray:
+    """The gated activation, float32: silu(gate) * up, or gpt_oss's clamped form
+    min(gate, limit) * sigmoid(alpha * min(gate, limit)) * (clip(up, ±limit) + shift)."""
+    if act == SILU:
+        return _silu(gate) * up
+    g, u = np.asarray(gate, _F32), np.asarray(up, _F32)
+    if act.limit:
+        g, u = np.minimum(g, _F32(act.limit)), np.clip(u, _F32(-act.limit), _F32(act.limit))
+    return (g / (_F32(1.0) + np.exp(_F32(-act.alpha) * g)) * (u + _F32(act.shift))).astype(_F32)
+
+
+def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
+           b_gate: np.ndarray | None = None, b_up: np.ndarray | None = None,
+           b_down: np.ndarray | None = None, act: Act = SILU) -> np.ndarray:
+    """W_down · glu(W_gate·x + b_gate, W_up·x + b_up) + b_down for rows x: (N, hidden)."""
+    return _mm(glu(_mm(x, w_gate, b_gate), _mm(x, w_up, b_up), act), w_down, b_down)
+
+
+def dense_ffn(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
+              b_gate: np.ndarray | None = None, b_up: np.ndarray | None = None,
+              b_down: np.ndarray | None = None, act: Act = SILU) -> np.ndarray:
     """Dense SwiGLU FFN (same as :func:`swiglu`; named for the layer it is)."""
-    return swiglu(x, w_gate, w_up, w_down)
+    return swiglu(x, w_gate, w_up, w_down, b_gate, b_up, b_down, act)
 
 
-def expert_routing(hidden_rows: np.ndarray, router: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """MoE gate for rows (N, hidden) (already ffn-normed).
-
-    Returns (expert_ids (N, k) int64, weights (N, k) float32): experts in
-    descending probability, ties to the lower index; weights renormalised to
-    sum to 1 per row.
-    """
-    probs = softmax(_mm(hidden_rows, router), axis=-1)
+def route(logits: np.ndarray, top_k: int, normalize: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The MoE gate's choice from router logits (N, experts): (expert_ids (N, k)
+    int64, weights (N, k) float32), experts in descending softmax probability,
+    ties to the lower index; the k probabilities renormalised to sum to 1 per
+    row where `normalize` (norm_topk), else as they are."""
+    probs = softmax(logits, axis=-1)
     # Stable sort of -p keeps equal probabilities in ascending expert order.
     ids = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k].astype(np.int64)
     w = np.take_along_axis(probs, ids, axis=-1)
-    return ids, (w / np.sum(w, axis=-1, keepdims=True)).astype(_F32)
+    return ids, (w / np.sum(w, axis=-1, keepdims=True) if normalize else w).astype(_F32)
+
+
+def expert_routing(hidden_rows: np.ndarray, router: np.ndarray, top_k: int,
+                   normalize: bool = True, bias: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """MoE gate for rows (N, hidden) (already ffn-normed): :func:`route` of
+    their router logits (+ the router's bias)."""
+    return route(_mm(hidden_rows, router, bias), top_k, normalize)
 
 
 def moe_ffn(
@@ -405,20 +537,25 @@ def moe_ffn(
     top_k: int,
     counts: np.ndarray | None = None,
     routing: tuple[np.ndarray, np.ndarray] | None = None,
+    normalize: bool = True,
+    act: Act = SILU,
 ) -> np.ndarray:
     """MoE FFN for rows (N, hidden). ``counts`` (experts,) if given is
     incremented by the number of rows routed to each expert. ``routing`` lets
     a caller reuse a precomputed :func:`expert_routing` result."""
-    ids, w = routing if routing is not None else expert_routing(x, moe.router, top_k)
+    ids, w = routing if routing is not None else expert_routing(x, moe.router, top_k, normalize,
+                                                                moe.router_bias)
+    b = (moe.b_gate, moe.b_up, moe.b_down) if moe.b_gate is not None else None
     # Per row, experts are summed in ascending id order then shared experts,
     # in float64: independent of which other rows are in the batch.
     out = np.zeros(x.shape, _F64)
     for e in np.unique(ids):
         rows, slots = np.nonzero(ids == e)
-        y = swiglu(x[rows], moe.w_gate[e], moe.w_up[e], moe.w_down[e])
+        y = swiglu(x[rows], moe.w_gate[e], moe.w_up[e], moe.w_down[e],
+                   *((None,) * 3 if b is None else (b[0][e], b[1][e], b[2][e])), act=act)
         out[rows] += w[rows, slots][:, None].astype(_F64) * y
     for s in range(moe.shared_gate.shape[0]):
-        out += swiglu(x, moe.shared_gate[s], moe.shared_up[s], moe.shared_down[s])
+        out += swiglu(x, moe.shared_gate[s], moe.shared_up[s], moe.shared_down[s], act=act)
     if counts is not None:
         np.add.at(counts, ids.ravel(), 1)
     return out.astype(_F32)
@@ -550,32 +687,37 @@ class ReferenceModel:
         x = self.weights.embed[np.asarray(toks, np.int64)]
         if trace is not None:
             trace._put(-1, "embed", x)
+        eps, rope, act = s.rms_eps, s.rope, Act.of(s)
         for li, lw in enumerate(w.layers):
-            n1 = rmsnorm(x, lw.attn_norm)
-            lin = _mm(n1, lw.wq), _mm(n1, lw.wk), _mm(n1, lw.wv)
-            q = apply_rope(lin[0].reshape(n, s.heads, s.head_dim), positions)
-            k = apply_rope(lin[1].reshape(n, s.kv_heads, s.head_dim), positions)
+            n1 = rmsnorm(x, lw.attn_norm, eps)
+            lin = _mm(n1, lw.wq, lw.bq), _mm(n1, lw.wk, lw.bk), _mm(n1, lw.wv, lw.bv)
+            q = apply_rope(qk_norm(lin[0].reshape(n, s.heads, s.head_dim), lw.q_norm, eps),
+                           positions, rope)
+            k = apply_rope(qk_norm(lin[1].reshape(n, s.kv_heads, s.head_dim), lw.k_norm, eps),
+                           positions, rope)
             v = lin[2].reshape(n, s.kv_heads, s.head_dim)
             att = np.empty((n, s.heads, s.head_dim), _F32)
             for st, r0, cnt in spans:
                 st._write(li, st.length, k[r0 : r0 + cnt], v[r0 : r0 + cnt])
                 end = st.length + cnt
                 att[r0 : r0 + cnt] = attention(
-                    q[r0 : r0 + cnt], st._k[li][:end], st._v[li][:end], st.length
-                )
-            proj = _mm(att.reshape(n, s.heads * s.head_dim), lw.wo)
+                    q[r0 : r0 + cnt], st._k[li][:end], st._v[li][:end], st.length, s.window(li),
+                    lw.sinks)
+            proj = _mm(att.reshape(n, s.heads * s.head_dim), lw.wo, lw.bo)
             h = x + proj
-            n2 = rmsnorm(h, lw.ffn_norm)
-            if s.is_moe:
-                routing = expert_routing(n2, lw.moe.router, s.top_k)
+            n2 = rmsnorm(h, lw.ffn_norm, eps)
+            moe = s.is_moe_layer(li)
+            if moe:
+                routing = expert_routing(n2, lw.moe.router, s.top_k, s.norm_topk, lw.moe.router_bias)
                 counts = None
                 if trace is not None:
                     if trace.expert_counts is None:
                         trace.expert_counts = np.zeros((s.layers, s.experts), np.int64)
                     counts = trace.expert_counts[li]
-                f = moe_ffn(n2, lw.moe, s.top_k, counts=counts, routing=routing)
+                f = moe_ffn(n2, lw.moe, s.top_k, counts=counts, routing=routing, act=act)
             else:
-                f = dense_ffn(n2, lw.dense.w_gate, lw.dense.w_up, lw.dense.w_down)
+                d = lw.dense
+                f = dense_ffn(n2, d.w_gate, d.w_up, d.w_down, d.b_gate, d.b_up, d.b_down, act)
             out = h + f
             if trace is not None:
                 for name, val in (
@@ -585,14 +727,14 @@ class ReferenceModel:
                     ("resid_out", out),
                 ):
                     trace._put(li, name, val)
-                if s.is_moe:
+                if moe:
                     trace._put(li, "router_ids", routing[0])
                     trace._put(li, "router_weights", routing[1])
             x = out
         for st, _, cnt in spans:
             st.length += cnt
         last = np.asarray([r0 + cnt - 1 for _, r0, cnt in spans], np.int64)
-        final = rmsnorm(x[last], w.final_norm)
+        final = rmsnorm(x[last], w.final_norm, eps)
         logits = _mm(final, w.lm_head)
         if trace is not None:
             trace._put(-1, "final_in", final)
@@ -626,8 +768,7 @@ class ReferenceModel:
         return [int(t) for t in greedy(logits)]
 
     def is_finished(self, output: Sequence[int], max_new_tokens: int) -> bool:
-        eos = self.shape.eos_token
-        return len(output) >= max_new_tokens or (bool(output) and eos is not None and output[-1] == eos)
+        return len(output) >= max_new_tokens or (bool(output) and output[-1] in self.shape.eos_tokens)
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, trace: Trace | None = None) -> list[int]:
         """Greedy generation; the output ends with EOS if one was emitted."""

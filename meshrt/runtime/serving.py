@@ -83,7 +83,7 @@ class Host:
     """Host side of serving plus the sampler root's slot bookkeeping."""
 
     def __init__(self, requests: list[Request], *, micro_batch: int, groups: int, max_seq: int,
-                 eos: int | None, clock_hz: float, static: bool, queue_capacity: int,
+                 eos: frozenset[int], clock_hz: float, static: bool, queue_capacity: int,
                  refill_cycles: int):
         self.b, self.groups, self.max_seq, self.eos = micro_batch, groups, max_seq, eos
         self.static = static
@@ -187,7 +187,7 @@ class Host:
             live.sampled_at.append((seq, s))
             if live.first is None:
                 live.first = now
-            if tok == self.eos or len(live.out) >= live.req.output_len:
+            if tok in self.eos or len(live.out) >= live.req.output_len:
                 live.done = True
                 self.records.append(RequestRecord(live.req.id, live.req.prompt, live.out, live.arrival,
                                                   live.admitted, live.first, now, live.sampled_at))
@@ -256,17 +256,14 @@ def run_bytes(shape: ModelShape, kv_slots: int) -> int:
 
 def check_runnable(shape: ModelShape, kv_slots: int, where: Loc | str | None = None) -> None:
     """Refuse, before anything is allocated, a model the reference and the
-    interpreter cannot run: mixed dense and MoE layers (not supported yet), or
+    interpreter cannot run: math they do not compute yet (`missing_math`), or
     more memory than this machine has (`run_bytes`). FrontendError at `where`
-    (the mixed-layer error at the field that chose the MoE layers)."""
-    if shape.is_moe and len(shape.moe_layers) < shape.layers:
-        dense = [i for i in range(shape.layers) if not shape.is_moe_layer(i)]
-        shown = ", ".join(map(str, dense[:4])) + (", ..." if len(dense) > 4 else "")
+    (the missing math at the field that brought it in)."""
+    if shape.missing_math:
         raise FrontendError(
-            f"layers {shown} of {shape.name} are dense and the others MoE: the NumPy reference "
-            "and the interpreter run models whose layers are all MoE or all dense (mixed layers "
-            "are a later issue); `meshrt compile` and `meshrt bench` take it",
-            shape.locs.get("moe_layers") or where)
+            f"{shape.name}: the NumPy reference and the interpreter do not compute "
+            f"{shape.missing_math} yet; `meshrt compile` and `meshrt bench` take it",
+            shape.locs.get("missing_math") or where)
     check_memory(run_bytes(shape, kv_slots), f"the NumPy reference and interpreter of {shape.name}",
                  "use `meshrt bench` (the cost model) for a model this size", where)
 
@@ -397,7 +394,7 @@ def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_
     groups = default_in_flight(program)
     max_seq = HParams.of(program).int("max_seq")
     host = Host(list(requests), micro_batch=program.micro_batch_size, groups=groups, max_seq=max_seq,
-                eos=shape.eos_token, clock_hz=target.clock_hz,
+                eos=shape.eos_tokens, clock_hz=target.clock_hz,
                 static="continuous_batching" not in dyn, queue_capacity=queue_capacity,
                 refill_cycles=int(target.costs.get("host_roundtrip", 0)))
     plane = DataPlane(program, weights, host)

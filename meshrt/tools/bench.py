@@ -1,7 +1,7 @@
 """`meshrt bench`: the paper's evaluation (§6) for one model on one target, side by side.
 
-    meshrt bench MODEL --target T [--micro-batch 1,2,4,8] [--workload NAME] [--out DIR]
-                 [--placement [--placement-seeds 0,1] [--spreads 0,0.03,0.07]
+    meshrt bench MODEL --target T [--micro-batch 1,2,4,8] [--wafers 1,2,4] [--workload NAME]
+                 [--out DIR] [--placement [--placement-seeds 0,1] [--spreads 0,0.03,0.07]
                   [--placement-steps 3]]
 
 Compiles the model in the configurations each question needs, times every
@@ -20,6 +20,11 @@ from and how each configuration is modelled) and PNG plots into DIR:
   (the paper's Figure 9; no padding correction, as there).
 - padding of static batching vs batch size on the synthetic chat-like and
   reasoning-like workloads (the paper's Figure 2).
+- TPOT against wafer count: the full build at the first micro-batch mapped
+  onto each wafer count of `--wafers` (default: the fewest the model needs
+  and twice that), the mapper spreading the layers over every wafer and
+  widening their regions where they have room ("wafers" in bench.json; a
+  count too small for the model is a row saying so, not an error).
 - with `--placement` (MoE models on targets small enough to simulate, e.g.
   test32 / test16): the expert-placement benchmark of
   `meshrt.tools.placement_bench` -- per-layer MoE time gap and TPOT of the
@@ -131,6 +136,11 @@ def micro_batch_list(text: str) -> tuple[int, ...]:
     return _list_arg(text, int, lambda v: v >= 1, "positive integers", ordered=True)
 
 
+def wafer_list(text: str) -> tuple[int, ...]:
+    """`--wafers 1,2,4`: distinct positive integers, in increasing order."""
+    return _list_arg(text, int, lambda v: v >= 1, "positive integers", ordered=True)
+
+
 def seed_list(text: str) -> tuple[int, ...]:
     """`--placement-seeds 0,1`: distinct non-negative integers, in the order given."""
     return _list_arg(text, int, lambda v: v >= 0, "non-negative integers", ordered=False)
@@ -162,6 +172,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a bundled target (wse3, wse2, test32, test16) or a target .toml file")
     p.add_argument("--micro-batch", type=micro_batch_list, default=DEFAULT_MICRO_BATCHES,
                    metavar="LIST", help="micro-batch sizes to sweep (default 1,2,4,8)")
+    p.add_argument("--wafers", type=wafer_list, metavar="LIST",
+                   help="wafer counts for the TPOT-vs-wafers table (default: the fewest the "
+                        "model needs and twice that)")
     p.add_argument("--workload", default="chat", metavar="NAME",
                    help="workload whose padding prices continuous batching: chat, reasoning "
                         "(synthetic) or a .jsonl file (default chat)")
@@ -193,7 +206,8 @@ def main(args: argparse.Namespace) -> int:
         check_workload(args.workload)
         placement = placement_options(args)
         results = run_bench(args.model, args.target, args.micro_batch, args.workload,
-                            progress=_progress, placement=placement)
+                            progress=_progress, placement=placement,
+                            wafers=getattr(args, "wafers", None))
         results["meta"]["command"] = _command_line(args)
         print_tables(results)
         write_outputs(results, out)
@@ -231,6 +245,8 @@ def placement_options(args: argparse.Namespace) -> PlacementOptions | None:
 def _command_line(args: argparse.Namespace) -> str:
     mb = ",".join(str(b) for b in args.micro_batch)
     out = f" --out {args.out}" if args.out else ""
+    if getattr(args, "wafers", None):
+        out = f" --wafers {','.join(map(str, args.wafers))}" + out
     place = ""
     opts = placement_options(args)
     if opts:
@@ -296,21 +312,22 @@ class Builder:
         except FrontendError as e:
             raise BenchError(str(e)) from None
         self.progress = progress or (lambda _msg: None)
-        self.cache: dict[tuple[int, tuple[str, ...] | None], Build] = {}
+        self.cache: dict[tuple[int, tuple[str, ...] | None, int | None], Build] = {}
         self.hparams: dict[str, float] = {}
         self.spec_dynamism: tuple[str, ...] = ()
         self.simulate = self.target.cores <= INTERPRETER_MAX_CORES
 
     def build(self, label: str, micro_batch: int, dynamism: Sequence[str] | None,
-              required: bool = False) -> Build:
-        """Compile (dynamism None: the spec's own kinds) and time; errors kept unless required."""
-        key = (micro_batch, None if dynamism is None else tuple(dynamism))
+              required: bool = False, wafers: int | None = None) -> Build:
+        """Compile (dynamism None: the spec's own kinds; wafers None: the fewest) and time;
+        errors kept unless required."""
+        key = (micro_batch, None if dynamism is None else tuple(dynamism), wafers)
         if key in self.cache:
             return self.cache[key]
         b = Build(label, micro_batch, tuple(dynamism or ()))
         t0 = time.perf_counter()
         try:
-            program = self._compile(micro_batch, dynamism)
+            program = self._compile(micro_batch, dynamism, wafers)
             b.compile_s = time.perf_counter() - t0
             self._time(b, program)
         except BenchError as e:
@@ -326,13 +343,14 @@ class Builder:
         self.cache[key] = b
         return b
 
-    def _compile(self, micro_batch: int, dynamism: Sequence[str] | None):
+    def _compile(self, micro_batch: int, dynamism: Sequence[str] | None, wafers: int | None = None):
         from meshrt import driver
         from meshrt.diagnostics import MeshrtError
         from meshrt.frontend.errors import FrontendError
 
         try:
             module = driver.load_model(self.model, self.target, micro_batch=micro_batch,
+                                       wafers=wafers,
                                        dynamism=None if dynamism is None else tuple(dynamism))
         except FrontendError as e:
             raise BenchError(str(e)) from None
@@ -404,7 +422,8 @@ class Builder:
 
 def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: str,
               progress: Callable[[str], None] | None = None,
-              placement: PlacementOptions | None = None) -> dict:
+              placement: PlacementOptions | None = None,
+              wafers: Sequence[int] | None = None) -> dict:
     """Every number of the benchmark as one JSON-ready dict."""
     t0 = time.perf_counter()
     builder = Builder(model, target, progress)
@@ -435,6 +454,7 @@ def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: s
         "governance": governance(builder, kinds, clock),
         "ablation": ablation(builder, kinds, ablation_micro_batch(meshrt), cb_padding, clock),
         "pareto": pareto(builder, static, meshrt, clock),
+        "wafers": wafer_scaling(builder, meshrt[micro_batches[0]], wafers, clock),
         "padding": {"batches": sorted(set(PADDING_BATCHES) | set(micro_batches)),
                     "seeds": list(PADDING_SEEDS), "requests": PADDING_REQUESTS,
                     "source": "workload", **padding},
@@ -612,6 +632,36 @@ def pareto(builder: Builder, static: dict[int, Build], meshrt: dict[int, Build],
             "paper": "decode peak system throughput 6.3-55.8x over WaferLLM"}
 
 
+def wafer_counts(fewest: int, asked: Sequence[int] | None) -> tuple[int, ...]:
+    """The wafer counts of the TPOT-vs-wafers table: those asked, else the fewest and twice it."""
+    return tuple(asked) if asked else (fewest, 2 * fewest)
+
+
+def wafer_scaling(builder: Builder, base: Build, asked: Sequence[int] | None,
+                  clock: float) -> dict:
+    """TPOT of the full build at `base`'s micro-batch mapped onto each wafer count."""
+    b = base.micro_batch
+    counts = wafer_counts(base.wafers, asked) if base.ok else tuple(asked or ())
+    points = []
+    for n in counts:
+        m = base if n == base.wafers and base.ok else builder.build(f"wafers {n}", b, None, wafers=n)
+        row = {"wafers": n, "micro_batch": b, "ok": m.ok, "error": m.error}
+        if m.ok:
+            row.update({"wafers_used": m.wafers, "stages": m.stages, "cores": m.cores,
+                        "step_cycles": m.latency_cycles, "tpot_cycles": m.tpot_cycles,
+                        "tpot_us": 1e6 * m.tpot_cycles / clock,
+                        "user_tokens_per_s": clock / m.tpot_cycles,
+                        "system_tokens_per_s": b * clock / m.interval_cycles,
+                        **_bound_json(m, m.tpot_cycles, clock)})
+        points.append(row)
+    return {"micro_batch": b, "fewest": base.wafers if base.ok else None, "points": points,
+            "source": "cost_model",
+            "modelling": "the full build (the spec's dynamism) with --wafers N: the mapper puts "
+                         "contiguous runs of units on each of the N wafers (a stage each at "
+                         "least) and widens the dense layers and the LM head where the wafers "
+                         "have room, choosing among packings by the cost model's step time"}
+
+
 def padding_curves(batches: Sequence[int]) -> dict:
     """Static-batching padding vs batch size on the two synthetic workloads (mean over seeds)."""
     from meshrt.runtime.workloads import get_workload, padding_fraction
@@ -714,6 +764,25 @@ def print_tables(results: dict, file=None) -> None:
     if p["peak_system_ratio"] is not None:
         t.caption = f"peak system throughput meshrt / static: {p['peak_system_ratio']:.2f}x"
     con.print(t)
+
+    wf = results.get("wafers")
+    if wf and wf["points"]:
+        t = Table(title=f"TPOT against wafer count (micro-batch {wf['micro_batch']})")
+        for col in ("wafers", "stages", "cores", "step cycles", "TPOT us", "bound us",
+                    "TPOT / bound", "user tok/s", "system tok/s"):
+            t.add_column(col, justify="right")
+        for r in wf["points"]:
+            if not r["ok"]:
+                t.add_row(str(r["wafers"]), "-", "-", "not built", r["error"] or "", "", "", "", "")
+                continue
+            t.add_row(str(r["wafers_used"]), str(r["stages"]), _fmt(r["cores"]),
+                      _fmt(r["step_cycles"]), _fmt(r["tpot_us"], 1), *_bound_cells(r),
+                      _fmt(r["user_tokens_per_s"], 1), _fmt(r["system_tokens_per_s"], 1))
+        t.caption = ("step: one micro-batch's decode step; TPOT = max(step, stages x initiation "
+                     "interval) with a micro-batch per stage in flight"
+                     + (f"; the model needs at least {wf['fewest']} wafer(s) at this micro-batch"
+                        if wf["fewest"] else ""))
+        con.print(t)
 
     pad = results["padding"]
     t = Table(title="Padding of static batching\n(synthetic workloads; paper, ShareGPT: "

@@ -1,8 +1,10 @@
 """`meshrt run`: serve a workload on the simulated mesh and check it against NumPy.
 
-MODEL is a .mrt spec or a config.json (compiled to coloured segment IR for
-the target; `--static` compiles the WaferLLM-style baseline without
-dynamism), or printed IR (.mlir) of any level as `meshrt compile --emit`
+MODEL is a .mrt spec, a config.json or a checkpoint directory (config.json
+and *.safetensors, as the hub stores a model: its weights replace the
+seeded random ones) compiled to coloured segment IR for the target
+(`--static` compiles the WaferLLM-style baseline without dynamism), or
+printed IR (.mlir) of any level as `meshrt compile --emit`
 prints it: segment IR is checked and run as it is, IR of a higher level is
 lowered for its own target (or --target) first. `--compare` runs the static
 baseline and the compiled model side by side in one invocation.
@@ -30,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from meshrt.runtime.workloads import WORKLOADS
     from meshrt.targets import available_targets
 
-    p.add_argument("model", metavar="MODEL|IR",
-                   help="a .mrt spec, a Hugging Face config.json or printed IR (.mlir) of any level")
+    p.add_argument("model", metavar="MODEL|DIR|IR",
+                   help="a .mrt spec, a Hugging Face config.json, a checkpoint directory "
+                        "(config.json + *.safetensors) or printed IR (.mlir) of any level")
     p.add_argument("--target", metavar="T",
                    help=f"a bundled target ({', '.join(available_targets())}) or a target .toml "
                         "file (default: the IR's, or test32)")
@@ -47,8 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seed of the asynchrony (core speeds, jitter), 0 or more (default 0)")
     p.add_argument("--workload-seed", type=int, default=0, metavar="S",
                    help="seed of the synthetic workload's lengths, arrivals and tokens (default 0)")
-    p.add_argument("--weights-seed", type=int, default=0, metavar="S",
-                   help="seed of the random weights (default 0)")
+    p.add_argument("--weights-seed", type=int, default=None, metavar="S",
+                   help="seed of the random weights (default 0; not with a checkpoint directory)")
     p.add_argument("--queue", type=int, default=16, metavar="N",
                    help="waiting-queue capacity, at least 1 (default 16)")
     p.add_argument("--static", action="store_true",
@@ -104,12 +107,25 @@ def _serve(args, static: bool):
     program, target = _program(args.model, args.target, static)
     hp = HParams.of(program)
     max_seq, vocab = hp.int("max_seq"), hp.int("vocab")
+    weights = _checkpoint_weights(args, program)
     reqs = tiny_workload(args.workload, args.requests, args.workload_seed, max_seq, vocab,
                          target.clock_hz, args.rate or None)
     with _progress(len(reqs), args.max_cycles) as progress:
-        return serve(program, target, reqs, seed=args.seed, weight_seed=args.weights_seed,
-                     queue_capacity=args.queue, max_cycles=args.max_cycles, trace=bool(args.trace),
-                     safe=not args.unsafe, progress=progress)
+        return serve(program, target, reqs, seed=args.seed, weight_seed=args.weights_seed or 0,
+                     weights=weights, queue_capacity=args.queue, max_cycles=args.max_cycles,
+                     trace=bool(args.trace), safe=not args.unsafe, progress=progress)
+
+
+def _checkpoint_weights(args, program):
+    """MODEL's checkpoint weights (read once for --compare), or None: random weights."""
+    from meshrt.runtime.checkpoint import is_checkpoint, load_checkpoint
+    from meshrt.runtime.serving import reference_shape
+
+    if not is_checkpoint(args.model):
+        return None
+    if getattr(args, "_weights", None) is None:
+        args._weights = load_checkpoint(args.model, reference_shape(program))
+    return args._weights
 
 
 @contextlib.contextmanager
@@ -137,13 +153,18 @@ def check_flags(args: argparse.Namespace) -> None:
             ("--requests", args.requests, 1, None), ("--queue", args.queue, 1, None),
             ("--max-cycles", args.max_cycles, 1, 1 << 62), ("--rate", args.rate, 0, None),
             ("--seed", args.seed, 0, SEED_MAX), ("--workload-seed", args.workload_seed, 0, SEED_MAX),
-            ("--weights-seed", args.weights_seed, 0, SEED_MAX)):
+            ("--weights-seed", args.weights_seed or 0, 0, SEED_MAX)):
         if not math.isfinite(v):
             raise UsageError(f"{me} {flag} must be a finite number, got {v}")
         if v < low:
             raise UsageError(f"{me} {flag} must be at least {low}, got {v}")
         if high is not None and v > high:
             raise UsageError(f"{me} {flag} must be at most {high:,}, got {v:,}")
+    from meshrt.runtime.checkpoint import is_checkpoint
+
+    if args.weights_seed is not None and is_checkpoint(args.model):
+        raise UsageError(f"{me} --weights-seed draws random weights; {args.model} is a checkpoint "
+                         "with its own")
     if args.trace_by_class and not args.trace:
         raise UsageError(f"{me} --trace-by-class needs --trace FILE")
     try:

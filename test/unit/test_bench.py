@@ -92,8 +92,36 @@ def test_bench_shows_the_lower_bound_beside_each_tpot(bench_run):
             b["bound_compute_cycles"] + b["bound_hop_cycles"] + b["bound_wafer_cycles"])
 
 
+def test_bench_tpot_against_wafer_count(bench_run):
+    """By default the fewest wafers (1 for tiny_dense on test32) and twice that."""
+    _, stdout, res = bench_run
+    wf = res["wafers"]
+    assert "TPOT against wafer count" in stdout and wf["source"] == "cost_model"
+    assert wf["fewest"] == 1 and wf["micro_batch"] == 1
+    assert [p["wafers"] for p in wf["points"]] == [1, 2]
+    for p in wf["points"]:
+        assert p["ok"] and p["wafers_used"] == p["wafers"] and p["stages"] >= p["wafers"]
+        assert p["tpot_us"] == pytest.approx(1e6 * p["tpot_cycles"] / res["meta"]["clock_hz"])
+        assert 0 < p["bound_cycles"] <= p["tpot_cycles"]
+
+
+def test_bench_wafers_too_few_is_a_row(tmp_path):
+    moe = str(REPO / "examples" / "tiny_moe.mrt")
+    from meshrt.tools.bench import Builder, wafer_scaling
+
+    builder = Builder(moe, "test16")
+    builder.simulate = False  # the cost model is enough here
+    base = builder.build("meshrt", 1, None, required=True)
+    assert base.wafers == 2
+    wf = wafer_scaling(builder, base, (1, 2), 1.0)
+    few, two = wf["points"]
+    assert not few["ok"] and "needs at least 2 wafers" in few["error"]
+    assert two["ok"] and two["wafers_used"] == 2
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["bench", TINY], "--target"),
+    (["bench", TINY, "--target", "test32", "--wafers", "0"], "--wafers"),
     (["bench", TINY, "--target", "test32", "--micro-batch", "0"], "--micro-batch"),
     (["bench", TINY, "--target", "test32", "--micro-batch", "1,x"], "--micro-batch"),
     (["bench", "no/such/model.mrt", "--target", "test32"], "no such model file"),

@@ -272,15 +272,12 @@ def test_run_refuses_segment_ir_too_large_for_memory(tmp_path, segment_ir):
     assert line.startswith(f"{p}:2:3: error: needs ")
 
 
-def test_mixed_moe_config_is_refused_by_run_at_the_field(tmp_path):
-    p = _config(tmp_path, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
-                moe_intermediate_size=32, decoder_sparse_step=2)
+def test_math_the_reference_lacks_is_refused_by_run_at_the_field(tmp_path):
+    p = _config(tmp_path, model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2,
+                head_dim=16, quantization_config={"quant_method": "mxfp4"})
     assert _cli("compile", p, "--target", "test32")[0] == 0  # the compiler and cost model take it
-    line = _one_line(*_cli("run", p), "are dense and the others MoE")
-    assert line.startswith(f"{p}:1:") and "later issue" in line
-    p = _config(tmp_path, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
-                moe_intermediate_size=32, mlp_only_layers=[0])
-    _one_line(*_cli("run", p), "layers 0 of")
+    line = _one_line(*_cli("run", p), "do not compute mxfp4 quantized weights")
+    assert line.startswith(f"{p}:1:")
 
 
 # -- spec values ---------------------------------------------------------------

@@ -93,7 +93,12 @@ def test_hparams_defaults_for_partial_ir():
 
 @pytest.mark.parametrize("kw, where, message", [
     ({"layers": 0}, "layers", "layers must be at least 1, got 0"),
-    ({"heads": 3}, "hidden", "hidden size 32 is not divisible by heads 3"),
+    ({"rms_eps": 0.0}, "rms_eps", "rms_norm_eps must be a positive number, got 0.0"),
+    ({"rope_theta": 0.5}, "rope", "rope_theta must be a finite number above 1, got 0.5"),
+    ({"rope_type": "llama3", "rope_factor": 8.0}, "rope",
+     "rope type llama3 needs original_max_position_embeddings of at least 1"),
+    ({"sliding_window": 8}, "sliding_window", "a sliding window needs both its width and its layers"),
+    ({"qk_norm": 2}, "qk_norm", "qk_norm must be at most 1, got 2"),
     ({"kv_heads": 3}, "kv_heads", "heads 4 is not a multiple of kv_heads 3"),
     ({"head_dim": 7}, "head_dim", "head_dim must be even for rotary embeddings, got 7"),
     ({"dtype_bytes": 0.3}, "dtype_bytes",
@@ -116,9 +121,15 @@ def test_validation_is_located(kw, where, message):
     assert str(e.value) == f"m.mrt: error: {message}"
 
 
+def test_explicit_head_dim_need_not_divide_hidden():
+    # Qwen3-style: head_dim given, hidden_size not heads x head_dim
+    s = dataclasses.replace(DENSE, hidden=30, heads=4, kv_heads=2, head_dim=16)
+    assert s.attn_width == 64 and s.qkv_width == 128
+
+
 def test_reference_shares_the_validation():
-    with pytest.raises(ValueError, match="hidden size 30 is not divisible by heads 4"):
-        RefShape(1, 30, 4, 2, 8, 64, ffn=16)
+    with pytest.raises(ValueError, match="heads 4 is not a multiple of kv_heads 3"):
+        RefShape(1, 32, 4, 3, 8, 64, ffn=16)
     with pytest.raises(ValueError, match="an MoE shape must have ffn == 0"):
         RefShape(1, 32, 4, 2, 8, 64, ffn=16, experts=2, top_k=1, expert_ffn=8)
     ref = RefShape(1, 32, 4, 2, 8, 64, ffn=16)

@@ -21,6 +21,10 @@ class Attention(KernelExec):
         p = info.param
         self.heads, self.kvh, self.d = p("heads"), p("kv_heads"), p("head_dim")
         self.max_seq, self.slots = p("max_seq"), p("slots")
+        shape = plane.shape
+        self.rope, self.eps, self.window = shape.rope, shape.rms_eps, shape.window(self.layer)
+        self.q_gain, self.k_gain = plane.qk_gains(self.layer)
+        self.sinks = plane.sinks(self.layer)
         _, _, w, _ = self.tiles[0]
         if self.kvh % w:
             raise DataLayoutError(
@@ -64,15 +68,17 @@ class Attention(KernelExec):
                     continue
                 p = slot.pos
                 pos = np.asarray([p])
-                qr = ref.apply_rope(q[b][None], pos)[0]
-                kr = ref.apply_rope(k[b][None], pos)[0]
+                qr = ref.apply_rope(ref.qk_norm(q[b][None], self.q_gain, self.eps), pos, self.rope)[0]
+                kr = ref.apply_rope(ref.qk_norm(k[b][None], self.k_gain, self.eps), pos, self.rope)[0]
                 if r0 <= p < r1:
                     cache[0, slot.kv, p - r0] = kr
                     cache[1, slot.kv, p - r0] = v[b]
-                n = min(p + 1, r1) - r0  # keys of this request in this core's rows
-                if n <= 0:
+                # keys of this request in this core's rows (a sliding window: its last ones)
+                lo = max(r0, p - self.window + 1) - r0 if self.window else 0
+                n = min(p + 1, r1) - r0
+                if n <= lo:
                     continue
-                keys, vals = cache[0, slot.kv, :n], cache[1, slot.kv, :n]
+                keys, vals = cache[0, slot.kv, lo:n], cache[1, slot.kv, lo:n]
                 for hh in range(hq):
                     kv_i = hh // g
                     sc = (keys[:, kv_i].astype(F64) @ qr[hh].astype(F64) / math.sqrt(self.d)).astype(F32)
@@ -89,6 +95,10 @@ class Attention(KernelExec):
             hq = self.heads // w
             out = np.zeros((self.b, hq, self.d), F32)
             live = s > 0
+            if self.sinks is not None:  # each head's sink logit: one more softmax term
+                sink = self.sinks[i * hq:(i + 1) * hq].astype(F64)[None, :]
+                with np.errstate(invalid="ignore", over="ignore"):
+                    s = s + np.where(live, np.exp(sink - np.where(live, m, 0.0)), 0.0)
             out[live] = (o[live] / s[live][:, None]).astype(F32)
             n = self.heads * self.d
             c0 = i * hq * self.d

@@ -22,7 +22,7 @@ from meshrt.kernels.interface import (
     ceil_div,
     chain,
 )
-from meshrt.shape import HParams
+from meshrt.shape import HParams, request_state
 
 QK = ComputeOp("qk", "fmac", csl.qk, reads_input=True)
 """Scores of this core's KV rows: q . K[r]."""
@@ -103,6 +103,12 @@ class AttentionOp(KernelOp):
         scores = micro_batch * ceil_div(heads, w) * rows * ACT_BYTES
         return Footprint(kv, q + scores)
 
+    @staticmethod
+    def control(micro_batch: int, slots: int) -> int:
+        """Control state per core: the micro-batch's descriptors and every slot's context length
+        (where its next KV row goes, how far it attends)."""
+        return request_state(micro_batch, slots)
+
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()
         heads, kv = int_value(self.heads), int_value(self.kv_heads)
@@ -117,7 +123,7 @@ class AttentionOp(KernelOp):
         roles, flows = chain(self, local, "softmax_merge", msg,
                              [("compute", "normalize", b * ceil_div(heads * d, w))], int(state), kctx=kctx)
         for r in roles:
-            r.ctrl = kctx.slots * 16  # request descriptor table: per-slot lengths
+            r.ctrl = self.control(b, kctx.slots)
         return roles, flows
 
     def input_share(self, width: int) -> int:

@@ -32,7 +32,8 @@ class Elementwise(KernelExec):
                 (got,) = self.take(cd, FlowRole.DOWN)
                 cd.acc[self.name] = got + cd.acc[self.name]
             elif op == "rsqrt":
-                cd.acc[self.name + ".inv"] = 1.0 / np.sqrt(cd.acc.pop(self.name) / n + ref.RMS_EPS)
+                eps = self.plane.shape.rms_eps
+                cd.acc[self.name + ".inv"] = 1.0 / np.sqrt(cd.acc.pop(self.name) / n + eps)
             elif op == "scale":
                 inv = cd.acc.pop(self.name + ".inv")
                 x = self.input(cd).need(r0, r1, where).astype(F64)
@@ -51,7 +52,7 @@ class Elementwise(KernelExec):
             v = self.input(cd)
             gate = v.need(2 * c0, 2 * c0 + (c1 - c0), where)
             up = v.need(2 * c0 + (c1 - c0), 2 * c1, where)
-            out = ref._silu(gate) * up
+            out = ref.glu(gate, up, self.plane.act)
         else:
             raise DataLayoutError(f"{where}: elementwise \"{self.kind}\" has no numerics here")
         cd.values[self.name] = Vec.of(out.astype(F32), c0, n)

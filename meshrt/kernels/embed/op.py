@@ -23,6 +23,7 @@ from meshrt.kernels.interface import (
     Role,
     ceil_div,
 )
+from meshrt.shape import request_state
 
 EMBED = ComputeOp("embed", "add", csl.embed, reads_input=True, admits_requests=True)
 """Copy this core's part of each token's embedding row (costed as an add per element)."""
@@ -51,13 +52,19 @@ class EmbedOp(KernelOp):
         cols = ceil_div(hidden, w)
         return Footprint(ceil_div(vocab, h) * cols * weight_bytes, micro_batch * cols * ACT_BYTES)
 
+    @staticmethod
+    def control(micro_batch: int, slots: int) -> int:
+        """Control state per core: the descriptors of the micro-batch whose tokens it embeds
+        (it admits waiting requests into their freed slots); it keeps no per-slot lengths."""
+        return request_state(micro_batch)
+
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()
         hidden = self.output.type.width.data
         state = self.footprint(int_value(self.vocab), hidden, kctx.weight_bytes, kctx.micro_batch, w, h).state
         return [Role("token", self.region,
                      [INPUTS, ("compute", "embed", kctx.micro_batch * ceil_div(hidden, w)), OUTPUTS],
-                     int(state), ctrl=kctx.slots * 16, sends_output=True)], []
+                     int(state), ctrl=self.control(kctx.micro_batch, kctx.slots), sends_output=True)], []
 
     def input_share(self, width: int) -> int:
         return 1  # one token id per slot

@@ -62,7 +62,10 @@ class ExpertFFN(RoutesTokens):
                     continue
                 w13 = cd.tile((self.name, e, "gate_up"), lambda: np.concatenate(
                     [self.moe.w_gate[e, r0:r1, f0:f1], self.moe.w_up[e, r0:r1, f0:f1]], axis=1))
-                parts[e] = (rows, x[rows] @ w13)
+                y = x[rows] @ w13
+                if self.moe.b_gate is not None and r0 == 0:  # the first input rows add the biases
+                    y += np.concatenate([self.moe.b_gate[e, f0:f1], self.moe.b_up[e, f0:f1]])
+                parts[e] = (rows, y)
             cd.acc[self.name] = parts
             cd.acc[self.name + ".a"] = None
             # the first step after a re-placement waits for the weights that move in
@@ -75,14 +78,16 @@ class ExpertFFN(RoutesTokens):
             parts = cd.acc.pop(self.name)
             n = f1 - f0
             cd.acc[self.name + ".a"] = {
-                e: (rows, (ref._silu(g[:, :n].astype(F32)) * g[:, n:].astype(F32)))
+                e: (rows, ref.glu(g[:, :n].astype(F32), g[:, n:].astype(F32), self.plane.act))
                 for e, (rows, g) in parts.items()}
         elif op == "fmac":  # phase 2: a[f_i] . W_down[f_i, rows j], this core's partial
             a = cd.acc.pop(self.name + ".a")
             r0, r1 = part(hidden, h, j)
+            down = self.moe.b_down if f0 == 0 else None  # the first FFN slice adds the bias
             cd.acc[self.name] = {
                 e: (rows, r0, act.astype(F64) @ cd.tile((self.name, e, "down"),
-                                                        lambda e=e: self.moe.w_down[e, f0:f1, r0:r1]))
+                                                        lambda e=e: self.moe.w_down[e, f0:f1, r0:r1])
+                    + (0.0 if down is None else down[e, r0:r1]))
                 for e, (rows, act) in a.items()}
 
     def send(self, cd, role):

@@ -13,6 +13,7 @@ class Gemv(KernelExec):
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.weight = plane.matrix(self.name, self.layer, grid=self.tiles[0])
+        self.bias = plane.bias(self.name, self.layer, grid=self.tiles[0])
         self.transposed = info.param("axis", "col") == "row"
 
     def compute(self, cd, op):
@@ -29,4 +30,6 @@ class Gemv(KernelExec):
         x = self.input(cd).need(r0, r1, self.where(cd))
         partial = np.zeros((self.b, n_out), F64)
         partial[:, c0:c1] = x.astype(F64) @ cd.tile(self.name, lambda: self.weight[r0:r1, c0:c1])
+        if self.bias is not None and r0 == 0:  # the core of the first input rows adds it, once
+            partial[:, c0:c1] += self.bias[c0:c1]
         cd.values[self.name] = ("partial", c0, c1, partial)

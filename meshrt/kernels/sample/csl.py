@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from meshrt.shape import HParams
+
 if TYPE_CHECKING:
     from meshrt.backend.csl.kernels import ComputeBody
 
@@ -42,8 +44,12 @@ def argmax_merge(b: ComputeBody) -> list[str]:
 
 def eos_check(b: ComputeBody) -> list[str]:
     eos = int(b.w.p.hp("eos_token", 0))
+    if eos < 0:  # no EOS token: only a request's length ends it
+        return [f"for (@range(u16, {b.b})) |j| {{", "  done[j] = 0;", "}"]
+    more = HParams.of(b.w.p.op).ints("eos_more")  # a config's further EOS tokens
+    hit = " or ".join(f"@as(u16, y[j * 2 + 1]) == {t}" for t in (eos, *more))
     return [
         f"for (@range(u16, {b.b})) |j| {{",
-        f"  done[j] = if (@as(u16, y[j * 2 + 1]) == {eos}) 1 else 0;",
+        f"  done[j] = if ({hit}) 1 else 0;",
         "}",
     ]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, Routing, part
 from meshrt.runtime import reference as ref
@@ -15,6 +13,7 @@ class TopKGate(RoutesTokens):
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.router = plane.moe(self.layer).router
+        self.bias = plane.moe(self.layer).router_bias
         self.top_k = info.param("top_k")
         if self.tiles[0][2] != 1:
             raise DataLayoutError(f"kernel @{self.name}: a gate over {self.tiles[0][2]} columns "
@@ -27,15 +26,15 @@ class TopKGate(RoutesTokens):
             r0, r1 = part(n_in, h, j)
             x = self.input(cd).need(r0, r1, self.where(cd))
             cd.acc[self.name] = x.astype(F64) @ cd.tile(self.name, lambda: self.router[r0:r1])
+            if self.bias is not None and r0 == 0:  # the core of the first input rows adds it, once
+                cd.acc[self.name] = cd.acc[self.name] + self.bias
         elif op == "add":
             (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = got + cd.acc[self.name]
         elif op == "topk":
             logits = cd.acc.pop(self.name).astype(F32)
-            probs = ref.softmax(logits, axis=-1)
-            ids = np.argsort(-probs, axis=-1, kind="stable")[:, :self.top_k]
-            wts = np.take_along_axis(probs, ids, axis=-1)
-            cd.route = Routing(ids, (wts / np.sum(wts, axis=-1, keepdims=True)).astype(F32))
+            ids, wts = ref.route(logits, self.top_k, self.plane.shape.norm_topk)
+            cd.route = Routing(ids, wts)
             self.plane.count_routing(self.layer, ids, cd)
 
     def send(self, cd, role):

@@ -1,0 +1,242 @@
+"""Parity with transformers: tiny random checkpoints and what transformers computes on them.
+
+Run by hand (needs torch and transformers, which meshrt itself does not):
+
+    pip install torch==2.13.0 transformers
+    python bench/hf_parity.py            # (re)write the fixtures under test/data/hf/
+    python bench/hf_parity.py --check    # compare meshrt's reference with them, print the table
+    python bench/hf_parity.py --check --interpreter --seeds 5
+                                         # and the interpreter on test32, 5 asynchrony seeds
+
+Each fixture is a model of one supported type with transformers' own code
+(`AutoModelForCausalLM.from_config`, eager attention, float32): 2 layers,
+hidden 64, the type's features switched on (non-default rope_theta, rope
+scaling, biases, q/k norm, norm_topk_prob true and false, mixed dense / MoE
+layers, sliding windows, tied embeddings, explicit head_dim, eos null;
+gpt_oss's sinks, router and expert biases, clamped SwiGLU, yarn and
+alternating windows), and
+parameters drawn at O(1) scale (norm gains 1 + N(0, 0.3²), biases N(0, 0.5²),
+linear maps N(0, 1/fan_in), embeddings N(0, 1)) so that a forgotten bias,
+gain or scaling changes the tokens. Each directory `test/data/hf/<name>/`
+holds what `save_pretrained` writes (config.json, *.safetensors; one fixture
+sharded with model.safetensors.index.json) and `expected.json` (prompts,
+transformers' greedy tokens by full recomputation, no KV cache) plus
+`logits.npy` (teacher-forced logits over prompt + generated tokens, every
+position). `test/unit/test_hf_parity.py` checks them without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "test" / "data" / "hf"
+NEW_TOKENS = 16
+PROMPT_LENS = (5, 8, 11)
+
+BASE = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=4, vocab_size=128, max_position_embeddings=32,
+            eos_token_id=None, bos_token_id=None, pad_token_id=None)
+
+# name -> (model_type, config overrides, save_pretrained options)
+FIXTURES: dict[str, tuple[str, dict, dict]] = {
+    "llama": ("llama", dict(
+        rope_theta=5000.0, rms_norm_eps=1e-5, attention_bias=True, mlp_bias=True,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        eos_token_id=7), {}),
+    "qwen2": ("qwen2", dict(
+        rope_theta=1e6, tie_word_embeddings=True, use_sliding_window=True, sliding_window=8,
+        max_window_layers=1), {}),
+    "qwen3": ("qwen3", dict(
+        hidden_size=60, head_dim=12, rope_theta=1e6,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}),
+        {}),
+    "qwen3_moe": ("qwen3_moe", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        head_dim=8, rope_theta=20000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}), {}),
+    "qwen3_moe_mixed": ("qwen3_moe", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False,
+        mlp_only_layers=[0], head_dim=8, attention_bias=True, rms_norm_eps=0.5),
+        {"max_shard_size": "60KB"}),
+    "mixtral": ("mixtral", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
+        rope_theta=3e5), {}),
+    "gpt_oss": ("gpt_oss", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, head_dim=8,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=8, swiglu_limit=1.5,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+                      "beta_fast": 16.0, "beta_slow": 1.0, "truncate": False}), {}),
+}
+
+
+# -- making the fixtures (torch) ----------------------------------------------------
+
+def _o1_init(model, seed: int) -> None:
+    """Parameters at O(1) scale: biases and gains matter (see the module doc)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:  # RMSNorm gains
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:  # (out, in) linear maps, fused experts (E, out, in), gpt_oss's (E, in, out)
+                fan_in = p.shape[-2] if "experts" in name and "gpt_oss" in type(model).__name__.lower() \
+                    else p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+
+
+def _greedy(model, prompt: list[int], eos: int | None) -> list[int]:
+    """Greedy tokens by recomputing the whole sequence each step (no KV cache)."""
+    import torch
+
+    ids = list(prompt)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            tok = int(torch.argmax(logits))
+            out.append(tok)
+            ids.append(tok)
+            if eos is not None and tok == eos:
+                break
+    return out
+
+
+def make(name: str, seed: int) -> dict:
+    import torch
+    import transformers
+
+    mt, over, save = FIXTURES[name]
+    cfg = transformers.AutoConfig.for_model(mt, **{**BASE, **over})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    _o1_init(model, seed)
+    if getattr(cfg, "tie_word_embeddings", False):
+        model.tie_weights()
+    model.eval()
+    d = OUT / name
+    shutil.rmtree(d, ignore_errors=True)
+    model.save_pretrained(d, **save)
+    (d / "generation_config.json").unlink(missing_ok=True)
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in PROMPT_LENS]
+    eos = over.get("eos_token_id", BASE["eos_token_id"])
+    tokens = [_greedy(model, p, eos) for p in prompts]
+    logits = []
+    with torch.no_grad():
+        for p, t in zip(prompts, tokens):
+            seq = p + t[:-1]
+            logits.append(model(torch.tensor([seq])).logits[0].numpy().astype(np.float32))
+    np.save(d / "logits.npy", np.concatenate(logits))
+    exp = {"model_type": mt, "transformers": transformers.__version__, "torch": torch.__version__,
+           "seed": seed, "prompts": prompts, "tokens": tokens, "eos": eos}
+    (d / "expected.json").write_text(json.dumps(exp, indent=1) + "\n")
+    return exp
+
+
+# -- checking meshrt against them (no torch) ----------------------------------------
+
+def reference_outputs(d: Path):
+    """(model, greedy tokens per prompt, teacher-forced logits (rows, vocab)) of meshrt's
+    NumPy reference on fixture directory `d`, loaded through `meshrt run`'s path."""
+    from meshrt import driver
+    from meshrt.runtime import reference as ref
+    from meshrt.runtime.checkpoint import load_checkpoint
+
+    exp = json.loads((d / "expected.json").read_text())
+    shape = ref.RefShape.of(driver.load_spec(d).shape)
+    model = ref.ReferenceModel(shape, load_checkpoint(d, shape))
+    tokens = [model.generate(p, NEW_TOKENS) for p in exp["prompts"]]
+    rows = []
+    for p, t in zip(exp["prompts"], exp["tokens"]):
+        st = model.new_state()
+        for tok in p + t[:-1]:  # one token at a time: the logits at every position
+            rows.append(model.forward([(st, [tok])])[0])
+    return model, tokens, np.stack(rows)
+
+
+def interpreter_tokens(d: Path, seed: int, target: str = "test32"):
+    """The interpreter's outputs on `target` for the fixture's prompts (the
+    serving loop also checks them against the reference): (tokens per prompt, result)."""
+    from meshrt import driver
+    from meshrt.runtime.checkpoint import load_checkpoint
+    from meshrt.runtime.serving import reference_shape, serve
+    from meshrt.runtime.workloads import Request
+
+    exp = json.loads((d / "expected.json").read_text())
+    program = driver.segment_program(d, target)
+    weights = load_checkpoint(d, reference_shape(program))
+    reqs = [Request(i, 0.0, list(p), len(p), NEW_TOKENS, NEW_TOKENS)
+            for i, p in enumerate(exp["prompts"])]
+    res = serve(program, driver.load_target(target), reqs, seed=seed, weights=weights)
+    by_id = {r.id: r.tokens for r in res.records}
+    return [by_id.get(i) for i in range(len(reqs))], res
+
+
+def check(names: list[str], interpreter: bool, seeds: int) -> int:
+    rows, bad = [], 0
+    for name in names:
+        d = OUT / name
+        exp = json.loads((d / "expected.json").read_text())
+        _, toks, logits = reference_outputs(d)
+        want = np.load(d / "logits.npy")
+        total = sum(len(t) for t in exp["tokens"])
+        same = sum(a == b for x, y in zip(toks, exp["tokens"]) for a, b in zip(x, y))
+        same -= sum(abs(len(x) - len(y)) for x, y in zip(toks, exp["tokens"]))
+        err = float(np.max(np.abs(logits - want)))
+        row = [name, f"{same}/{total}", f"{err:.2e}"]
+        ok = same == total and err <= 1e-4
+        if interpreter:
+            t0, matched = time.time(), 0
+            for s in range(seeds):
+                got, res = interpreter_tokens(d, s)
+                matched += got == toks and res.outputs_match_reference
+            row.append(f"{matched}/{seeds} seeds ({time.time() - t0:.0f} s)")
+            ok &= matched == seeds
+        bad += not ok
+        rows.append(row)
+    head = ["fixture", "tokens = transformers", "max |logit error|"] + (
+        ["interpreter tokens = reference (test32)"] if interpreter else [])
+    print(" | ".join(head))
+    for r in rows:
+        print(" | ".join(r))
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help=f"fixtures (default all: {', '.join(FIXTURES)})")
+    ap.add_argument("--check", action="store_true", help="compare meshrt with the fixtures")
+    ap.add_argument("--interpreter", action="store_true", help="with --check: the interpreter too")
+    ap.add_argument("--seeds", type=int, default=5, help="asynchrony seeds for --interpreter")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fixtures' weights and prompts")
+    args = ap.parse_args(argv)
+    names = args.names or list(FIXTURES)
+    unknown = [n for n in names if n not in FIXTURES]
+    if unknown:
+        ap.error(f"unknown fixture {unknown[0]}; known: {', '.join(FIXTURES)}")
+    if args.check:
+        return check(names, args.interpreter, args.seeds)
+    for n in names:
+        exp = make(n, args.seed)
+        size = sum(f.stat().st_size for f in (OUT / n).iterdir())
+        print(f"{n}: {exp['model_type']}, {size / 1024:.0f} KB, tokens {exp['tokens'][0][:6]}...")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The mapper's modelled step time: the cost model run on a probe of each candidate mapping.
+
+The default mapper (`meshrt.frontend.mapper`) chooses among packings that
+fit (block height, width scale, on the wafers it uses) by the decode step
+they would take. It does not estimate that with formulas of its own: every
+cycle comes from the one cost model (`meshrt.runtime.cost_model`, which
+prices compute with the kernels' `op_cycles`, sends and receives per
+wavelet, hops and serialisation per flow, reductions and relays as the
+chains they compile to), run on a *probe*: the same model with two layers
+of each layer kind, the embedding and the LM head, mapped with the
+candidate's unit shapes at the candidate's height, lowered through the
+same passes to segment IR. The probe is the static build (no dynamism):
+the mapping is chosen for its compute and data movement, the governance
+on top of it costs the same on every candidate, and a build and its
+`--dynamism none` counterpart (the governance comparison) get one mapping. So whatever the passes and the cost model
+charge (collectives, redistributions, transfer volume) is what the mapper
+minimises, and a candidate whose probe does not compile (a resource budget
+the kernels exceed) is never chosen.
+
+A probe's step is the sum of its critical path by kernel
+(`StepEstimate.kernel_path`), which gives each unit's time: the second
+layer of each kind stands for every further layer of that kind (it
+receives from a layer like itself, as they do); the first carries the
+hand-in from the embedding (or from the other kind). The full model's step
+is the sum of its units' times (`unit_cycles`, `step_cycles`):
+
+    probe step + sum over kinds of (layers of the kind - layers probed) x
+    the second layer's time.
+
+The unit times also balance the pipeline: the mapper cuts the units into
+stages so that the slowest stage (the initiation interval) is least.
+
+Left out: the hand-offs between wafers (the same count for every candidate
+on the same wafers) and stage boundaries. A probe costs a few tenths of a
+second on a whole-wafer model, so the mapper probes at most MAX_PROBES
+candidates: evenly spread over the candidates in order of (height, width
+scale), then the neighbours of the fastest (the time varies smoothly with
+both). Probes are cached per process (a bench compiles the same mapping
+for several builds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshrt.frontend.mapper import Layout, _Mapper
+
+MAX_PROBES = 8
+"""Candidate mappings the mapper times with the cost model, at most."""
+
+_LAYER = re.compile(r"l(\d+)_")
+
+
+def _probe_kinds(mapper: _Mapper) -> list[tuple[str, int]]:
+    """(layer kind, layers of that kind) in the order the model's layers take them."""
+    counts: dict[str, int] = {}
+    for u in mapper.units:
+        if u.layer >= 0:
+            counts[u.kind] = counts.get(u.kind, 0) + 1
+    return list(counts.items())
+
+
+def unit_cycles(mapper: _Mapper, lay: Layout) -> list[float] | None:
+    """Modelled cycles of each unit of `lay` (in `lay.placed` order) on the decode step's
+    critical path, from its probe: the embedding and the LM head as probed, the first layer of
+    each kind as the probe's first (with its hand-in), every other layer as the probe's second
+    of its kind; None if the probe does not compile or the cost model cannot run it."""
+    shapes: dict[str, object] = {}
+    for p in lay.placed:
+        shapes.setdefault(p.unit.kind, p.shape)
+    probe = tuple((kind, min(n, 2)) for kind, n in _probe_kinds(mapper))
+    key = (mapper.spec.shape, mapper.target, mapper.mb, lay.kv_slots, mapper.group, lay.height,
+           probe, tuple(sorted(shapes.items())))
+    times = _probe_times(*key)
+    if times is None:
+        return None
+    embed, head, first, steady = times
+    out, seen = [], set()
+    for p in lay.placed:
+        kind = p.unit.kind
+        if kind == "embed":
+            out.append(embed)
+        elif kind == "lm_head":
+            out.append(head)
+        else:
+            out.append(steady[kind] if kind in seen else first[kind])
+            seen.add(kind)
+    return out
+
+
+def step_cycles(mapper: _Mapper, lay: Layout) -> float | None:
+    """Modelled decode-step cycles (one micro-batch in flight) of the full model mapped as
+    `lay`: the sum of its units' (`unit_cycles`); None where that is None."""
+    units = unit_cycles(mapper, lay)
+    return None if units is None else sum(units)
+
+
+@functools.lru_cache(maxsize=512)
+def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
+    """(embedding cycles, LM head cycles, {layer kind: cycles of its first layer},
+    {layer kind: cycles of its second layer}) on the probe's critical path, or None."""
+    from meshrt import driver
+    from meshrt.diagnostics import MeshrtError
+    from meshrt.frontend.errors import FrontendError
+    from meshrt.frontend.mapper import Layout, Unit, _Emitter, _Mapper, _pack, _spread
+    from meshrt.frontend.model import MappingSpec, ModelSpec
+    from meshrt.passes.pipeline import lower_to
+    from meshrt.runtime.cost_model import CostModel, CostModelError
+
+    by_kind = dict(shapes)
+    kinds, moe_layers, first_of, steady_of = [], [], {}, {}
+    for kind, n in probe:
+        first_of[kind] = len(kinds)
+        for _ in range(n):
+            if kind == "moe":
+                moe_layers.append(len(kinds))
+            kinds.append(kind)
+        steady_of[kind] = len(kinds) - 1
+    pshape = dataclasses.replace(shape, layers=len(kinds), moe_layers=tuple(moe_layers))
+    mapping = MappingSpec(experts_per_region=group) if shape.is_moe else MappingSpec()
+    try:
+        spec = ModelSpec(pshape, dynamism=(), micro_batch=mb, mapping=mapping, source="<probe>")
+        pm = _Mapper(spec, target, mb, None)
+    except FrontendError:
+        return None
+    units = [Unit("embed", -1)] + [Unit(k, i) for i, k in enumerate(kinds)] + [Unit("lm_head", -1)]
+    lay = _pack(units, [by_kind[u.kind] for u in units], height, target)
+    if lay is None:
+        return None
+    lay.placed = [_spread(p) for p in lay.placed]
+    lay.kv_slots = kv_slots
+    lay.stages = [p.wafer for p in lay.placed]  # a stage cannot span wafers
+    try:
+        module = _Emitter(pm, lay).emit()
+        program = driver.program_of(lower_to(module, "segments", target, verify=False))
+        est = CostModel(program, target).estimate(1)
+    except (MeshrtError, FrontendError, CostModelError):
+        return None
+    unit: dict[int, float] = {}  # layer index (-1: the embedding, -2: the LM head) -> cycles
+    for name, cycles in est.kernel_path.items():
+        m = _LAYER.match(name)
+        i = int(m.group(1)) if m else -1 if name == "embed" else -2
+        unit[i] = unit.get(i, 0.0) + cycles
+    # the critical path adds up to the step; its parts the probe charges to no kernel
+    # (none today) go with the LM head, which closes the loop
+    rest = est.cycles_per_step - sum(unit.values())
+    return (unit.get(-1, 0.0), unit.get(-2, 0.0) + rest,
+            {k: unit.get(i, 0.0) for k, i in first_of.items()},
+            {k: unit.get(i, 0.0) for k, i in steady_of.items()})
+
+
+def fastest(mapper: _Mapper, cands: Sequence[Layout]) -> Layout:
+    """The candidate with the least modelled step (see the module docstring for which are
+    probed); the first candidate if no probe runs."""
+    if len(cands) == 1:
+        return cands[0]
+    order = sorted(range(len(cands)), key=lambda i: (cands[i].height, cands[i].scale))
+    times: dict[int, float | None] = {}
+
+    def probe(pos: int) -> None:
+        if 0 <= pos < len(order) and order[pos] not in times and len(times) < MAX_PROBES:
+            times[order[pos]] = step_cycles(mapper, cands[order[pos]])
+
+    spread = max(1, MAX_PROBES // 2)
+    for k in range(spread):
+        probe(round(k * (len(order) - 1) / max(spread - 1, 1)))
+    while len(times) < min(MAX_PROBES, len(order)):
+        ok = {i: t for i, t in times.items() if t is not None}
+        if not ok:
+            break
+        best = order.index(min(ok, key=ok.get))
+        before = len(times)
+        for d in (1, -1, 2, -2, 3, -3):
+            probe(best + d)
+        if len(times) == before:
+            break
+    ok = {i: t for i, t in times.items() if t is not None}
+    if not ok:
+        return cands[0]
+    pick = min(ok, key=lambda i: (ok[i], i))
+    cands[pick].step_cycles = ok[pick]
+    return cands[pick]

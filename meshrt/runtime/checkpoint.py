@@ -1,0 +1,269 @@
+"""Hugging Face checkpoints as `reference.Weights`.
+
+A checkpoint is a directory as the hub stores a model: `config.json` beside
+`*.safetensors` files, sharded with a `model.safetensors.index.json` (its
+`weight_map` says which file holds which tensor) or not. `load_checkpoint`
+reads it with the `safetensors` package's NumPy API (bfloat16, which NumPy
+lacks, is widened from its bytes) into the same `Weights` object
+`Weights.random` makes, so the NumPy reference, the interpreter's tiles and
+everything downstream take either.
+
+`tensor_names` is the one place that says which tensor of which model type
+is which weight: Hugging Face stores a linear map as (out, in), meshrt as
+(in, out), so those are transposed; experts are stacked along a first axis.
+A tensor that is missing, of another shape, of a dtype that is not a float,
+or left over (a bias or a norm the config does not announce) is a
+`FrontendError` naming the tensor, located at its file.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from meshrt.diagnostics import FrontendError
+from meshrt.runtime import reference as ref
+
+__all__ = ["Checkpoint", "is_checkpoint", "load_checkpoint", "tensor_names"]
+
+INDEX = "model.safetensors.index.json"
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+# buffers some exports write beside the weights; they change no number we compute
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a model directory (one that holds a config.json)."""
+    p = Path(path)
+    return p.is_dir() and (p / "config.json").is_file()
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one meshrt array comes from: Hugging Face tensor names (several:
+    stacked along a new first axis, one per expert) and whether each is an
+    (out, in) linear map to transpose."""
+
+    names: tuple[str, ...]
+    transpose: bool
+    stacked: bool = False
+    interleaved: int | None = None  # 0 / 1: the even / odd last-axis entries of a fused tensor
+
+    def theirs(self, expect: tuple[int, ...]) -> tuple[int, ...]:
+        """The checkpoint's shape of a tensor meshrt holds as `expect`."""
+        if self.interleaved is not None:
+            return (*expect[:-1], 2 * expect[-1])
+        return tuple(reversed(expect)) if self.transpose else expect
+
+
+def tensor_names(model_type: str, shape: ref.RefShape) -> dict[str, Source]:
+    """Every `Weights.named_arrays` name of `shape` -> its checkpoint tensors, for
+    `model_type` (the types `meshrt.frontend.hf_config` imports; gpt_oss's
+    unquantized layout: fused experts, gate and up interleaved)."""
+    s = shape
+    out: dict[str, Source] = {
+        "embed": Source(("model.embed_tokens.weight",), False),
+        "final_norm": Source(("model.norm.weight",), False),
+        # tied: lm_head is the embedding (checkpoints usually omit lm_head.weight)
+        "lm_head": Source(("model.embed_tokens.weight" if s.tie_embeddings else "lm_head.weight",),
+                          True),
+    }
+    moe_block, expert = {
+        "mixtral": ("block_sparse_moe", {"w_gate": "w1", "w_up": "w3", "w_down": "w2"}),
+    }.get(model_type, ("mlp", {"w_gate": "gate_proj", "w_up": "up_proj", "w_down": "down_proj"}))
+    for i in range(s.layers):
+        hf, me = f"model.layers.{i}", f"layers.{i}"
+        one = lambda name, t=True: Source((f"{hf}.{name}",), t)  # noqa: E731
+        out |= {
+            f"{me}.attn_norm": one("input_layernorm.weight", False),
+            f"{me}.ffn_norm": one("post_attention_layernorm.weight", False),
+            f"{me}.wq": one("self_attn.q_proj.weight"), f"{me}.wk": one("self_attn.k_proj.weight"),
+            f"{me}.wv": one("self_attn.v_proj.weight"), f"{me}.wo": one("self_attn.o_proj.weight"),
+            f"{me}.bq": one("self_attn.q_proj.bias", False),
+            f"{me}.bk": one("self_attn.k_proj.bias", False),
+            f"{me}.bv": one("self_attn.v_proj.bias", False),
+            f"{me}.bo": one("self_attn.o_proj.bias", False),
+            f"{me}.q_norm": one("self_attn.q_norm.weight", False),
+            f"{me}.k_norm": one("self_attn.k_norm.weight", False),
+            f"{me}.sinks": one("self_attn.sinks", False),
+        }
+        if s.is_moe_layer(i) and model_type == "gpt_oss":
+            ex = f"{hf}.mlp.experts"
+            out |= {
+                f"{me}.moe.router": one("mlp.router.weight"),
+                f"{me}.moe.router_bias": one("mlp.router.bias", False),
+                f"{me}.moe.w_gate": Source((f"{ex}.gate_up_proj",), False, interleaved=0),
+                f"{me}.moe.w_up": Source((f"{ex}.gate_up_proj",), False, interleaved=1),
+                f"{me}.moe.w_down": Source((f"{ex}.down_proj",), False),
+                f"{me}.moe.b_gate": Source((f"{ex}.gate_up_proj_bias",), False, interleaved=0),
+                f"{me}.moe.b_up": Source((f"{ex}.gate_up_proj_bias",), False, interleaved=1),
+                f"{me}.moe.b_down": Source((f"{ex}.down_proj_bias",), False),
+            }
+        elif s.is_moe_layer(i):
+            out[f"{me}.moe.router"] = one(f"{moe_block}.gate.weight")
+            for mine, theirs in expert.items():
+                out[f"{me}.moe.{mine}"] = Source(tuple(
+                    f"{hf}.{moe_block}.experts.{e}.{theirs}.weight" for e in range(s.experts)),
+                    True, stacked=True)
+        else:
+            for part in ("gate", "up", "down"):
+                out[f"{me}.dense.w_{part}"] = one(f"mlp.{part}_proj.weight")
+                out[f"{me}.dense.b_{part}"] = one(f"mlp.{part}_proj.bias", False)
+    expected = ref.Weights.expected(s)
+    return {k: v for k, v in out.items() if k in expected}
+
+
+class Checkpoint:
+    """The tensors of a checkpoint directory: which file holds each, read on demand."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        self._headers: dict[Path, dict[str, dict]] = {}
+        index = self.dir / INDEX
+        self.where: dict[str, Path] = {}
+        if index.is_file():
+            try:
+                wmap = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                if not isinstance(wmap, dict):
+                    raise TypeError
+            except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+                raise FrontendError(f"{INDEX} must be a JSON object with a 'weight_map' object",
+                                    str(index)) from None
+            for name, file in wmap.items():
+                path = self.dir / str(file)
+                if not path.is_file():
+                    raise FrontendError(f"tensor '{name}' is in '{file}', which does not exist",
+                                        str(index))
+                self.where[name] = path
+        else:
+            files = sorted(self.dir.glob("*.safetensors"))
+            if not files:
+                raise FrontendError("no *.safetensors file (and no model.safetensors.index.json)",
+                                    str(self.dir))
+            for path in files:
+                for name in self._header(path):
+                    self.where.setdefault(name, path)
+
+    def _header(self, path: Path) -> dict[str, dict]:
+        """A safetensors file's header: name -> {dtype, shape, data_offsets} (read once)."""
+        if path not in self._headers:
+            self._headers[path] = self._read_header(path)
+        return self._headers[path]
+
+    @staticmethod
+    def _read_header(path: Path) -> dict[str, dict]:
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > 100_000_000:
+                    raise ValueError
+                header = json.loads(f.read(n))
+        except (OSError, ValueError, struct.error, UnicodeDecodeError):
+            raise FrontendError("not a safetensors file (bad header)", str(path)) from None
+        header.pop("__metadata__", None)
+        return header
+
+    def tensor(self, name: str, expect: tuple[int, ...], src: Source) -> np.ndarray:
+        """Tensor `name` of `src` as float32, in meshrt's orientation, checked against `expect`."""
+        path = self.where.get(name)
+        if path is None:
+            raise FrontendError(f"checkpoint has no tensor '{name}'", str(self.dir))
+        info = self._header(path).get(name)
+        if info is None:
+            raise FrontendError(f"checkpoint has no tensor '{name}' (the index names this file)",
+                                str(path))
+        theirs = src.theirs(expect)
+        if tuple(info.get("shape", ())) != theirs:
+            raise FrontendError(f"tensor '{name}' has shape {tuple(info.get('shape', ()))}, the "
+                                f"config makes it {theirs}", str(path))
+        dtype = info.get("dtype")
+        if dtype not in FLOAT_DTYPES:
+            raise FrontendError(f"tensor '{name}' is {dtype}; meshrt loads {', '.join(FLOAT_DTYPES)} "
+                                "(quantized checkpoints are not loaded yet)", str(path))
+        if dtype == "BF16":
+            a = self._bf16(path, info)
+        else:
+            from safetensors import SafetensorError, safe_open
+
+            try:
+                with safe_open(str(path), framework="np") as f:
+                    a = f.get_tensor(name)
+            except (SafetensorError, OSError, ValueError) as e:
+                raise FrontendError(f"cannot read tensor '{name}': {e}", str(path)) from None
+        a = np.asarray(a, np.float32).reshape(theirs)
+        if src.interleaved is not None:
+            a = a[..., src.interleaved::2]
+        return np.ascontiguousarray(a.T if src.transpose else a)
+
+    def _bf16(self, path: Path, info: dict) -> np.ndarray:
+        """bfloat16 widened to float32 from the file's bytes (NumPy has no bfloat16)."""
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            lo, hi = info["data_offsets"]
+            f.seek(8 + n + lo)
+            data = f.read(hi - lo)
+        if len(data) != hi - lo or len(data) % 2:
+            raise FrontendError("bfloat16 tensor data is cut short", str(path))
+        raw = np.frombuffer(data, "<u2")
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def load_checkpoint(directory: str | Path, shape) -> ref.Weights:
+    """The weights of checkpoint `directory` for `shape` (the shape its config.json
+    gives, as the program's hparams record it); FrontendError on a missing,
+    mis-shaped, non-float or unexpected tensor."""
+    s = ref.RefShape.of(shape)
+    d = Path(directory)
+    try:
+        model_type = json.loads((d / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        raise FrontendError("cannot read config.json", str(d / "config.json")) from None
+    ckpt = Checkpoint(d)
+    names = tensor_names(model_type, s)
+    expected = ref.Weights.expected(s)
+    arrays: dict[str, np.ndarray] = {}
+    for mine, src in names.items():
+        want = expected[mine]
+        if src.stacked:
+            arrays[mine] = np.stack([ckpt.tensor(n, want[1:], src) for n in src.names])
+        else:
+            arrays[mine] = ckpt.tensor(src.names[0], want, src)
+    used = {n for src in names.values() for n in src.names}
+    if s.tie_embeddings:  # transformers ties it to the embedding whatever the file holds
+        used.add("lm_head.weight")
+    extra = sorted(n for n in ckpt.where if n not in used and not n.endswith(IGNORED_SUFFIXES))
+    if extra:
+        raise FrontendError(f"tensor '{extra[0]}' is not a weight of this {model_type} config"
+                            + (f" (nor are {len(extra) - 1} more)" if len(extra) > 1 else "")
+                            + ": a bias, norm or layer the config does not announce",
+                            str(ckpt.where[extra[0]]))
+    return _weights(s, arrays)
+
+
+def _weights(s: ref.RefShape, a: dict[str, np.ndarray]) -> ref.Weights:
+    """`Weights` from its `named_arrays` (shared experts: none in these types)."""
+    layers = []
+    for i in range(s.layers):
+        p = f"layers.{i}."
+        get = lambda k: a.get(p + k)  # noqa: E731
+        dense = moe = None
+        if s.is_moe_layer(i):
+            shared_up = np.zeros((0, s.hidden, s.expert_ffn), np.float32)
+            moe = ref.MoEFFNWeights(get("moe.router"), get("moe.w_gate"), get("moe.w_up"),
+                                    get("moe.w_down"), shared_up, shared_up.copy(),
+                                    np.zeros((0, s.expert_ffn, s.hidden), np.float32),
+                                    get("moe.router_bias"), get("moe.b_gate"), get("moe.b_up"),
+                                    get("moe.b_down"))
+        else:
+            dense = ref.DenseFFNWeights(get("dense.w_gate"), get("dense.w_up"), get("dense.w_down"),
+                                        get("dense.b_gate"), get("dense.b_up"), get("dense.b_down"))
+        layers.append(ref.LayerWeights(get("attn_norm"), get("wq"), get("wk"), get("wv"), get("wo"),
+                                       get("ffn_norm"), dense, moe, get("bq"), get("bk"), get("bv"),
+                                       get("bo"), get("q_norm"), get("k_norm"), get("sinks")))
+    w = ref.Weights(s, a["embed"], layers, a["final_norm"], a["lm_head"])
+    w.validate()
+    return w

@@ -1,0 +1,244 @@
+"""Parity with transformers on committed checkpoints (no torch needed).
+
+`bench/hf_parity.py` made each fixture under test/data/hf/ with transformers'
+own model code and recorded its greedy tokens and teacher-forced logits; here
+each checkpoint goes through `meshrt run`'s path (`driver.load_spec` on the
+directory, `checkpoint.load_checkpoint`) into the NumPy reference, which must
+give the same tokens and logits within 1e-4, and into the interpreter on
+test32, whose tokens must equal the reference's (one asynchrony seed here;
+`python bench/hf_parity.py --check --interpreter` runs five).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from meshrt import driver
+from meshrt.runtime import reference as ref
+from meshrt.runtime.checkpoint import load_checkpoint, tensor_names
+from meshrt.tools.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "test" / "data" / "hf"
+FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / "expected.json").is_file())
+
+_spec = importlib.util.spec_from_file_location("hf_parity", REPO / "bench" / "hf_parity.py")
+hf_parity = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hf_parity)
+
+
+def test_every_supported_type_but_gpt_oss_has_a_fixture():
+    types = {json.loads((DATA / n / "expected.json").read_text())["model_type"] for n in FIXTURES}
+    assert types == {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss"}
+    assert set(FIXTURES) == set(hf_parity.FIXTURES)
+    for n in FIXTURES:  # small enough to commit
+        assert sum(f.stat().st_size for f in (DATA / n).iterdir()) < 500_000
+
+
+@pytest.fixture(scope="module")
+def reference():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = hf_parity.reference_outputs(DATA / name)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_reference_equals_transformers(name, reference):
+    exp = json.loads((DATA / name / "expected.json").read_text())
+    _, tokens, logits = reference(name)
+    assert tokens == exp["tokens"]
+    want = np.load(DATA / name / "logits.npy")
+    assert logits.shape == want.shape
+    assert np.max(np.abs(logits - want)) <= 1e-4
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_interpreter_equals_reference_on_test32(name, reference):
+    _, want, _ = reference(name)
+    got, result = hf_parity.interpreter_tokens(DATA / name, seed=0)
+    assert result.outputs_match_reference and not result.sim.reports
+    assert got == want
+
+
+@pytest.mark.parametrize("name, change, drop", [
+    ("llama", {"rope_type": "default"}, ()),  # the llama3 scaling
+    ("llama", {"qkv_bias": False, "o_bias": False, "mlp_bias": False},
+     ("bq", "bk", "bv", "bo", "dense.b_gate", "dense.b_up", "dense.b_down")),
+    ("qwen3", {"rope_type": "default", "rope_factor": 1.0}, ()),  # yarn
+    ("qwen3", {"qk_norm": False}, ("q_norm", "k_norm")),
+    ("qwen3_moe", {"rope_type": "default", "rope_factor": 1.0}, ()),  # linear
+    ("qwen2", {"sliding_window": 0, "window_layers": ()}, ()),
+    ("mixtral", {"rope_theta": 1e6}, ()),
+    ("mixtral", {"sliding_window": 0, "window_layers": ()}, ()),
+    ("qwen3_moe_mixed", {"norm_topk": True}, ()),
+    ("qwen3_moe_mixed", {"rms_eps": 1e-6}, ()),  # its rms_norm_eps is 0.5
+    ("gpt_oss", {"attn_sinks": False}, ("sinks",)),
+    ("gpt_oss", {"swiglu_limit": 0.0}, ()),
+    ("gpt_oss", {"router_bias": False}, ("moe.router_bias",)),
+    ("gpt_oss", {"expert_bias": False}, ("moe.b_gate", "moe.b_up", "moe.b_down")),
+    ("gpt_oss", {"sliding_window": 0, "window_layers": ()}, ()),
+])
+def test_the_fixtures_exercise_each_feature(name, change, drop):
+    """The same weights with one feature switched off (its arrays dropped) are
+    far from transformers: the parity tests above could fail."""
+    d = DATA / name
+    full = ref.RefShape.of(driver.load_spec(d).shape)
+    shape = dataclasses.replace(full, **change)
+    weights = load_checkpoint(d, full)
+    weights.shape = shape
+    for lw in weights.layers:
+        for path in drop:
+            *outer, attr = path.split(".")
+            owner = getattr(lw, outer[0]) if outer else lw
+            if owner is not None:
+                setattr(owner, attr, None)
+    model = ref.ReferenceModel(shape, weights)
+    exp = json.loads((d / "expected.json").read_text())
+    want = np.load(d / "logits.npy")
+    rows = []
+    for p, t in zip(exp["prompts"], exp["tokens"]):
+        st = model.new_state()
+        rows += [model.forward([(st, [tok])])[0] for tok in p + t[:-1]]
+    assert np.max(np.abs(np.stack(rows) - want)) > 1e-3
+
+
+def _run(*args) -> tuple[int, list[str]]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["run", *map(str, args)])
+    return rc, err.getvalue().splitlines()
+
+
+def test_meshrt_run_on_a_sharded_checkpoint_directory():
+    d = DATA / "qwen3_moe_mixed"
+    assert (d / "model.safetensors.index.json").is_file()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["run", str(d), "--requests", "2", "--json"])
+    assert rc == 0
+    assert json.loads(out.getvalue())["outputs_match_reference"]
+
+
+@pytest.fixture
+def broken(tmp_path):
+    """A copy of the llama fixture whose one safetensors file `edit` rewrites."""
+    d = tmp_path / "llama"
+    shutil.copytree(DATA / "llama", d)
+    f = d / "model.safetensors"
+
+    def edit(fn):
+        tensors = load_file(str(f))
+        fn(tensors)
+        save_file(tensors, str(f))
+        return d, f
+
+    return edit
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda t: t.pop("model.norm.weight"), "checkpoint has no tensor 'model.norm.weight'"),
+    (lambda t: t.update({"model.layers.1.self_attn.k_proj.weight": np.zeros((16, 64), np.float32)}),
+     "tensor 'model.layers.1.self_attn.k_proj.weight' has shape (16, 64), the config makes it (32, 64)"),
+    (lambda t: t.update({"model.layers.0.mlp.up_proj.bias": np.zeros(64, np.int32)}),
+     "tensor 'model.layers.0.mlp.up_proj.bias' is I32; meshrt loads F32, F16, BF16, F64"),
+    (lambda t: t.update({"model.layers.0.self_attn.q_norm.weight": np.ones(8, np.float32)}),
+     "tensor 'model.layers.0.self_attn.q_norm.weight' is not a weight of this llama config"),
+])
+def test_a_wrong_checkpoint_is_one_located_line(broken, edit, needle):
+    d, f = broken(edit)
+    rc, lines = _run(d, "--requests", "1")
+    assert rc == 1 and len(lines) == 1, lines
+    where = d if "no tensor" in needle else f
+    assert lines[0].startswith(f"{where}: error: ") and needle in lines[0], lines[0]
+
+
+def test_a_missing_shard_and_seeded_weights_are_refused(tmp_path):
+    d = tmp_path / "mixed"
+    shutil.copytree(DATA / "qwen3_moe_mixed", d)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    (d / index["weight_map"]["model.norm.weight"]).unlink()
+    rc, lines = _run(d, "--requests", "1")
+    assert rc == 1 and len(lines) == 1 and "which does not exist" in lines[0], lines
+    assert lines[0].startswith(f"{d / 'model.safetensors.index.json'}: error: tensor ")
+    rc, lines = _run(DATA / "llama", "--weights-seed", "3")
+    assert rc == 1 and lines == [f"meshrt run: error: --weights-seed draws random weights; "
+                                 f"{DATA / 'llama'} is a checkpoint with its own"]
+
+
+def test_bfloat16_checkpoints_load_widened(tmp_path):
+    """Hub checkpoints are bfloat16, which NumPy lacks: the loader widens the bytes."""
+    d = tmp_path / "bf16"
+    shutil.copytree(DATA / "llama", d)
+    f = d / "model.safetensors"
+    tensors = load_file(str(f))
+    header = {}
+    blobs = []
+    offset = 0
+    for name, a in sorted(tensors.items()):
+        b = (a.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    head = json.dumps(header).encode()
+    f.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+    shape = ref.RefShape.of(driver.load_spec(d).shape)
+    w = load_checkpoint(d, shape).named_arrays()
+    full = load_checkpoint(DATA / "llama", shape).named_arrays()
+    names = tensor_names("llama", shape)
+    assert set(w) == set(full) == set(names)
+    for k in w:  # bfloat16 keeps 8 bits of mantissa (truncated here)
+        assert np.allclose(w[k], full[k], rtol=2 ** -7, atol=0)
+
+
+def test_the_interpreter_ends_a_request_at_any_eos_of_a_list(tmp_path):
+    """eos_token_id [3, 5, 7]: a request that emits 7 (not the first) stops there."""
+    from meshrt.runtime.serving import reference_shape, serve
+    from meshrt.runtime.workloads import Request
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+           "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 128,
+           "intermediate_size": 64, "max_position_embeddings": 32, "eos_token_id": [3, 5, 7],
+           "torch_dtype": "float32"}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    program = driver.segment_program(p, "test32")
+    weights = ref.Weights.random(reference_shape(program), 0)
+    want = ref.ReferenceModel(reference_shape(program), weights).generate([34, 105, 32, 52], 12)
+    assert want == [63, 76, 7]  # seeded weights: ends early, at the list's last token
+    res = serve(program, driver.load_target("test32"), [Request(0, 0.0, [34, 105, 32, 52], 4, 12, 12)],
+                weights=weights)
+    assert res.outputs_match_reference and [r.tokens for r in res.records] == [want]
+
+
+@pytest.mark.parametrize("spoil, where, needle", [
+    (lambda d: (d / "model.safetensors").write_bytes(b"garbage"), "model.safetensors",
+     "not a safetensors file (bad header)"),
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:50_000]),
+     "model.safetensors", "cannot read tensor"),
+    (lambda d: (d / "model.safetensors").unlink(), "", "no *.safetensors file"),
+    (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": 3}'),
+     "model.safetensors.index.json", "must be a JSON object with a 'weight_map' object"),
+    (lambda d: (d / "config.json").unlink(), "", "a model directory needs a config.json"),
+])
+def test_a_broken_checkpoint_file_is_one_located_line(tmp_path, spoil, where, needle):
+    d = tmp_path / "ckpt"
+    shutil.copytree(DATA / "llama", d)
+    spoil(d)
+    rc, lines = _run(d, "--requests", "1")
+    assert rc == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"{d / where if where else d}: error: ") and needle in lines[0], lines

@@ -1,0 +1,132 @@
+"""The default mapper's choices: by the cost model's step time, within the control state,
+on the wafers asked for (small cases; the full-size builds are in bench/bench_mapper.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshrt import driver
+from meshrt.frontend import mapper as M
+from meshrt.frontend import step_time
+from meshrt.frontend.errors import FrontendError
+from meshrt.frontend.spec import parse_spec
+from meshrt.runtime.cost_model import CostModel
+from meshrt.kernels.attention.op import AttentionOp
+from meshrt.targets import load_target
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "examples" / "tiny_dense.mrt"
+# Three dense layers on test32 without pipelining: several block heights fit one wafer.
+SMALL = ("model m { layers = 3 hidden = 64 heads = 4 vocab = 64 ffn = 64 max_seq = 16 } "
+         "runtime { dynamism = [continuous_batching] }")
+
+
+def _mapper(spec, target="test32", mb=1, wafers=None) -> M._Mapper:
+    return M._Mapper(spec, load_target(target), mb, wafers)
+
+
+def test_chooses_the_candidate_with_the_least_modelled_step(monkeypatch):
+    spec = parse_spec(SMALL)
+    mp = _mapper(spec)
+    cands = mp.candidates(1, mp.fewest_wafers(1))
+    whole = min(M._splits(lay) for lay in cands)  # whole KV heads per column come first
+    cands = [lay for lay in cands if M._splits(lay) == whole]
+    assert len(cands) > 1
+    monkeypatch.setattr(step_time, "MAX_PROBES", len(cands))  # every candidate is probed
+    steps = [step_time.step_cycles(mp, lay) for lay in cands]
+    assert all(s is not None and s > 0 for s in steps)
+    assert len({round(s) for s in steps}) > 1  # the choice matters
+    chosen = mp.default_layout()
+    best = min(range(len(cands)), key=lambda i: steps[i])
+    assert (chosen.height, chosen.scale) == (cands[best].height, cands[best].scale)
+    assert chosen.step_cycles == pytest.approx(steps[best])
+
+
+def test_probe_predicts_the_full_build():
+    """The probe (two layers) extrapolated to the model is the full build's cost-model step."""
+    spec = parse_spec(SMALL)
+    mp = _mapper(spec)
+    lay = mp.default_layout()
+    t = load_target("test32")
+    program = driver.segment_program(M.map_model(spec, t), t)
+    full = CostModel(program, t).estimate(1).cycles_per_step
+    assert lay.step_cycles == pytest.approx(full, rel=0.05)
+
+
+def test_stages_fit_the_control_state():
+    t = load_target("test32")
+    six = parse_spec(TINY.read_text().replace("layers      = 2", "layers      = 6"))
+    for mb, stages in ((2, 8), (4, 8), (8, 4)):
+        m = M.map_model(six, t, micro_batch=mb).body.block.first_op
+        assert m.stages.value.data == stages
+        assert AttentionOp.control(mb, m.hparam("kv_slots")) <= t.control_bytes
+        if stages < 8:  # one more stage would not fit
+            assert AttentionOp.control(mb, mb * (stages + 1)) > t.control_bytes
+    with pytest.raises(FrontendError, match="16 request slots.*320 bytes of control state"):
+        M.map_model(driver.load_spec(TINY), t, micro_batch=16)
+
+
+def test_fixed_stages_beyond_the_control_state_are_an_error():
+    spec = parse_spec(SMALL.replace("continuous_batching]", "continuous_batching, "
+                                    "micro_batch_pipeline] micro_batch = 8")
+                      + " mapping { stages = 5 }")
+    with pytest.raises(FrontendError, match="stages = 5 do not fit: 5 stage.*micro-batch 8 keep 40 request slots"):
+        M.map_model(spec, load_target("test32"))
+
+
+def test_wafers_are_honoured():
+    t = load_target("test32")
+    spec = driver.load_spec(TINY)
+    assert M.map_model(spec, t).body.block.first_op.wafers.value.data == 1
+    m = M.map_model(spec, t, wafers=2).body.block.first_op
+    assert m.wafers.value.data == 2
+    on = {k.kernel_name: k.wafer_index for k in m.kernels()}
+    assert on["embed"] == on["l0_qkv"] == 0 and on["l1_qkv"] == on["lm_head"] == 1
+
+
+def test_too_few_wafers_name_the_count_needed():
+    spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
+    with pytest.raises(FrontendError, match="needs at least 2 wafers"):
+        M.map_model(spec, load_target("test16"), wafers=1)
+
+
+def test_more_wafers_widen_dense_layers():
+    """With room to spare a dense layer gets more cores (on wse3 every layer splits heads
+    anyway, so widening is free to choose), and the probe says it is faster."""
+    spec = parse_spec("model m { layers = 4 hidden = 512 heads = 8 kv_heads = 2 vocab = 512 "
+                      "ffn = 1024 max_seq = 64 } runtime { dynamism = [continuous_batching] }")
+    one, two = _mapper(spec, "wse3"), _mapper(spec, "wse3", wafers=2)
+    a, b = one.default_layout(), two.default_layout()
+    assert (a.wafers, b.wafers) == (1, 2)
+    layer = lambda lay: next(p for p in lay.placed if p.unit.kind == "dense")
+    assert layer(b).shape.width * layer(b).h >= layer(a).shape.width * layer(a).h
+    assert b.step_cycles is not None and a.step_cycles is not None
+    assert b.step_cycles <= a.step_cycles
+
+
+def test_embedding_sized_for_its_first_layers_messages():
+    """The embedding's cores hold their table slice and the largest message they send
+    (the share of the hidden vector a reader in layer 0 takes, with the CF payload)."""
+    t = load_target("test32")
+    spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
+    mp = _mapper(spec, mb=8)
+    lay = mp.default_layout()
+    embed, first = lay.placed[0], lay.placed[1]
+    msg = mp.embed_message(first.unit, first.widths, first.shape.attn_rows, first.h)
+    assert msg > 8 * 4  # more than the embedding's own output columns
+    sizer = mp.planner(max(lay.stages) + 1).sizer
+    assert sizer.band("embed", embed.widths[0], embed.h) + msg <= sizer.usable
+    # and the kernels' own budget check agrees: the build goes through
+    driver.segment_program(M.map_model(spec, t, micro_batch=8), t)
+
+
+def test_block_height_pins_the_rows():
+    spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
+    for rows in (5, 6):
+        pinned = parse_spec(spec.source and Path(spec.source).read_text()
+                            + f"\nmapping {{ block_height = {rows} }}\n")
+        mp = _mapper(pinned)
+        assert {lay.height for lay in mp.candidates(4, 1)} == {rows}
+        assert {p.h for p in mp.default_layout().placed} == {rows}
