@@ -73,6 +73,7 @@ class KernelContext:
     # the target's streaming costs (reduction trees are planned with them; None: one chain per side)
     stream: StreamCosts | None = None
     reduce_group: int = 0  # force reduction groups of this size (1: none); 0: the plan chooses
+    reduce_tree: str = "chain"  # "chain": roots at the line's end; "tree": the plan may centre them
 
     @property
     def cf_bytes(self) -> int:
@@ -334,7 +335,8 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     if stream is not None:  # the reduce op's cycles per wavelet (its work is one element per wavelet)
         key = next(c.cost for c in type(kernel).COMPUTE if c.name == reduce_op)
         op_cost = stream.op_costs.get(key)
-    tree = ReduceTree.plan(n, wavelets, stream, kctx.reduce_group if kctx is not None else 0, op_cost)
+    tree = ReduceTree.plan(n, wavelets, stream, kctx.reduce_group if kctx is not None else 0, op_cost,
+                           centre=kctx is not None and kctx.reduce_tree == "tree")
     c = tree.root
     # a multicast along the line reaches only this tile's cores unless tiles share lines
     spans = sorted((t[1], t[1] + t[3]) if along_row else (t[0], t[0] + t[2]) for t in tiles)

@@ -155,7 +155,7 @@ class ReduceTree:
 
     @classmethod
     def plan(cls, n: int, wavelets: int, costs: StreamCosts | None, group: int = 0,
-             op: float | None = None) -> ReduceTree:
+             op: float | None = None, centre: bool = True) -> ReduceTree:
         """The tree for a line of `n` cores and messages of `wavelets`.
 
         `group` >= 2 forces groups of that size, 1 forces one chain per side;
@@ -165,12 +165,13 @@ class ReduceTree:
         binds, `QUEUES_FOR_GROUPS`), one chain per side of a centred root, one
         chain into a root at the end (a slow op, e.g. a softmax merge, pays
         for a centred root's second stream). On targets with fewer than
-        `COLORS_FOR_CENTRE` user colours the root is at the end.
+        `COLORS_FOR_CENTRE` user colours, or with `centre` false, the root is at
+        the end.
         """
         if group:
             return cls.centred(n, group)
         end = cls(n, n - 1)
-        if costs is None or costs.colors < COLORS_FOR_CENTRE:
+        if costs is None or not centre or costs.colors < COLORS_FOR_CENTRE:
             return end
         options = [cls.centred(n), end]
         if costs.queues >= QUEUES_FOR_GROUPS and n >= 6:

@@ -62,9 +62,10 @@ from meshrt.targets import Target, target_for
 
 
 def kernel_context(program: mk.ProgramOp, target: Target | None = None,
-                   reduce_group: int = 0) -> kr.KernelContext:
+                   reduce_group: int = 0, reduce_tree: str = "chain") -> kr.KernelContext:
     """What the kernels of `program` need to know; `target` brings the streaming costs
-    reduction trees are planned with, `reduce_group` forces their group size."""
+    reduction trees are planned with, `reduce_group` forces their group size,
+    `reduce_tree` says which trees the plan may choose (see `SynthesizeSchedules`)."""
     hp = HParams.of(program)
     return kr.KernelContext(
         micro_batch=program.micro_batch_size,
@@ -78,6 +79,7 @@ def kernel_context(program: mk.ProgramOp, target: Target | None = None,
         dynamism=program.dynamism_kinds,
         stream=StreamCosts.of(target) if target is not None else None,
         reduce_group=reduce_group,
+        reduce_tree=reduce_tree,
     )
 
 
@@ -203,10 +205,11 @@ def _split_senders(plan: _KernelPlan) -> None:
 
 
 class Synthesizer:
-    def __init__(self, program: mk.ProgramOp, target: Target, reduce_group: int = 0):
+    def __init__(self, program: mk.ProgramOp, target: Target, reduce_group: int = 0,
+                 reduce_tree: str = "chain"):
         self.program = program
         self.target = target
-        self.kctx = kernel_context(program, target, reduce_group)
+        self.kctx = kernel_context(program, target, reduce_group, reduce_tree)
         self.flows: dict[str, _Flow] = {}
         self.plans: dict[mk.KernelOp, _KernelPlan] = {}
         self.by_name: dict[str, mk.KernelOp] = {k.kernel_name: k for k in program.kernels()}
@@ -592,16 +595,23 @@ class SynthesizeSchedules(ModulePass):
     # target's stream costs (`ReduceTree.plan`); 1 forces one chain per side,
     # S >= 2 groups of S cores (how bench/bench_reduce.py builds chain and two-phase)
     reduce_group: int = 0
+    # "chain": every reduction streams along its line into a root at the line's end
+    # (the default: the fewest roles and flows, so compiling a full-size model stays
+    # fast); "tree": the plan may also centre the root and add a second level where
+    # its closed form is faster (`ReduceTree.plan`; many more core classes)
+    reduce_tree: str = "chain"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         if self.reduce_group < 0:
             raise MeshrtError(f"{self.name}: reduce-group must be >= 0, got {self.reduce_group}")
+        if self.reduce_tree not in ("chain", "tree"):
+            raise MeshrtError(f"{self.name}: reduce-tree must be chain or tree, got {self.reduce_tree!r}")
         for program in require_programs(op, self.name, mk.ProgramOp, hint="lower-to-mesh-kernels"):
             target = target_for(self.target, program)
             gc_was_enabled = gc.isenabled()
             gc.disable()  # bulk IR construction: the cyclic GC only costs time here
             try:
-                schedule = Synthesizer(program, target, self.reduce_group).run()
+                schedule = Synthesizer(program, target, self.reduce_group, self.reduce_tree).run()
             finally:
                 if gc_was_enabled:
                     gc.enable()

@@ -1,6 +1,8 @@
 // RUN: meshrt-opt %s -p 'synthesize-schedules{reduce-group=2}' | filecheck %s
 // RUN: meshrt-opt %s -p 'synthesize-schedules{reduce-group=1}' | filecheck %s --check-prefix=CHAIN
 // RUN: not meshrt-opt %s -p 'synthesize-schedules{reduce-group=-1}' 2>&1 | filecheck %s --check-prefix=BAD
+// RUN: meshrt-opt %s -p 'synthesize-schedules{target=wse3}' | filecheck %s --check-prefix=END
+// RUN: not meshrt-opt %s -p 'synthesize-schedules{reduce-tree=ring}' 2>&1 | filecheck %s --check-prefix=BADTREE
 
 // A two-level streaming tree over a row of 9 cores, rooted at its centre
 // (x = 4): groups of 2 on each side. Side a (x < 4) streams toward +x, side
@@ -53,3 +55,11 @@ mesh_kernel.program @two target "test32" mesh 32 x 32 wafers 1 stages 1 micro_ba
 // CHAIN-NOT: across
 
 // BAD: synthesize-schedules: reduce-group must be >= 0, got -1
+
+// By default (reduce-tree=chain) the row streams into a root at its end (x = 8),
+// even on a target with the colours and queues a centred root needs.
+// END:      event.flow @ar.down kernel @ar role "down" wafer 0 from <(0, 0, 8, 1)> to <(1, 0, 8, 1)> pattern "shift" by 1, 0 bytes 64 streams
+// END-NOT:  down_r
+// END:      event.flow @ar.up kernel @ar role "up" wafer 0 from <(8, 0, 1, 1)>
+
+// BADTREE: synthesize-schedules: reduce-tree must be chain or tree, got 'ring'
