@@ -573,6 +573,11 @@ class _Mapper:
                 out.append(lay)
         return out
 
+    def probe_times(self, key: tuple):
+        """The cycles of a probe of this model (`step_time.unit_cycles` says what `key` holds
+        and what comes back); cached per process."""
+        return _probe_times(*key)
+
     def layout(self, stages: int, wafers: int) -> Layout:
         """The fastest packing (by the modelled step) onto exactly `wafers` wafers, preferring
         ones whose attentions keep whole KV heads per column (the interpreter's numerics)."""
@@ -972,3 +977,60 @@ def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
     mapper = _Mapper(spec, target, mb, budget)
     lay = mapper.explicit_layout() if spec.mapping.explicit else mapper.default_layout()
     return _Emitter(mapper, lay).emit()
+
+
+_LAYER = re.compile(r"l(\d+)_")  # a kernel name's layer
+
+
+@functools.lru_cache(maxsize=512)
+def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
+    """(embedding cycles, LM head cycles, {layer kind: cycles of its first layer},
+    {layer kind: cycles of its second layer}) on the probe's critical path, or None."""
+    from meshrt.diagnostics import MeshrtError
+    from meshrt.frontend.errors import FrontendError
+    from meshrt.frontend.model import MappingSpec, ModelSpec
+    from meshrt.passes.pipeline import lower_to
+    from meshrt.runtime.cost_model import CostModel, CostModelError
+
+    by_kind = dict(shapes)
+    kinds, moe_layers, first_of, steady_of = [], [], {}, {}
+    for kind, n in probe:
+        first_of[kind] = len(kinds)
+        for _ in range(n):
+            if kind == "moe":
+                moe_layers.append(len(kinds))
+            kinds.append(kind)
+        steady_of[kind] = len(kinds) - 1
+    pshape = dataclasses.replace(shape, layers=len(kinds), moe_layers=tuple(moe_layers))
+    mapping = MappingSpec(experts_per_region=group) if shape.is_moe else MappingSpec()
+    try:
+        spec = ModelSpec(pshape, dynamism=(), micro_batch=mb, mapping=mapping, source="<probe>")
+        pm = _Mapper(spec, target, mb, None)
+    except FrontendError:
+        return None
+    units = [Unit("embed", -1)] + [Unit(k, i) for i, k in enumerate(kinds)] + [Unit("lm_head", -1)]
+    lay = _pack(units, [by_kind[u.kind] for u in units], height, target)
+    if lay is None:
+        return None
+    lay.placed = [_spread(p) for p in lay.placed]
+    lay.kv_slots = kv_slots
+    lay.stages = [p.wafer for p in lay.placed]  # a stage cannot span wafers
+    try:
+        module = _Emitter(pm, lay).emit()
+        # the probe's module holds one program (not driver.program_of: the driver maps
+        # through this module, so the frontend does not import it)
+        program = next(iter(lower_to(module, "segments", target, verify=False).body.block.ops))
+        est = CostModel(program, target).estimate(1)
+    except (MeshrtError, FrontendError, CostModelError):
+        return None
+    unit: dict[int, float] = {}  # layer index (-1: the embedding, -2: the LM head) -> cycles
+    for name, cycles in est.kernel_path.items():
+        m = _LAYER.match(name)
+        i = int(m.group(1)) if m else -1 if name == "embed" else -2
+        unit[i] = unit.get(i, 0.0) + cycles
+    # the critical path adds up to the step; its parts the probe charges to no kernel
+    # (none today) go with the LM head, which closes the loop
+    rest = est.cycles_per_step - sum(unit.values())
+    return (unit.get(-1, 0.0), unit.get(-2, 0.0) + rest,
+            {k: unit.get(i, 0.0) for k, i in first_of.items()},
+            {k: unit.get(i, 0.0) for k, i in steady_of.items()})

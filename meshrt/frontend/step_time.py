@@ -41,9 +41,6 @@ for several builds).
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -52,9 +49,6 @@ if TYPE_CHECKING:
 
 MAX_PROBES = 8
 """Candidate mappings the mapper times with the cost model, at most."""
-
-_LAYER = re.compile(r"l(\d+)_")
-
 
 def _probe_kinds(mapper: _Mapper) -> list[tuple[str, int]]:
     """(layer kind, layers of that kind) in the order the model's layers take them."""
@@ -76,7 +70,7 @@ def unit_cycles(mapper: _Mapper, lay: Layout) -> list[float] | None:
     probe = tuple((kind, min(n, 2)) for kind, n in _probe_kinds(mapper))
     key = (mapper.spec.shape, mapper.target, mapper.mb, lay.kv_slots, mapper.group, lay.height,
            probe, tuple(sorted(shapes.items())))
-    times = _probe_times(*key)
+    times = mapper.probe_times(key)
     if times is None:
         return None
     embed, head, first, steady = times
@@ -98,60 +92,6 @@ def step_cycles(mapper: _Mapper, lay: Layout) -> float | None:
     `lay`: the sum of its units' (`unit_cycles`); None where that is None."""
     units = unit_cycles(mapper, lay)
     return None if units is None else sum(units)
-
-
-@functools.lru_cache(maxsize=512)
-def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
-    """(embedding cycles, LM head cycles, {layer kind: cycles of its first layer},
-    {layer kind: cycles of its second layer}) on the probe's critical path, or None."""
-    from meshrt import driver
-    from meshrt.diagnostics import MeshrtError
-    from meshrt.frontend.errors import FrontendError
-    from meshrt.frontend.mapper import Layout, Unit, _Emitter, _Mapper, _pack, _spread
-    from meshrt.frontend.model import MappingSpec, ModelSpec
-    from meshrt.passes.pipeline import lower_to
-    from meshrt.runtime.cost_model import CostModel, CostModelError
-
-    by_kind = dict(shapes)
-    kinds, moe_layers, first_of, steady_of = [], [], {}, {}
-    for kind, n in probe:
-        first_of[kind] = len(kinds)
-        for _ in range(n):
-            if kind == "moe":
-                moe_layers.append(len(kinds))
-            kinds.append(kind)
-        steady_of[kind] = len(kinds) - 1
-    pshape = dataclasses.replace(shape, layers=len(kinds), moe_layers=tuple(moe_layers))
-    mapping = MappingSpec(experts_per_region=group) if shape.is_moe else MappingSpec()
-    try:
-        spec = ModelSpec(pshape, dynamism=(), micro_batch=mb, mapping=mapping, source="<probe>")
-        pm = _Mapper(spec, target, mb, None)
-    except FrontendError:
-        return None
-    units = [Unit("embed", -1)] + [Unit(k, i) for i, k in enumerate(kinds)] + [Unit("lm_head", -1)]
-    lay = _pack(units, [by_kind[u.kind] for u in units], height, target)
-    if lay is None:
-        return None
-    lay.placed = [_spread(p) for p in lay.placed]
-    lay.kv_slots = kv_slots
-    lay.stages = [p.wafer for p in lay.placed]  # a stage cannot span wafers
-    try:
-        module = _Emitter(pm, lay).emit()
-        program = driver.program_of(lower_to(module, "segments", target, verify=False))
-        est = CostModel(program, target).estimate(1)
-    except (MeshrtError, FrontendError, CostModelError):
-        return None
-    unit: dict[int, float] = {}  # layer index (-1: the embedding, -2: the LM head) -> cycles
-    for name, cycles in est.kernel_path.items():
-        m = _LAYER.match(name)
-        i = int(m.group(1)) if m else -1 if name == "embed" else -2
-        unit[i] = unit.get(i, 0.0) + cycles
-    # the critical path adds up to the step; its parts the probe charges to no kernel
-    # (none today) go with the LM head, which closes the loop
-    rest = est.cycles_per_step - sum(unit.values())
-    return (unit.get(-1, 0.0), unit.get(-2, 0.0) + rest,
-            {k: unit.get(i, 0.0) for k, i in first_of.items()},
-            {k: unit.get(i, 0.0) for k, i in steady_of.items()})
 
 
 def fastest(mapper: _Mapper, cands: Sequence[Layout]) -> Layout:
