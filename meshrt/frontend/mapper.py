@@ -1001,7 +1001,9 @@ def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
                 moe_layers.append(len(kinds))
             kinds.append(kind)
         steady_of[kind] = len(kinds) - 1
-    pshape = dataclasses.replace(shape, layers=len(kinds), moe_layers=tuple(moe_layers))
+    # (windows do not change the cost; the probe keeps those of its own layers)
+    pshape = dataclasses.replace(shape, layers=len(kinds), moe_layers=tuple(moe_layers),
+                                 window_layers=tuple(i for i in shape.window_layers if i < len(kinds)))
     mapping = MappingSpec(experts_per_region=group) if shape.is_moe else MappingSpec()
     try:
         spec = ModelSpec(pshape, dynamism=(), micro_batch=mb, mapping=mapping, source="<probe>")
