@@ -618,14 +618,14 @@ class _Mapper:
             need = self.fewest_wafers(stages)
         if need is None:
             raise self.no_fit_unit(stages)
+        if self.wafers is not None and need > self.wafers:  # the budget asked for is the cause
+            raise self.no_fit_wafers(need, stages)
         if need > stages:
             if fixed is not None:
                 raise FrontendError(f"stages = {fixed} is fewer than the {need} wafers the "
                                     "model needs (a stage cannot span wafers)", stages_loc)
             raise self.control_error(need, f"the model needs {need} wafers, so as many stages "
                                      "(a stage cannot span wafers)")
-        if self.wafers is not None and need > self.wafers:
-            raise self.no_fit_wafers(need, stages)
         wafers = self.wafers or need
         if wafers > n_units:
             raise FrontendError(f"cannot use {wafers} wafers: the model has {n_units} units "
