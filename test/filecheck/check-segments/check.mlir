@@ -4,7 +4,7 @@
 // RUN: meshrt compile %examples/tiny_dense.mrt --target wse3 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
 // RUN: meshrt compile %examples/tiny_moe.mrt --target wse3 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
 // RUN: meshrt compile %examples/tiny_dense.mrt --target wse2 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=WSE2
-// RUN: meshrt compile %examples/tiny_moe.mrt --target wse2 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=ROOMY
+// RUN: meshrt compile %examples/tiny_moe.mrt --target wse2 --emit events | meshrt-opt -p materialize-segments,color-routes,check-segments | filecheck %s --check-prefix=WSE2MOE
 
 // A correct program (color-routes{colors=1} of ../color-routes/color_split.mlir)
 // passes the checker untouched.
@@ -58,13 +58,21 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 // TIGHT:      segment.marker_sync
 // TIGHT:      segment.route
 
-// On a WSE-3 every class fits one segment, and on a WSE-2 those of tiny_moe.
+// On a WSE-3 every class fits one segment.
 // A dense layer's region on a WSE-2 receives on six flows (its input, the
 // attention result, the chains down its columns and along its rows), more
 // than the four input queues left beside memcpy: it takes two segments, the
 // second holding the row reduction of the o projection.
 // WSE2:      segment.program
 // WSE2:      segment.reconfigure 0 to 1 release [@l0_norm1.in0, @l0_attn.in0, @l0_o.in0] install [@l0_o.reduce.down, @l0_o.reduce.up]
+
+// On a WSE-2, a class of tiny_moe's layers (as the mapper packs them by
+// modelled step time) receives on more flows than the four input queues left
+// beside memcpy: the MoE flows are released for a second segment and
+// installed back.
+// WSE2MOE:      segment.program
+// WSE2MOE:      segment.reconfigure 0 to 1 release [@l0_moe.dispatch.hop, @l0_moe.dispatch.in0, @l0_moe.experts.in0, @l0_moe.combine.hop, @l0_moe.combine.in0] install []
+// WSE2MOE:      segment.reconfigure 1 to 0 release [] install [@l0_moe.dispatch.hop, @l0_moe.dispatch.in0, @l0_moe.experts.in0, @l0_moe.combine.hop, @l0_moe.combine.in0]
 
 // ROOMY:      segment.program
 // ROOMY-NOT:  segment.reconfigure
