@@ -330,7 +330,10 @@ class Planner:
             grid = self.grid(height)
             if grid is None:
                 return None
-        return UnitShape(tuple(widths), grid)
+        bands = Unit(kind, 0).bands
+        attn = widths[bands.index("attn")] if "attn" in bands else 0
+        return UnitShape(tuple(widths), grid,
+                         splits_heads=bool(attn) and self.sizer.shape.kv_heads % attn != 0)
 
 
 # ---------------------------------------------------------------------------
@@ -581,7 +584,7 @@ class _Mapper:
     def layout(self, stages: int, wafers: int) -> Layout:
         """The fastest packing (by the modelled step) onto exactly `wafers` wafers, preferring
         ones whose attentions keep whole KV heads per column (the interpreter's numerics)."""
-        from meshrt.frontend.step_time import fastest
+        from meshrt.frontend.step_time import fastest, step_cycles
 
         cands = self.candidates(stages, wafers)
         if not cands:
@@ -590,7 +593,15 @@ class _Mapper:
                 f"block height (the fewest they fit is {self.fewest_wafers(stages)})",
                 self.budget_loc)
         fewest = min(_splits(lay) for lay in cands)
-        return fastest(self, [lay for lay in cands if _splits(lay) == fewest])
+        best = [lay for lay in cands if _splits(lay) == fewest]
+        pick = fastest(self, best)
+        if len(best) < len(cands):
+            # whole KV heads only where such a packing builds (its probe runs); else the
+            # fastest of all (head_dim split: compiles, but the interpreter refuses it)
+            t = pick.step_cycles if pick.step_cycles is not None else step_cycles(self, pick)
+            if t is None:
+                pick = fastest(self, cands)
+        return pick
 
     def default_layout(self) -> Layout:
         n_units = len(self.units)

@@ -66,9 +66,10 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 // WSE2:      segment.program
 // WSE2:      segment.reconfigure 0 to 1 release [@l0_norm1.in0, @l0_attn.in0, @l0_o.in0] install [@l0_o.reduce.down, @l0_o.reduce.up]
 
-// On a WSE-2, tiny_moe's layers (mapped by modelled step time as one tall
-// region each) receive on more flows than the four input queues left beside
-// memcpy: the MoE flows are released for a second segment and installed back.
+// On a WSE-2, a class of tiny_moe's layers (as the mapper packs them by
+// modelled step time) receives on more flows than the four input queues left
+// beside memcpy: the MoE flows are released for a second segment and
+// installed back.
 // WSE2MOE:      segment.program
 // WSE2MOE:      segment.reconfigure 0 to 1 release [@l0_moe.dispatch.hop, @l0_moe.dispatch.in0, @l0_moe.experts.in0, @l0_moe.combine.hop, @l0_moe.combine.in0] install []
 // WSE2MOE:      segment.reconfigure 1 to 0 release [] install [@l0_moe.dispatch.hop, @l0_moe.dispatch.in0, @l0_moe.experts.in0, @l0_moe.combine.hop, @l0_moe.combine.in0]
