@@ -63,7 +63,7 @@ from xdsl.ir import Block, Region, SSAValue
 from meshrt.dialects import graph as g
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.frontend.errors import FrontendError, Loc
-from meshrt.frontend.model import ModelShape, ModelSpec
+from meshrt.frontend.model import MappingSpec, ModelShape, ModelSpec
 from meshrt.kernels.attention.op import AttentionOp
 from meshrt.kernels.dispatch.relay import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
@@ -318,7 +318,8 @@ class Planner:
             return None if st is None else UnitShape((st[0],), None, st[1],
                                                      st[0] > self.sizer.shape.kv_heads)
         widths = []
-        for band in Unit(kind, 0).bands:
+        bands = Unit(kind, 0).bands
+        for band in bands:
             w = self.band_width(band, height, msg if kind == "embed" else 0)
             if w is None:
                 return None
@@ -330,10 +331,9 @@ class Planner:
             grid = self.grid(height)
             if grid is None:
                 return None
-        bands = Unit(kind, 0).bands
-        attn = widths[bands.index("attn")] if "attn" in bands else 0
-        return UnitShape(tuple(widths), grid,
-                         splits_heads=bool(attn) and self.sizer.shape.kv_heads % attn != 0)
+        # the attention band splits head_dim where its columns do not hold whole KV heads
+        splits = "attn" in bands and self.sizer.shape.kv_heads % widths[bands.index("attn")] != 0
+        return UnitShape(tuple(widths), grid, splits_heads=splits)
 
 
 # ---------------------------------------------------------------------------
@@ -998,8 +998,6 @@ def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
     """(embedding cycles, LM head cycles, {layer kind: cycles of its first layer},
     {layer kind: cycles of its second layer}) on the probe's critical path, or None."""
     from meshrt.diagnostics import MeshrtError
-    from meshrt.frontend.errors import FrontendError
-    from meshrt.frontend.model import MappingSpec, ModelSpec
     from meshrt.passes.pipeline import lower_to
     from meshrt.runtime.cost_model import CostModel, CostModelError
 
