@@ -192,7 +192,7 @@ def _min_width(fn: Callable[[int], float], max_w: int, usable: int) -> int | Non
 WIDENS = ("dense", "lm_head")
 """Units the mapper widens past their least width when the wafers have room (the embedding,
 whose every core sends, and the MoE layers' bands keep their least width)."""
-DENSE_BANDS = ("layer",)  # attention on its top rows, the GEMVs on one region below
+DENSE_BANDS = ("layer",)  # every kernel of the layer on one region
 MOE_BANDS = ("qkv", "attn", "o", "gate", "relay")
 
 
@@ -227,7 +227,6 @@ class ExpertGrid:
 class UnitShape:
     widths: tuple[int, ...]  # per band
     grid: ExpertGrid | None
-    attn_rows: int = 0  # dense layers: rows of attention on top of the GEMV region
     splits_heads: bool = False  # attention columns split head_dim (no interpreter numerics)
 
     @property
@@ -276,28 +275,26 @@ class Planner:
                 best = cand
         return best
 
-    def _stack(self, height: int, scale: float = 1.0) -> tuple[int, int] | None:
-        """(width, attention rows) of a dense layer `height` rows high, or None.
+    def _stack(self, height: int, scale: float = 1.0) -> int | None:
+        """Width of a dense layer `height` rows high, or None.
 
-        The layer is one region: attention's KV on the top rows, all four
-        GEMVs tiled over the rows below, the same columns, so every GEMV reads
-        its input where the previous one left it. The least width whose
-        attention and GEMV rows both fit in `height` (square-ish at the
-        heights the mapper tries), times `scale` when the mapping has room to
-        spare (more cores per layer: less work per core); the GEMVs get every
-        row attention leaves.
+        The layer is one region and every kernel runs on all of it: each core
+        holds its tiles of the four GEMVs (alternating orientations, so each
+        reads its input where the previous one left it) and, on the top
+        `min(height, max_seq)` rows, its share of attention's KV cache. KV
+        spread over every row leaves each core a few positions of every slot,
+        so the scores, softmax and weighted sum take few cycles per core and
+        the partials merge along the column; the least width where both fit
+        (square-ish at the heights the mapper tries), times `scale` when the
+        mapping has room to spare (more cores per layer: less work per core).
         """
         sz, s = self.sizer, self.sizer.shape
         max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim)
 
-        def rows(w: int) -> tuple[int, int] | None:
-            ha = _min_width(lambda a: sz.band("attn", w, a), min(s.max_seq, height - 1), sz.usable)
-            if ha is None:
-                return None
-            hr = _min_width(lambda r: sz.layer_gemvs(w, r), min(s.hidden, height - ha), sz.usable)
-            return None if hr is None else (ha, hr)
+        def fits(w: int) -> bool:
+            return sz.layer_gemvs(w, height) + sz.band("attn", w, min(height, s.max_seq)) <= sz.usable
 
-        lo = _least(lambda w: rows(w) is not None, max_w)
+        lo = _least(fits, max_w)
         if lo is None:
             return None
         # Whole KV heads per column (the interpreter's attention needs no dot
@@ -306,17 +303,15 @@ class Planner:
         w = next((d for d in range(lo, kv + 1) if kv % d == 0), lo)
         if scale > 1.0:
             w = min(max_w, max(w, round(w * scale)))
-        found = rows(w)
-        return None if found is None else (w, found[0])
+        return w if fits(w) else None
 
     def _unit_shape(self, kind: str, height: int, with_experts: bool = True, scale: float = 1.0,
                     msg: int = 0) -> UnitShape | None:
         """The shape of a `kind` unit `height` rows high: `scale` widens the units that widen
         (WIDENS) past their least width; `msg` is the largest message an embedding core sends."""
         if kind == "dense":
-            st = self.stack(height, scale)
-            return None if st is None else UnitShape((st[0],), None, st[1],
-                                                     st[0] > self.sizer.shape.kv_heads)
+            w = self.stack(height, scale)
+            return None if w is None else UnitShape((w,), None, w > self.sizer.shape.kv_heads)
         widths = []
         bands = Unit(kind, 0).bands
         for band in bands:
@@ -515,16 +510,16 @@ class _Mapper:
             f"bytes of control state per core, but {t.name} has {t.control_bytes}; use a smaller "
             "micro-batch", loc or self.where())
 
-    def embed_message(self, first: Unit, widths: Sequence[int], attn_rows: int, h: int) -> int:
+    def embed_message(self, first: Unit, widths: Sequence[int], h: int) -> int:
         """Bytes of the largest message an embedding core buffers (besides its table): the
         share of the hidden vector each reader of the embedding in the first layer receives,
         as ElementwiseOp's input_share splits it over the region the reader runs on (a dense
-        layer's norm and residual add read it in rows over the GEMV rows; an MoE layer's norm
+        layer's norm and residual add read it in rows over the layer's rows; an MoE layer's norm
         in rows over the band, its add in columns of the o band, in rows if that is one
         column), plus the continuous-batching payload riding on it (counted whether or not
         the build carries one, so a build and its static counterpart get one mapping)."""
         if first.kind == "dense":
-            split = h - attn_rows
+            split = h
         else:
             o = widths[MOE_BANDS.index("o")]
             split = min(h, o) if o > 1 else h
@@ -541,7 +536,7 @@ class _Mapper:
             if sh is None:
                 return None
             rest.append(sh)
-        msg = self.embed_message(self.units[1], rest[0].widths, rest[0].attn_rows, h)
+        msg = self.embed_message(self.units[1], rest[0].widths, h)
         embed = planner.unit_shape("embed", h, True, 1.0, msg)
         return None if embed is None else [embed, *rest]
 
@@ -713,7 +708,7 @@ class _Mapper:
         first = planner.unit_shape(self.units[1].kind, rects[1].h, self.units[1].layer not in m.experts)
         msg = 0 if first is None else self.embed_message(
             self.units[1], _spread(Placed(self.units[1], first, 0, 0, 0, rects[1].h, False),
-                                   rects[1].w).widths, first.attn_rows, rects[1].h)
+                                   rects[1].w).widths, rects[1].h)
         for unit, r in zip(self.units, rects):
             explicit_experts = unit.layer in m.experts
             shape = planner.unit_shape(unit.kind, r.h, not explicit_experts, 1.0,
@@ -917,12 +912,12 @@ class _Emitter:
         s, i = self.s, p.unit.layer
         kw = dict(layer=i, **common)
         if p.unit.kind == "dense":
-            # One region: attention on the top rows, every other kernel below.
+            # One region for every kernel; attention's KV on its top max_seq rows
+            # (all of them at the heights the mapper tries).
             x0, y0, x1, y1 = b["layer"].extent
-            ha = p.shape.attn_rows
-            below = CoreSetAttr.of(x0, y0 + ha, x1 - x0, y1 - y0 - ha)
-            b = {"qkv": below, "attn": CoreSetAttr.of(x0, y0, x1 - x0, ha), "o": below,
-                 "up": below, "down": below}
+            layer = b["layer"]
+            b = {"qkv": layer, "attn": CoreSetAttr.of(x0, y0, x1 - x0, min(y1 - y0, s.max_seq)),
+                 "o": layer, "up": layer, "down": layer}
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
         qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
         a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,

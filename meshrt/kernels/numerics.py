@@ -39,6 +39,22 @@ def part(n: int, parts: int, i: int) -> tuple[int, int]:
     return min(n, i * c), min(n, (i + 1) * c)
 
 
+# A GEMV whose output concatenates several vectors (blocks: q | k | v, gate | up)
+# may lay it out *blocked*: column i's contiguous slice is its part of each block
+# in turn, so a consumer on the same columns finds its share of every block where
+# the reduction left it.
+def block_range(blocks: tuple[int, ...], cols: int, i: int) -> tuple[int, int]:
+    """Range of column i's slice of a blocked vector (its parts of every block)."""
+    return sum(part(b, cols, i)[0] for b in blocks), sum(part(b, cols, i)[1] for b in blocks)
+
+
+def block_order(blocks: tuple[int, ...], cols: int) -> np.ndarray:
+    """Blocked position -> index in the plain concatenation of the blocks."""
+    starts = np.cumsum((0, *blocks[:-1]))
+    return np.concatenate([np.arange(s + lo, s + hi) for i in range(cols)
+                           for s, b in zip(starts, blocks) for lo, hi in [part(b, cols, i)]])
+
+
 # --------------------------------------------------------------------------
 # values and metainfo
 # --------------------------------------------------------------------------

@@ -32,7 +32,7 @@ import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
-from meshrt.kernels.numerics import CoreData, DataLayoutError, KernelExec, Payload, Routing, SlotTable, Vec, part
+from meshrt.kernels.numerics import CoreData, DataLayoutError, KernelExec, Payload, Routing, SlotTable, Vec, block_order
 from meshrt.runtime import reference as ref
 
 # --------------------------------------------------------------------------
@@ -98,39 +98,50 @@ class DataPlane:
         self.replacements.setdefault(layer, []).append((first_step, tuple(placement), cycles_by_region))
 
     # weights by kernel name (the lowering's naming: l{i}_qkv, l{i}_o, ...)
-    def matrix(self, name: str, layer: int, grid) -> np.ndarray:
-        return self._gemv_array(name, layer, grid, bias=False)
+    def out_blocks(self, info) -> tuple[int, ...] | None:
+        """The blocks a GEMV's output is laid out in per column (`numerics.block_order`), or
+        None (plain): as the kernel says (`blocks`: q | k | v for an attention reading in
+        place), and always gate | up for the fused up projection (silu_mul pairs them)."""
+        blocks = info.param("blocks")
+        if blocks:
+            return tuple(blocks)
+        name = info.kernel_name
+        if name != "lm_head" and name.split("_", 1)[-1] == "up":
+            f = info.param("out_width") // 2
+            return (f, f)
+        return None
 
-    def bias(self, name: str, layer: int, grid) -> np.ndarray | None:
+    def matrix(self, name: str, layer: int, blocks=None, splits: int = 1) -> np.ndarray:
+        """Gemv `name`'s weight matrix, its columns in the blocked order over `splits`
+        output parts if `blocks` is given."""
+        return self._gemv_array(name, layer, blocks, splits, bias=False)
+
+    def bias(self, name: str, layer: int, blocks=None, splits: int = 1) -> np.ndarray | None:
         """The bias of gemv `name` laid out as its matrix's columns, or None (no bias)."""
-        return self._gemv_array(name, layer, grid, bias=True)
+        return self._gemv_array(name, layer, blocks, splits, bias=True)
 
-    def _gemv_array(self, name: str, layer: int, grid, *, bias: bool):
+    def _gemv_array(self, name: str, layer: int, blocks, splits: int, *, bias: bool):
         w = self.weights
         if name == "lm_head":
-            return None if bias else w.lm_head
-        lw = w.layers[layer]
-        suffix = name.split("_", 1)[1]
-        if suffix == "qkv":
-            parts = (lw.bq, lw.bk, lw.bv) if bias else (lw.wq, lw.wk, lw.wv)
-            return None if parts[0] is None else np.concatenate(parts, axis=-1)
-        if suffix == "o":
-            return lw.bo if bias else lw.wo
-        d = lw.dense
-        if suffix == "up":  # per column block: gate then up of one slice of the FFN width
-            gate, up = (d.b_gate, d.b_up) if bias else (d.w_gate, d.w_up)
-            if gate is None:
-                return None
-            _, _, cols, _ = grid
-            f = gate.shape[-1]
-            blocks = []
-            for i in range(cols):
-                lo, hi = part(f, cols, i)
-                blocks += [gate[..., lo:hi], up[..., lo:hi]]
-            return np.concatenate(blocks, axis=-1)
-        if suffix == "down":
-            return d.b_down if bias else d.w_down
-        raise DataLayoutError(f"kernel @{name}: no weight matrix of that name")
+            a = None if bias else w.lm_head
+        else:
+            lw = w.layers[layer]
+            suffix = name.split("_", 1)[1]
+            d = lw.dense
+            if suffix == "qkv":
+                parts = (lw.bq, lw.bk, lw.bv) if bias else (lw.wq, lw.wk, lw.wv)
+            elif suffix == "o":
+                parts = (lw.bo if bias else lw.wo,)
+            elif suffix == "up" and d is not None:
+                parts = (d.b_gate, d.b_up) if bias else (d.w_gate, d.w_up)
+            elif suffix == "down" and d is not None:
+                parts = (d.b_down if bias else d.w_down,)
+            else:
+                raise DataLayoutError(f"kernel @{name}: no weight matrix of that name")
+            a = None if parts[0] is None else np.concatenate(parts, axis=-1)
+        if a is None or not blocks:
+            return a
+        return a[..., block_order(tuple(blocks), splits)]
 
     # the reference's traced value (`reference.Trace`) each kernel's output is, by the
     # same naming; a reduction (`l0_qkv.reduce`) holds the value of its product
@@ -151,14 +162,16 @@ class DataPlane:
         traced = self._TRACED_IN_LAYER.get(base.split("_", 1)[-1])
         return (layer, traced) if traced is not None and layer >= 0 else None
 
-    def columns(self, name: str, n_out: int, cols: int, i: int) -> tuple[int, int]:
-        """The columns of `name`'s weight matrix (width n_out) that column i of its
-        `cols` holds: the fused up projection keeps whole gate/up pairs of one
-        slice of the FFN width (the blocks `matrix` lays out), others split evenly."""
-        if name != "lm_head" and name.split("_", 1)[-1] == "up":
-            lo, hi = part(n_out // 2, cols, i)
-            return 2 * lo, 2 * hi
-        return part(n_out, cols, i)
+    def in_reference_order(self, name: str, row: np.ndarray) -> np.ndarray:
+        """One slot's entries of kernel `name`'s value in the reference's order: a blocked
+        GEMV's (and its reduction's) entries put back where the plain concatenation has them."""
+        gemv = self.kernels.get(name.partition(".")[0])
+        blocks = getattr(gemv, "blocks", None)
+        if not blocks or row.shape[-1] != sum(blocks):
+            return row
+        out = np.empty_like(row)
+        out[block_order(blocks, gemv.splits)] = row
+        return out
 
     def norm_gain(self, name: str, layer: int) -> np.ndarray:
         if name == "final_norm":

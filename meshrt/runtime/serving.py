@@ -483,7 +483,7 @@ def first_divergence(program, requests: list[Request], records: list[RequestReco
         if key is None or held is None or key not in trace.tensors or not held.mask[d.slot].all():
             continue
         expect = np.asarray(trace.tensors[key][-1], np.float64).reshape(-1)
-        value = held.data[d.slot].astype(np.float64)
+        value = plane.in_reference_order(name, held.data[d.slot].astype(np.float64))
         if value.shape != expect.shape:
             continue
         compared += 1

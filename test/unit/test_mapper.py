@@ -114,7 +114,7 @@ def test_embedding_sized_for_its_first_layers_messages():
     mp = _mapper(spec, mb=8)
     lay = mp.default_layout()
     embed, first = lay.placed[0], lay.placed[1]
-    msg = mp.embed_message(first.unit, first.widths, first.shape.attn_rows, first.h)
+    msg = mp.embed_message(first.unit, first.widths, first.h)
     assert msg > 8 * 4  # more than the embedding's own output columns
     sizer = mp.planner(max(lay.stages) + 1).sizer
     assert sizer.band("embed", embed.widths[0], embed.h) + msg <= sizer.usable

@@ -7,8 +7,13 @@ import math
 import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
-from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, part
+from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, block_range, part
 from meshrt.runtime import reference as ref
+
+
+def qkv_blocks(heads: int, kv_heads: int, head_dim: int) -> tuple[int, int, int]:
+    """The blocks of the q | k | v vector an attention reads (`numerics.block_order`)."""
+    return heads * head_dim, kv_heads * head_dim, kv_heads * head_dim
 
 
 class Attention(KernelExec):
@@ -25,6 +30,7 @@ class Attention(KernelExec):
         self.rope, self.eps, self.window = shape.rope, shape.rms_eps, shape.window(self.layer)
         self.q_gain, self.k_gain = plane.qk_gains(self.layer)
         self.sinks = plane.sinks(self.layer)
+        self.blocked = info.param("qkv_in_place") is not None
         _, _, w, _ = self.tiles[0]
         if self.kvh % w:
             raise DataLayoutError(
@@ -50,13 +56,20 @@ class Attention(KernelExec):
                 got = "none" if cb is None else f"the one of step {cb.seq}"
                 raise DataLayoutError(f"{where}: step {cd.step} needs its continuous-batching "
                                       f"table, holds {got}")
-            x = self.input(cd)
-            hd, kvd = self.heads * self.d, self.kvh * self.d
-            x = x.need(0, hd + 2 * kvd, where)
             hq, hk = self.heads // w, self.kvh // w
-            q = x[:, i * hq * self.d:(i + 1) * hq * self.d].reshape(self.b, hq, self.d)
-            k = x[:, hd + i * hk * self.d:hd + (i + 1) * hk * self.d].reshape(self.b, hk, self.d)
-            v = x[:, hd + kvd + i * hk * self.d:hd + kvd + (i + 1) * hk * self.d].reshape(self.b, hk, self.d)
+            nq, nk = hq * self.d, hk * self.d
+            if self.blocked:  # this column's q | k | v slice of the blocked vector, in place
+                lo, hi = block_range(qkv_blocks(self.heads, self.kvh, self.d), w, i)
+                x = self.input(cd).need(lo, hi, where)
+                q, k, v = x[:, :nq], x[:, nq:nq + nk], x[:, nq + nk:]
+            else:
+                hd, kvd = self.heads * self.d, self.kvh * self.d
+                x = self.input(cd).need(0, hd + 2 * kvd, where)
+                q = x[:, i * nq:(i + 1) * nq]
+                k = x[:, hd + i * nk:hd + (i + 1) * nk]
+                v = x[:, hd + kvd + i * nk:hd + kvd + (i + 1) * nk]
+            q = q.reshape(self.b, hq, self.d)
+            k, v = k.reshape(self.b, hk, self.d), v.reshape(self.b, hk, self.d)
             r0, r1 = part(self.max_seq, h, j)
             cache = self._cache(cd, r1 - r0)
             o = np.zeros((self.b, hq, self.d), F64)

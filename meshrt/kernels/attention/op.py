@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, IntegerAttr
-from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def
+from xdsl.dialects.builtin import I64, IntegerAttr, UnitAttr
+from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, result_def
 
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType
 from meshrt.kernels.attention import csl
-from meshrt.kernels.attention.numerics import Attention
+from meshrt.kernels.attention.numerics import Attention, qkv_blocks
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.interface import (
     ACT_BYTES,
@@ -55,6 +55,16 @@ NORMALIZE = ComputeOp("normalize", "mul", csl.normalize)
 """Divide by the softmax sum at the root."""
 
 
+def reads_qkv_in_place(attn: graph.AttentionOp, qkv_region) -> bool:
+    """Whether graph attention `attn` runs on the columns of the GEMV producing its q | k | v
+    (a dense layer's one region): that GEMV then lays its output out blocked per column,
+    so after the column reduction every core of a column holds its heads' q, k and v and
+    no flow is needed; elsewhere each core gathers its share from the whole vector."""
+    a0, _, a1, _ = attn.region.extent
+    p0, _, p1, _ = qkv_region.extent
+    return (a0, a1) == (p0, p1)
+
+
 @irdl_op_definition
 class AttentionOp(KernelOp):
     """Decode attention over KV tiles; per-slot sequence lengths come from the RDT."""
@@ -65,6 +75,7 @@ class AttentionOp(KernelOp):
     head_dim = prop_def(IntegerAttr[I64])
     max_seq = prop_def(IntegerAttr[I64])
     slots = prop_def(IntegerAttr[I64])
+    qkv_in_place = opt_prop_def(UnitAttr)  # its input is a blocked q | k | v on its columns
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = UNARY_FORMAT
@@ -130,7 +141,9 @@ class AttentionOp(KernelOp):
         return ceil_div(width, self.tiles()[0][2])
 
     def input_layout(self) -> str:
-        return "full"  # read in place only from a producer holding it whole; else a flow brings input_share
+        # in place: the column's blocked slice where the qkv reduction left it; otherwise
+        # read in place only from a producer holding it whole, else a flow brings input_share
+        return "cols" if self.qkv_in_place is not None else "full"
 
     def output_layout(self) -> str:
         return "cols"
@@ -142,6 +155,10 @@ class AttentionOp(KernelOp):
     def lower_props(cls, op):
         model = op.parent_op()
         assert isinstance(model, graph.ModelOp)
-        return dict(heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim, max_seq=op.max_seq,
-                    slots=HParams.of(model).kv_slots(model))
+        props = dict(heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim, max_seq=op.max_seq,
+                     slots=HParams.of(model).kv_slots(model))
+        producer = op.input.owner
+        if isinstance(producer, graph.MatmulOp) and reads_qkv_in_place(op, producer.region):
+            props["qkv_in_place"] = UnitAttr()
+        return props
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from meshrt.kernels.numerics import DataLayoutError, KernelExec, Vec, part
+import numpy as np
+
+from meshrt.kernels.numerics import F64, DataLayoutError, KernelExec, part
 
 
 class Embed(KernelExec):
@@ -19,8 +21,9 @@ class Embed(KernelExec):
         vocab, hidden = emb.shape
         r0, r1 = part(vocab, h, j)
         c0, c1 = part(hidden, w, i)
-        out = Vec.empty(self.b, hidden)
+        # a partial of the column's sum: this core's slice of the rows it holds, zeros elsewhere
+        partial = np.zeros((self.b, hidden), F64)
         for s, t in enumerate(tokens):
-            if r0 <= t < r1:  # this core holds the row
-                out.put(s, c0, emb[t, c0:c1])
-        cd.values[self.name] = out
+            if r0 <= t < r1:
+                partial[s, c0:c1] = emb[t, c0:c1]
+        cd.values[self.name] = ("partial", c0, c1, partial)

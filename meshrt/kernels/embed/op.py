@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, IntegerAttr
+from xdsl.dialects.builtin import I64, IntegerAttr, StringAttr
 from xdsl.irdl import irdl_op_definition, prop_def, result_def
 
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType
+from meshrt.kernels.allreduce.op import AllReduceOp
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.embed import csl
 from meshrt.kernels.embed.numerics import Embed
@@ -73,8 +74,16 @@ class EmbedOp(KernelOp):
         return "full"  # no input vector: the tokens arrive on their own flow
 
     def output_layout(self) -> str:
-        return "sparse"
+        return "partial"
 
     @classmethod
-    def lower_props(cls, op):
-        return {"vocab": op.vocab}
+    def lower(cls, op, operands, make):
+        """The embedding and a column allreduce: in each column the one core holding a
+        token's row contributes its slice and the others zeros, so the sum down the column
+        is the row (exact) and one row of cores then holds the whole vector's columns; a
+        gather from every core that might hold a row would move the table's height in
+        messages per reader."""
+        emb = make(cls, op, operands, op.results[0].type, vocab=op.vocab)
+        red = make(AllReduceOp, op, emb.results, op.results[0].type, name=f"{op.kernel_name}.reduce",
+                   axis=StringAttr("col"))
+        return [emb, red], red.results[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshrt.kernels.numerics import F64, KernelExec, part
+from meshrt.kernels.numerics import F64, KernelExec, block_range, part
 
 
 class Gemv(KernelExec):
@@ -12,21 +12,21 @@ class Gemv(KernelExec):
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
-        self.weight = plane.matrix(self.name, self.layer, grid=self.tiles[0])
-        self.bias = plane.bias(self.name, self.layer, grid=self.tiles[0])
         self.transposed = info.param("axis", "col") == "row"
+        _, _, w, h = self.tiles[0]
+        self.splits = h if self.transposed else w  # parts of the output
+        self.blocks = plane.out_blocks(info)
+        self.weight = plane.matrix(self.name, self.layer, self.blocks, self.splits)
+        self.bias = plane.bias(self.name, self.layer, self.blocks, self.splits)
 
     def compute(self, cd, op):
         if op != "fmac":
             return
         _, i, j, w, h = self.grid_pos(cd)
         n_in, n_out = self.weight.shape
-        if self.transposed:  # input over the columns, output over the rows
-            r0, r1 = part(n_in, w, i)
-            c0, c1 = self.plane.columns(self.name, n_out, h, j)
-        else:
-            r0, r1 = part(n_in, h, j)
-            c0, c1 = self.plane.columns(self.name, n_out, w, i)
+        r0, r1 = part(n_in, w, i) if self.transposed else part(n_in, h, j)  # the input's split
+        k = j if self.transposed else i  # this core's part of the output
+        c0, c1 = block_range(self.blocks, self.splits, k) if self.blocks else part(n_out, self.splits, k)
         x = self.input(cd).need(r0, r1, self.where(cd))
         partial = np.zeros((self.b, n_out), F64)
         partial[:, c0:c1] = x.astype(F64) @ cd.tile(self.name, lambda: self.weight[r0:r1, c0:c1])

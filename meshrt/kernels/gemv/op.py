@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import StringAttr
+from xdsl.dialects.builtin import DenseArrayBase, StringAttr, i64
 from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, result_def
 
 from meshrt.dialects import graph
 from meshrt.dialects.graph import ActType
+from meshrt.dialects.base import int_value
 from meshrt.kernels.allreduce.op import AllReduceOp
+from meshrt.kernels.attention.op import qkv_blocks, reads_qkv_in_place
 from meshrt.kernels.compute import FMAC
 from meshrt.kernels.gemv.numerics import Gemv
 from meshrt.kernels.interface import (
@@ -48,6 +50,9 @@ class GemvOp(KernelOp):
 
     name = "mesh_kernel.gemv"
     axis = opt_prop_def(StringAttr)
+    # the output laid out blocked per column (`numerics.block_order`): q | k | v for an
+    # attention on the same columns, which then reads it in place
+    blocks = opt_prop_def(DenseArrayBase)
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = UNARY_FORMAT
@@ -72,6 +77,9 @@ class GemvOp(KernelOp):
             raise self.fail(f"axis must be 'row' or 'col', got '{self.reduce_axis}'")
         across_in, across_out = self.splits()
         n_in, n_out = self.input.type.width.data, self.output.type.width.data
+        if self.blocks is not None and sum(self.blocks.get_values()) != n_out:
+            raise self.fail(f"blocks {list(self.blocks.get_values())} do not add up to the "
+                            f"output width {n_out}")
         if n_in < across_in or n_out < across_out:
             _, _, w, h = self.grid()
             raise self.fail(
@@ -108,7 +116,8 @@ class GemvOp(KernelOp):
     def lower(cls, op, operands, make):
         """A GEMV and its allreduce; transposed when its input is laid out over the same
         columns as its own region (the previous GEMV's result there), so it is read in place
-        or multicast down the columns."""
+        or multicast down the columns; its output blocked as q | k | v when an attention on
+        its columns reads it (`reads_qkv_in_place`)."""
         rt = op.results[0].type
         producer = operands[0].owner
         transposed = False
@@ -117,6 +126,11 @@ class GemvOp(KernelOp):
             x0, _, x1, _ = op.region.extent
             transposed = (px0, px1) == (x0, x1)
         props = {"axis": StringAttr("row")} if transposed else {}
+        for use in () if transposed else op.results[0].uses:
+            attn = use.operation
+            if isinstance(attn, graph.AttentionOp) and reads_qkv_in_place(attn, op.region):
+                blocks = qkv_blocks(int_value(attn.heads), int_value(attn.kv_heads), int_value(attn.head_dim))
+                props["blocks"] = DenseArrayBase.from_list(i64, blocks)
         gemv = make(cls, op, operands, rt, **props)
         red = make(AllReduceOp, op, gemv.results, rt, name=f"{op.kernel_name}.reduce",
                    axis=StringAttr("row" if transposed else "col"))
