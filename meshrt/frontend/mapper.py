@@ -280,9 +280,9 @@ class Planner:
 
         The layer is one region and every kernel runs on all of it: each core
         holds its tiles of the four GEMVs (alternating orientations, so each
-        reads its input where the previous one left it) and, on the top
-        `min(height, max_seq)` rows, its share of attention's KV cache. KV
-        spread over every row leaves each core a few positions of every slot,
+        reads its input where the previous one left it) and its share of
+        attention's KV cache (none on rows past max_seq). KV spread over every
+        row leaves each core a few positions of every slot,
         so the scores, softmax and weighted sum take few cycles per core and
         the partials merge along the column; the least width where both fit
         (square-ish at the heights the mapper tries), times `scale` when the
@@ -292,7 +292,7 @@ class Planner:
         max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim)
 
         def fits(w: int) -> bool:
-            return sz.layer_gemvs(w, height) + sz.band("attn", w, min(height, s.max_seq)) <= sz.usable
+            return sz.layer_gemvs(w, height) + sz.band("attn", w, height) <= sz.usable
 
         lo = _least(fits, max_w)
         if lo is None:
@@ -912,12 +912,11 @@ class _Emitter:
         s, i = self.s, p.unit.layer
         kw = dict(layer=i, **common)
         if p.unit.kind == "dense":
-            # One region for every kernel; attention's KV on its top max_seq rows
-            # (all of them at the heights the mapper tries).
-            x0, y0, x1, y1 = b["layer"].extent
+            # One region for every kernel (rows past max_seq hold no KV positions):
+            # attention's chains take the GEMV reductions' routes and its result,
+            # multicast back up the columns, is where the o projection reads it.
             layer = b["layer"]
-            b = {"qkv": layer, "attn": CoreSetAttr.of(x0, y0, x1 - x0, min(y1 - y0, s.max_seq)),
-                 "o": layer, "up": layer, "down": layer}
+            b = {"qkv": layer, "attn": layer, "o": layer, "up": layer, "down": layer}
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
         qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
         a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,

@@ -96,9 +96,10 @@ class AttentionOp(KernelOp):
             raise self.fail("slots must be > 0")
         if kv <= 0 or int_value(self.heads) % kv:
             raise self.fail("heads must be a positive multiple of kv_heads")
-        # KV positions are split over rows, KV heads x head_dim over columns.
-        if int_value(self.max_seq) < h:
-            raise self.fail(f"{int_value(self.max_seq)} KV positions cannot be tiled over {h} rows")
+        # KV positions are split over rows (rows past max_seq hold none: a layer's region
+        # may be taller than its context), KV heads x head_dim over columns.
+        if int_value(self.max_seq) <= 0:
+            raise self.fail(f"max_seq must be > 0, got {int_value(self.max_seq)}")
         if kv * int_value(self.head_dim) < w:
             raise self.fail(
                 f"{kv * int_value(self.head_dim)} KV columns cannot be tiled over {w} columns"

@@ -67,7 +67,7 @@ segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 // stage's handoff runs) among them, which they send when they enter the
 // segment holding it (and their reconfigures drain the flows they release).
 // DENSE:      segment.core_class @l0_add2.tile wafer
-// DENSE:        segment.reconfigure 0 to 1 release [@l0_norm1.in0, @l0_attn.in0, @l0_o.in0] install [@l0_o.reduce.down, @l0_o.reduce.up] notify [@l0_o.reduce.down, @l0_o.reduce.up] drain [@l0_norm1.in0, @l0_attn.in0, @l0_o.in0]
+// DENSE:        segment.reconfigure 0 to 1 release [@l0_norm1.in0, @l0_attn.down, @l0_attn.up] install [@l0_o.reduce.down, @l0_o.reduce.up] notify [@l0_o.reduce.down, @l0_o.reduce.up] drain [@l0_norm1.in0, @l0_attn.down, @l0_attn.up]
 // DENSE-NEXT:   segment.segment 1 {{.*}} await [{{.*}}@handoff_s1.egress::@l0_o.reduce.down{{.*}}] {
 // DENSE:      segment.core_class @handoff_s1.egress wafer
 // DENSE:        segment.reconfigure 1 to 2 {{.*}} notify [@l0_o.reduce.down, @l0_o.reduce.up, @l1_norm1.in0]

@@ -52,9 +52,9 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 d
 
 mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
-  %a = mesh_kernel.attention @attn(%x) on <(4, 1, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 1 : i64, kv_heads = 1 : i64, head_dim = 8 : i64, max_seq = 2 : i64, slots = 2 : i64} : !graph.act<16> -> !graph.act<8>
+  %a = mesh_kernel.attention @attn(%x) on <(4, 1, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 1 : i64, kv_heads = 1 : i64, head_dim = 8 : i64, max_seq = 0 : i64, slots = 2 : i64} : !graph.act<16> -> !graph.act<8>
 }
-// CHECK: error: 'mesh_kernel.attention' op kernel @attn: 2 KV positions cannot be tiled over 4 rows
+// CHECK: error: 'mesh_kernel.attention' op kernel @attn: max_seq must be > 0, got 0
 
 // -----
 
