@@ -31,11 +31,13 @@ class AllReduce(KernelExec):
         return self._output(cd)  # the result: multicast back, or on to the consumers
 
     def local_value(self, cd):
-        # a one-row region has no chain and so no event: a consumer on the same core
-        # reads the partial as it is
-        if self.inputs[0] in cd.values and self.grid_pos(cd)[4] == 1:
-            return self._output(cd)
-        return None
+        # a line of one core (one row for a column reduction, one column for a row
+        # reduction) has no chain and so no event: a consumer on the same core reads
+        # the partial as it is
+        if self.inputs[0] not in cd.values:
+            return None
+        _, _, _, w, h = self.grid_pos(cd)
+        return self._output(cd) if (w if self.info.param("axis") == "row" else h) == 1 else None
 
     def _output(self, cd):
         """The rounded sum, on the core that holds it: the root rounds what it added
