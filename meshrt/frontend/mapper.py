@@ -148,7 +148,7 @@ class Sizer:
         s = self.shape
         return {
             "qkv": s.qkv_width, "o": s.hidden, "up": 2 * s.ffn, "down": s.hidden,
-            "gate": s.experts, "lm_head": s.vocab, "embed": s.hidden,
+            "gate": s.experts, "lm_head": s.vocab, "embed": s.vocab,
             "attn": s.kv_heads * s.head_dim, "relay": 4,
         }[kind]
 

@@ -98,6 +98,13 @@ class Vec:
         self.data[m] = other.data[m]
         self.mask |= m
 
+    def need_at(self, idx: np.ndarray, where: str) -> np.ndarray:
+        """The entries at positions `idx` (all of which must be held)."""
+        held = self.mask[:, idx].all(axis=0)
+        if not held.all():
+            raise DataLayoutError(f"{where}: entry {int(idx[np.argmin(held)])} of the value is not held here")
+        return self.data[:, idx]
+
     def need(self, lo: int, hi: int, where: str) -> np.ndarray:
         if not self.mask[:, lo:hi].all():
             missing = np.nonzero(~self.mask[:, lo:hi].all(axis=0))[0]

@@ -280,6 +280,8 @@ class Synthesizer:
             flow = self._transfer(name, i, producer, op, src, data)
             if flow is None:
                 plan.local_inputs.append(producer)
+                if cb and op.CF_ON_INPUTS:
+                    self._cb_upstream(producer, op.region)
                 continue
             if route_meta:
                 flow.meta, flow.meta_kind = self.kctx.route_bytes, "moe_routing"
@@ -288,6 +290,25 @@ class Synthesizer:
             plan.inputs.append(flow)
             if producer.op.STAGE_BOUNDARY:
                 plan.stage_entry = True
+
+    def _cb_upstream(self, plan: _KernelPlan, cores: CoreSetAttr) -> None:
+        """A kernel that needs the continuous-batching payload reads its input in place
+        (`cores`): the payload rides the nearest input flow upstream, through producers
+        read in place, that reaches all of those cores."""
+        seen = set()
+        todo = [plan]
+        while todo:
+            p = todo.pop(0)
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            for f in p.inputs:
+                if f.spec.dst.covers(cores) and f.meta_kind in (None, "continuous_batching"):
+                    f.meta, f.meta_kind = self.kctx.cf_bytes, "continuous_batching"
+                    return
+            todo += p.local_inputs
+        raise MeshrtError(f"kernel region {cores}: no input flow reaches all of it to carry the "
+                          "continuous-batching payload")
 
     def _wire_token_loop(self, sample: _KernelPlan, embed: _KernelPlan) -> None:
         """The sampler's tokens (and the CF payload) go back to the first stage's embed."""

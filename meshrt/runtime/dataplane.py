@@ -162,16 +162,21 @@ class DataPlane:
         traced = self._TRACED_IN_LAYER.get(base.split("_", 1)[-1])
         return (layer, traced) if traced is not None and layer >= 0 else None
 
-    def in_reference_order(self, name: str, row: np.ndarray) -> np.ndarray:
-        """One slot's entries of kernel `name`'s value in the reference's order: a blocked
-        GEMV's (and its reduction's) entries put back where the plain concatenation has them."""
+    def positions(self, name: str) -> np.ndarray | None:
+        """Where kernel `name`'s value (a blocked GEMV's, or its reduction's) holds each entry
+        of the plain concatenation of its blocks, or None if it is laid out plainly."""
         gemv = self.kernels.get(name.partition(".")[0])
         blocks = getattr(gemv, "blocks", None)
-        if not blocks or row.shape[-1] != sum(blocks):
-            return row
-        out = np.empty_like(row)
-        out[block_order(blocks, gemv.splits)] = row
-        return out
+        if not blocks:
+            return None
+        pos = np.empty(sum(blocks), np.int64)
+        pos[block_order(blocks, gemv.splits)] = np.arange(sum(blocks))
+        return pos
+
+    def in_reference_order(self, name: str, row: np.ndarray) -> np.ndarray:
+        """One slot's entries of kernel `name`'s value in the reference's order."""
+        pos = self.positions(name)
+        return row if pos is None or row.shape[-1] != len(pos) else row[pos]
 
     def norm_gain(self, name: str, layer: int) -> np.ndarray:
         if name == "final_norm":

@@ -48,10 +48,15 @@ class Elementwise(KernelExec):
             b = self.input(cd, 1).need(c0, c1, where)
             out = a + b
         elif self.kind == "silu_mul":
-            # the fused up projection holds gate and up of each slice side by side
+            # gate | up of the fused up projection, blocked over its own output split
+            # (not necessarily this kernel's): find this slice's entries of each
             v = self.input(cd)
-            gate = v.need(2 * c0, 2 * c0 + (c1 - c0), where)
-            up = v.need(2 * c0 + (c1 - c0), 2 * c1, where)
+            pos = self.plane.positions(self.inputs[0])
+            if pos is None:
+                raise DataLayoutError(f"{where}: silu_mul's input @{self.inputs[0]} is not a "
+                                      "fused gate | up projection")
+            gate = v.need_at(pos[c0:c1], where)
+            up = v.need_at(pos[n + c0:n + c1], where)
             out = ref.glu(gate, up, self.plane.act)
         else:
             raise DataLayoutError(f"{where}: elementwise \"{self.kind}\" has no numerics here")

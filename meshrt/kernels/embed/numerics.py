@@ -19,9 +19,9 @@ class Embed(KernelExec):
         _, i, j, w, h = self.grid_pos(cd)
         emb = self.plane.weights.embed
         vocab, hidden = emb.shape
-        r0, r1 = part(vocab, h, j)
-        c0, c1 = part(hidden, w, i)
-        # a partial of the column's sum: this core's slice of the rows it holds, zeros elsewhere
+        r0, r1 = part(vocab, w, i)  # the table's rows this column holds
+        c0, c1 = part(hidden, h, j)  # the slice of each this row holds
+        # a partial of the row's sum: this core's slice of the rows it holds, zeros elsewhere
         partial = np.zeros((self.b, hidden), F64)
         for s, t in enumerate(tokens):
             if r0 <= t < r1:

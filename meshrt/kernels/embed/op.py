@@ -27,7 +27,8 @@ from meshrt.kernels.interface import (
 from meshrt.shape import request_state
 
 EMBED = ComputeOp("embed", "add", csl.embed, reads_input=True, admits_requests=True)
-"""Copy this core's part of each token's embedding row (costed as an add per element)."""
+"""Copy this core's part of each token's embedding row, or zeros where another core of the
+row holds it (costed as an add per element)."""
 
 
 @irdl_op_definition
@@ -49,9 +50,9 @@ class EmbedOp(KernelOp):
 
     @staticmethod
     def footprint(vocab: int, hidden: int, weight_bytes: float, micro_batch: int, w: int, h: int) -> Footprint:
-        """Rows vocab/h of the table's column slice hidden/w, and the output rows."""
-        cols = ceil_div(hidden, w)
-        return Footprint(ceil_div(vocab, h) * cols * weight_bytes, micro_batch * cols * ACT_BYTES)
+        """Rows vocab/w of the table's slice hidden/h, and the output slice."""
+        rows = ceil_div(hidden, h)
+        return Footprint(ceil_div(vocab, w) * rows * weight_bytes, micro_batch * rows * ACT_BYTES)
 
     @staticmethod
     def control(micro_batch: int, slots: int) -> int:
@@ -64,7 +65,7 @@ class EmbedOp(KernelOp):
         hidden = self.output.type.width.data
         state = self.footprint(int_value(self.vocab), hidden, kctx.weight_bytes, kctx.micro_batch, w, h).state
         return [Role("token", self.region,
-                     [INPUTS, ("compute", "embed", kctx.micro_batch * ceil_div(hidden, w)), OUTPUTS],
+                     [INPUTS, ("compute", "embed", kctx.micro_batch * ceil_div(hidden, h)), OUTPUTS],
                      int(state), ctrl=self.control(kctx.micro_batch, kctx.slots), sends_output=True)], []
 
     def input_share(self, width: int) -> int:
@@ -78,12 +79,14 @@ class EmbedOp(KernelOp):
 
     @classmethod
     def lower(cls, op, operands, make):
-        """The embedding and a column allreduce: in each column the one core holding a
-        token's row contributes its slice and the others zeros, so the sum down the column
-        is the row (exact) and one row of cores then holds the whole vector's columns; a
-        gather from every core that might hold a row would move the table's height in
-        messages per reader."""
+        """The embedding and a row allreduce. Core (i, j) holds the table's rows of vocab
+        part i, hidden part j: in each row the one core holding a token's row contributes
+        its slice and the others zeros, so the sum along the row is the embedding (exact),
+        split over the rows, and every core of a row ends up holding that row's slice: the
+        stage's hand-off column reads it in place and a layer on the same rows receives it
+        along its rows. (A gather from every core that might hold a row would move the
+        region's size in messages per reader.)"""
         emb = make(cls, op, operands, op.results[0].type, vocab=op.vocab)
         red = make(AllReduceOp, op, emb.results, op.results[0].type, name=f"{op.kernel_name}.reduce",
-                   axis=StringAttr("col"))
+                   axis=StringAttr("row"))
         return [emb, red], red.results[0]

@@ -59,12 +59,13 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 // TIGHT:      segment.route
 
 // On a WSE-3 every class fits one segment.
-// A dense layer's region on a WSE-2 receives on six flows (its input, the
-// attention result, the chains down its columns and along its rows), more
-// than the four input queues left beside memcpy: it takes two segments, the
-// second holding the row reduction of the o projection.
+// A dense layer's region on a WSE-2 receives on five flows (its input, the
+// chains down its columns, which its norm, qkv reduction and attention share,
+// and the o projection's chains along its rows), more than the four input
+// queues left beside memcpy: it takes two segments, the second holding the
+// row reduction of the o projection.
 // WSE2:      segment.program
-// WSE2:      segment.reconfigure 0 to 1 release [@l0_norm1.in0, @l0_attn.in0, @l0_o.in0] install [@l0_o.reduce.down, @l0_o.reduce.up]
+// WSE2:      segment.reconfigure 0 to 1 release [@l0_norm1.in0] install [@l0_o.reduce.down, @l0_o.reduce.up]
 
 // On a WSE-2, a class of tiny_moe's layers (as the mapper packs them by
 // modelled step time) receives on more flows than the four input queues left

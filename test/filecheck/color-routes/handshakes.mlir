@@ -62,12 +62,13 @@ segment.program @race target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 // CHECK-NEXT:   segment.segment 0 use <colors = 2> routes [@f, @g] {
 
 // The reduction race of the examples: the first column of layer 0's region
-// (edge of the row reduction of @l0_o.reduce) sends .reduce.down only after
-// the install credits of the cores down the row, the root column (where the
-// stage's handoff runs) among them, which they send when they enter the
-// segment holding it (and their reconfigures drain the flows they release).
-// DENSE:      segment.core_class @l0_add2.tile wafer
-// DENSE:        segment.reconfigure 0 to 1 release [@l0_norm1.in0, @l0_attn.down, @l0_attn.up] install [@l0_o.reduce.down, @l0_o.reduce.up] notify [@l0_o.reduce.down, @l0_o.reduce.up] drain [@l0_norm1.in0, @l0_attn.down, @l0_attn.up]
-// DENSE-NEXT:   segment.segment 1 {{.*}} await [{{.*}}@handoff_s1.egress::@l0_o.reduce.down{{.*}}] {
-// DENSE:      segment.core_class @handoff_s1.egress wafer
-// DENSE:        segment.reconfigure 1 to 2 {{.*}} notify [@l0_o.reduce.down, @l0_o.reduce.up, @l1_norm1.in0]
+// below its top row (edge of the row reduction of @l0_o.reduce) sends
+// .reduce.down only after the install credits of the cores along the row, the
+// root column (where the stage's handoff runs) among them, which they send when
+// they enter the segment holding it (and their reconfigures drain the flows
+// they release).
+// DENSE:      segment.core_class @l0_add2.tile.3 wafer
+// DENSE:        segment.reconfigure 0 to 1 release [@l0_norm1.in0] install [@l0_o.reduce.down, @l0_o.reduce.up] notify [@l0_o.reduce.down, @l0_o.reduce.up] drain [@l0_norm1.in0]
+// DENSE-NEXT:   segment.segment 1 {{.*}} await [{{.*}}@handoff_s1.egress.2::@l0_o.reduce.down{{.*}}] {
+// DENSE:      segment.core_class @handoff_s1.egress.2 wafer
+// DENSE:        segment.reconfigure 0 to 1 release [@l0_norm1.in0] install [@l0_o.reduce.down, @l0_o.reduce.up] notify [@l0_o.reduce.down, @l0_o.reduce.up] drain [@l0_norm1.in0]

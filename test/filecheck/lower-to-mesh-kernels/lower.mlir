@@ -1,7 +1,9 @@
 // RUN: meshrt-opt %s -p lower-to-mesh-kernels --split-input-file | filecheck %s
 
 // A matmul becomes a tiled GEMV and the column AllReduce that completes it;
-// norms and adds become elementwise kernels on the same regions.
+// norms and adds become elementwise kernels on the same regions. The embedding
+// too is completed by a column AllReduce: in each column the core holding a
+// token's row contributes its slice and the others zeros.
 graph.model @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
   %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
   %n = graph.rmsnorm @l0.norm(%x) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<32>
@@ -10,7 +12,8 @@ graph.model @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 
   %r = graph.add @l0.add(%a, %x) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32>
 }
 // CHECK:      mesh_kernel.program @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
-// CHECK-NEXT:   %[[X:.*]] = mesh_kernel.embed @embed on <(0, 0, 4, 4)>
+// CHECK-NEXT:   %[[E:.*]] = mesh_kernel.embed @embed on <(0, 0, 4, 4)>
+// CHECK-NEXT:   %[[X:.*]] = mesh_kernel.allreduce @embed.reduce(%[[E]]) on <(0, 0, 4, 4)> {{{.*}}axis = "col"{{.*}}} : !graph.act<32> -> !graph.act<32>
 // CHECK-NEXT:   %[[N:.*]] = mesh_kernel.elementwise "rmsnorm" @l0.norm(%[[X]]) on <(4, 0, 2, 4)>
 // CHECK-NEXT:   %[[P:.*]] = mesh_kernel.gemv @l0.up(%[[N]]) on <(4, 0, 2, 4)> {{.*}} : !graph.act<32> -> !graph.act<64>
 // CHECK-NEXT:   %[[Y:.*]] = mesh_kernel.allreduce @l0.up.reduce(%[[P]]) on <(4, 0, 2, 4)> {{{.*}}axis = "col"{{.*}}} : !graph.act<64> -> !graph.act<64>
@@ -34,6 +37,7 @@ graph.model @alternating target "test32" mesh 32 x 32 wafers 1 stages 1 micro_ba
 }
 // CHECK:      mesh_kernel.program @alternating
 // CHECK-NEXT:   mesh_kernel.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+// CHECK-NEXT:   mesh_kernel.allreduce @embed.reduce
 // CHECK-NEXT:   mesh_kernel.elementwise "rmsnorm" @l0.norm
 // CHECK-NEXT:   mesh_kernel.gemv @l0.up({{.*}}) on <(2, 0, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} :
 // CHECK-NEXT:   mesh_kernel.allreduce @l0.up.reduce({{.*}}axis = "col"
@@ -62,3 +66,23 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 2 micro_batch 2 dy
 // CHECK-NEXT:   %[[E:.*]] = mesh_kernel.expert_ffn @l0.moe.experts(%[[D]], %[[G]]) on <(10, 0, 2, 2), (10, 2, 2, 2)> {{{.*}}placement = array<i64: 1, 0, 1, 0>{{.*}}}
 // CHECK-NEXT:   mesh_kernel.combine @l0.moe.combine(%[[G]], %[[E]]) on <(9, 0, 1, 4)>
 // CHECK-NEXT: }
+
+// -----
+
+// An attention on the columns of the GEMV that produces its q | k | v reads it
+// in place: the GEMV lays its output out blocked per column (each column's
+// part of q, then of k, then of v) and the attention says so. One on other
+// columns gathers its share of the plain vector instead.
+graph.model @in_place target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %q = graph.matmul @l0.qkv(%x) on <(2, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<64>
+  %a = graph.attention @l0.attn(%q) on <(2, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 1 : i64, head_dim = 16 : i64, max_seq = 8 : i64} : !graph.act<64> -> !graph.act<32>
+  %q1 = graph.matmul @l1.qkv(%a) on <(4, 0, 2, 4)> {layer = 1 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<64>
+  %a1 = graph.attention @l1.attn(%q1) on <(6, 0, 2, 4)> {layer = 1 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 1 : i64, head_dim = 16 : i64, max_seq = 8 : i64} : !graph.act<64> -> !graph.act<32>
+}
+// CHECK-LABEL: mesh_kernel.program @in_place
+// CHECK:       mesh_kernel.gemv @l0.qkv({{.*}}) on <(2, 0, 2, 4)> {{{.*}}blocks = array<i64: 32, 16, 16>}
+// CHECK:       mesh_kernel.attention @l0.attn({{.*}}) on <(2, 0, 2, 4)> {{{.*}}qkv_in_place}
+// CHECK:       mesh_kernel.gemv @l1.qkv({{.*}}) on <(4, 0, 2, 4)> {layer = 1 : i64, stage = 0 : i64, wafer = 0 : i64} :
+// CHECK:       mesh_kernel.attention @l1.attn
+// CHECK-NOT:   qkv_in_place

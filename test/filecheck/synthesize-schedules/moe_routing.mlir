@@ -11,7 +11,7 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 }
 
 // CHECK-NOT:  "continuous_batching"
-// CHECK:      event.sub @l0.moe.dispatch "head" after [@embed, @l0.gate]
+// CHECK:      event.sub @l0.moe.dispatch "head" after [@embed.reduce, @l0.gate]
 // CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.dispatch.in0 bytes 16
 // CHECK:      event.sub @l0.moe.combine "head" after [@l0.moe.experts, @l0.gate]
 // CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
