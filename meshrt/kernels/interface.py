@@ -141,9 +141,8 @@ class Footprint:
 #   cols     split over the columns, the same in every row
 #   full     the whole vector on every core that holds it
 #   flat     split over all cores, row-major
-#   sparse   only the cores that own the data hold it (embedding rows)
-#   partial  partial sums, split over the columns (a gemv before its allreduce)
-LAYOUTS = ("rows", "cols", "full", "flat", "sparse", "partial")
+#   partial  partial sums the allreduce after the kernel completes (a gemv's, the embedding's)
+LAYOUTS = ("rows", "cols", "full", "flat", "partial")
 
 UNARY_FORMAT = "$sym_name `(` $input `)` `on` $region attr-dict `:` type($input) `->` type($output)"
 ROUTED_FORMAT = (  # a kernel of a token vector and its routing

@@ -14,7 +14,7 @@ What a kernel computes is read from the lowest IR itself: the
 `event.kernel` records (kind, region, inputs, shapes) beside the tables;
 each kind's numerics live in its folder (`meshrt/kernels/<kind>/numerics.py`,
 the values and hooks in `meshrt.kernels.numerics`). Layouts follow
-`meshrt.kernels.interface` (rows / cols / full / flat / sparse / partial). A value is a `Vec`: the full-width array of a micro-batch with a
+`meshrt.kernels.interface` (rows / cols / full / flat / partial). A value is a `Vec`: the full-width array of a micro-batch with a
 mask of the entries this core holds, so gathers from several senders merge
 by mask, and a compute that needs an entry the core does not hold raises a
 `DataLayoutError` naming the kernel, the core and the missing range: a wrong
