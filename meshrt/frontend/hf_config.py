@@ -296,6 +296,9 @@ def _read_math(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
     if mt == "qwen3_moe":
         f["norm_topk"] = flag("norm_topk_prob", False)
     if mt in QWEN3_5:
+        if f["qkv_bias"]:
+            raise FrontendError("attention_bias with Qwen3.5's gated q_proj is not implemented",
+                                cfg.loc("attention_bias"))
         _read_linear(cfg, f)
         f["attn_gate"] = True
         f["shared_expert_gate"] = mt == "qwen3_5_moe"

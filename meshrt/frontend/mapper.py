@@ -50,6 +50,7 @@ from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.frontend.model import ModelShape, ModelSpec
 from meshrt.kernels.attention.op import AttentionOp
+from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.relay import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
@@ -88,13 +89,39 @@ class Sizer:
     def matmul(self, n_in: int, n_out: int, dbytes: float, w: int, h: int) -> float:
         return GemvOp.footprint(n_in, n_out, dbytes, self.micro_batch, w, h).total
 
+    @property
+    def mixer_in(self) -> int:
+        """The widest token-mixer input projection (attention's qkv, DeltaNet's in_proj):
+        every layer's band is sized for it, so the layers stay alike."""
+        s = self.shape
+        return max(s.qkv_width, s.linear_in_width if s.linear_layers else 0)
+
+    @property
+    def mixer_out(self) -> int:
+        """The widest token-mixer output projection's input (attention's heads, DeltaNet's
+        value heads)."""
+        s = self.shape
+        return max(s.attn_width, s.linear_value_width if s.linear_layers else 0)
+
+    def mixer(self, w: int, h: int) -> float:
+        """Bytes per core of the token mixer band: attention (KV), or the larger of
+        attention and Gated DeltaNet (recurrent and conv state) where the model has both."""
+        s = self.shape
+        attn = AttentionOp.footprint(self.kv_slots, s.max_seq, s.heads, s.kv_heads, s.head_dim,
+                                     s.kv_bytes, self.micro_batch, w, h).total
+        if not s.linear_layers:
+            return attn
+        return max(attn, DeltaNetOp.footprint(
+            self.kv_slots, s.linear_k_heads, s.linear_v_heads, s.linear_k_dim, s.linear_v_dim,
+            s.linear_conv, s.kv_bytes, s.dtype_bytes, self.micro_batch, w, h).total)
+
     def band(self, kind: str, w: int, h: int) -> float:
         """Bytes per core of the kernel a band holds, by the kernel kind's own formula."""
         s, d, mb = self.shape, self.shape.dtype_bytes, self.micro_batch
         if kind == "qkv":
-            return self.matmul(s.hidden, s.qkv_width, d, w, h)
+            return self.matmul(s.hidden, self.mixer_in, d, w, h)
         if kind == "o":
-            return self.matmul(s.attn_width, s.hidden, d, w, h)
+            return self.matmul(self.mixer_out, s.hidden, d, w, h)
         if kind == "up":
             return self.matmul(s.hidden, 2 * s.ffn, d, w, h)
         if kind == "down":
@@ -106,8 +133,7 @@ class Sizer:
         if kind == "embed":
             return EmbedOp.footprint(s.vocab, s.hidden, d, mb, w, h).total
         if kind == "attn":
-            return AttentionOp.footprint(self.kv_slots, s.max_seq, s.heads, s.kv_heads, s.head_dim,
-                                         s.kv_bytes, mb, w, h).total
+            return self.mixer(w, h)
         if kind == "relay":
             return relay_footprint(s.top_k, s.hidden, mb, w, h).total
         raise ValueError(kind)
@@ -116,17 +142,18 @@ class Sizer:
         """Bytes per core of a dense layer's four GEMVs sharing one w x h region, in
         alternating orientations (qkv and up reduce down columns, o and down along rows)."""
         s, d = self.shape, self.shape.dtype_bytes
-        return (self.matmul(s.hidden, s.qkv_width, d, w, h)
-                + GemvOp.footprint(s.attn_width, s.hidden, d, self.micro_batch, w, h, "row").total
+        return (self.matmul(s.hidden, self.mixer_in, d, w, h)
+                + GemvOp.footprint(self.mixer_out, s.hidden, d, self.micro_batch, w, h, "row").total
                 + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
                 + GemvOp.footprint(s.ffn, s.hidden, d, self.micro_batch, w, h, "row").total)
 
     def max_width(self, kind: str) -> int:
         s = self.shape
         return {
-            "qkv": s.qkv_width, "o": s.hidden, "up": 2 * s.ffn, "down": s.hidden,
+            "qkv": self.mixer_in, "o": s.hidden, "up": 2 * s.ffn, "down": s.hidden,
             "gate": s.experts, "lm_head": s.vocab, "embed": s.hidden,
-            "attn": s.kv_heads * s.head_dim, "relay": 4,
+            "attn": min(s.kv_heads * s.head_dim, s.linear_v_heads or s.kv_heads * s.head_dim),
+            "relay": 4,
         }[kind]
 
     def expert(self, group: int, w: int, h: int) -> float:
@@ -257,7 +284,8 @@ class Planner:
         heights the mapper tries); the GEMVs get every row attention leaves.
         """
         sz, s = self.sizer, self.sizer.shape
-        max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim)
+        max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim,
+                    s.linear_v_heads or s.kv_heads * s.head_dim)  # DeltaNet: whole value heads
 
         def rows(w: int) -> tuple[int, int] | None:
             ha = _min_width(lambda a: sz.band("attn", w, a), min(s.max_seq, height - 1), sz.usable)
@@ -731,10 +759,16 @@ class _Emitter:
             b = {"qkv": below, "attn": CoreSetAttr.of(x0, y0, x1 - x0, ha), "o": below,
                  "up": below, "down": below}
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
-        qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
-        a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
-                                   kv_heads=s.kv_heads, head_dim=s.head_dim,
-                                   max_seq=s.max_seq, **kw))
+        if s.is_linear_layer(i):  # Gated DeltaNet on the attention rows
+            qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.linear_in_width, **kw))
+            a = self.add(g.DeltaNetOp(f"l{i}_delta", b["attn"], qkv, k_heads=s.linear_k_heads,
+                                      v_heads=s.linear_v_heads, k_dim=s.linear_k_dim,
+                                      v_dim=s.linear_v_dim, conv=s.linear_conv, **kw))
+        else:
+            qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
+            a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
+                                       kv_heads=s.kv_heads, head_dim=s.head_dim,
+                                       max_seq=s.max_seq, gated=s.attn_gate, **kw))
         o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden, **kw))
         h = self.add(g.AddOp(f"l{i}_add1", b["o"], x, o, **kw))
         if p.unit.kind == "dense":

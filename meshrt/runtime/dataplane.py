@@ -111,8 +111,13 @@ class DataPlane:
             return None if bias else w.lm_head
         lw = w.layers[layer]
         suffix = name.split("_", 1)[1]
-        if suffix == "qkv":
-            parts = (lw.bq, lw.bk, lw.bv) if bias else (lw.wq, lw.wk, lw.wv)
+        if lw.linear is not None and suffix in ("qkv", "o"):  # a DeltaNet layer's projections
+            d = lw.linear
+            return None if bias else (np.concatenate((d.w_qkv, d.w_z, d.w_b, d.w_a), axis=-1)
+                                      if suffix == "qkv" else d.w_out)
+        if suffix == "qkv":  # Qwen3.5's output gate after q, k and v
+            parts = (lw.bq, lw.bk, lw.bv) if bias else (lw.wq, lw.wk, lw.wv) + (
+                () if lw.wg is None else (lw.wg,))
             return None if parts[0] is None else np.concatenate(parts, axis=-1)
         if suffix == "o":
             return lw.bo if bias else lw.wo
@@ -174,6 +179,13 @@ class DataPlane:
     def sinks(self, layer: int) -> np.ndarray | None:
         """The attention sink logit of every head of `layer` (None: no sinks)."""
         return self.weights.layers[layer].sinks
+
+    def deltanet(self, layer: int) -> ref.DeltaNetWeights:
+        """The Gated DeltaNet weights of `layer` (a layer in linear_layers)."""
+        d = self.weights.layers[layer].linear
+        if d is None:
+            raise DataLayoutError(f"layer {layer}: a deltanet kernel on a full-attention layer")
+        return d
 
     def moe(self, layer: int) -> ref.MoEFFNWeights:
         m = self.weights.layers[layer].moe

@@ -90,13 +90,16 @@ __all__ = [
     "causal_conv",
     "delta_rule",
     "deltanet",
+    "deltanet_gates",
     "deltanet_mix",
+    "deltanet_qk",
     "dense_ffn",
     "expert_load",
     "expert_routing",
     "gated_rmsnorm",
     "glu",
     "greedy",
+    "key_heads",
     "l2norm",
     "moe_ffn",
     "qk_norm",
@@ -623,30 +626,43 @@ def gated_rmsnorm(x: np.ndarray, z: np.ndarray, gain: np.ndarray, eps: float) ->
     return (rmsnorm(x, gain, eps) * _silu(np.asarray(z, _F32))).astype(_F32)
 
 
+def deltanet_qk(q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeltaNet's convolved q and k (N, heads, k_dim): l2-normed, q scaled by 1/sqrt(k_dim)."""
+    q, k = l2norm(q), l2norm(k)
+    return (q / _F32(math.sqrt(q.shape[-1]))).astype(_F32), k
+
+
+def deltanet_gates(b: np.ndarray, a: np.ndarray, dt_bias: np.ndarray, a_log: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(g, beta) per value head from the projections b, a (N, heads): the log decay
+    g = -exp(A_log) softplus(a + dt_bias) and the write strength beta = sigmoid(b)."""
+    soft = np.logaddexp(0.0, np.asarray(a, _F64) + np.asarray(dt_bias, _F64))
+    return (-np.exp(np.asarray(a_log, _F64)) * soft).astype(_F32), sigmoid(b)
+
+
+def key_heads(v_heads: range, k_heads: int, v_total: int) -> np.ndarray:
+    """The key head each value head of `v_heads` reads (value head j: j // (v_total / k_heads))."""
+    return np.asarray(v_heads, np.int64) // (v_total // k_heads)
+
+
 def deltanet_mix(mixed: np.ndarray, z: np.ndarray, b: np.ndarray, a: np.ndarray, taps: np.ndarray,
                  dt_bias: np.ndarray, a_log: np.ndarray, gain: np.ndarray, k_dim: int, v_dim: int,
                  eps: float, conv_state: np.ndarray, rec_state: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gated DeltaNet for the tokens (N,) of one request from its projections, over any
-    whole group of heads (kh key heads, vh = kh x ratio value heads): `mixed` (N, 2 kh k_dim
-    + vh v_dim) is [q | k | v] before the conv (taps (C, K)), z (N, vh v_dim), b, a (N, vh);
-    conv_state (C, K-1) and rec_state (vh, k_dim, v_dim) the request's. Returns (the gated,
-    normed output (N, vh v_dim) before out_proj, conv_state, rec_state)."""
+    """Gated DeltaNet for the tokens (N,) of one request from its projections: `mixed`
+    (N, 2 kh k_dim + vh v_dim) is [q | k | v] before the conv (taps (C, K)), z (N, vh v_dim),
+    b, a (N, vh); conv_state (C, K-1) and rec_state (vh, k_dim, v_dim) the request's.
+    Returns (the gated, normed output (N, vh v_dim) before out_proj, conv_state, rec_state)."""
     n = mixed.shape[0]
     vh = b.shape[1]
     conv, conv_state = causal_conv(mixed, conv_state, taps)
     kw = (conv.shape[1] - vh * v_dim) // 2
     kh = kw // k_dim
-    q = l2norm(conv[:, :kw].reshape(n, kh, k_dim))
-    k = l2norm(conv[:, kw:2 * kw].reshape(n, kh, k_dim))
+    q, k = deltanet_qk(conv[:, :kw].reshape(n, kh, k_dim), conv[:, kw:2 * kw].reshape(n, kh, k_dim))
     v = conv[:, 2 * kw:].reshape(n, vh, v_dim)
-    q = (q / _F32(math.sqrt(k_dim))).astype(_F32)
-    rep = vh // kh  # value head j reads key head j // rep
-    q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
-    beta = sigmoid(b)
-    soft = np.logaddexp(0.0, np.asarray(a, _F64) + np.asarray(dt_bias, _F64))  # softplus
-    g = (-np.exp(np.asarray(a_log, _F64)) * soft).astype(_F32)
-    out, rec_state = delta_rule(q, k, v, g, beta, rec_state)
+    g, beta = deltanet_gates(b, a, dt_bias, a_log)
+    of = key_heads(range(vh), kh, vh)
+    out, rec_state = delta_rule(q[:, of], k[:, of], v, g, beta, rec_state)
     y = gated_rmsnorm(out, np.asarray(z, _F32).reshape(n, vh, v_dim), gain, eps)
     return y.reshape(n, vh * v_dim), conv_state, rec_state
 

@@ -25,6 +25,7 @@ from safetensors.numpy import load_file, save_file
 
 from meshrt import driver
 from meshrt.runtime import reference as ref
+from meshrt.frontend.hf_config import SUPPORTED_TYPES
 from meshrt.runtime.checkpoint import load_checkpoint, tensor_names
 from meshrt.tools.cli import main
 
@@ -39,7 +40,7 @@ _spec.loader.exec_module(hf_parity)
 
 def test_every_supported_type_but_gpt_oss_has_a_fixture():
     types = {json.loads((DATA / n / "expected.json").read_text())["model_type"] for n in FIXTURES}
-    assert types == {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss"}
+    assert types == set(SUPPORTED_TYPES)
     assert set(FIXTURES) == set(hf_parity.FIXTURES)
     for n in FIXTURES:  # small enough to commit
         assert sum(f.stat().st_size for f in (DATA / n).iterdir()) < 500_000
@@ -92,6 +93,10 @@ def test_interpreter_equals_reference_on_test32(name, reference):
     ("gpt_oss", {"router_bias": False}, ("moe.router_bias",)),
     ("gpt_oss", {"expert_bias": False}, ("moe.b_gate", "moe.b_up", "moe.b_down")),
     ("gpt_oss", {"sliding_window": 0, "window_layers": ()}, ()),
+    ("qwen3_5", {"attn_gate": False}, ("wg",)),
+    ("qwen3_5", {"rope_partial": 1.0}, ()),
+    ("qwen3_5_moe", {"rope_partial": 1.0}, ()),
+    ("qwen3_5_moe", {"shared_expert_gate": False}, ("moe.shared_scale",)),
 ])
 def test_the_fixtures_exercise_each_feature(name, change, drop):
     """The same weights with one feature switched off (its arrays dropped) are

@@ -21,6 +21,7 @@ class Attention(KernelExec):
         p = info.param
         self.heads, self.kvh, self.d = p("heads"), p("kv_heads"), p("head_dim")
         self.max_seq, self.slots = p("max_seq"), p("slots")
+        self.gated = bool(p("gated", 0))
         shape = plane.shape
         self.rope, self.eps, self.window = shape.rope, shape.rms_eps, shape.window(self.layer)
         self.q_gain, self.k_gain = plane.qk_gains(self.layer)
@@ -52,8 +53,11 @@ class Attention(KernelExec):
                                       f"table, holds {got}")
             x = self.input(cd)
             hd, kvd = self.heads * self.d, self.kvh * self.d
-            x = x.need(0, hd + 2 * kvd, where)
+            x = x.need(0, 2 * hd + 2 * kvd if self.gated else hd + 2 * kvd, where)
             hq, hk = self.heads // w, self.kvh // w
+            if self.gated:  # Qwen3.5: this column's heads' output gates, applied at the root
+                c0 = hd + 2 * kvd + i * hq * self.d
+                cd.acc[self.name, "gate"] = ref.sigmoid(x[:, c0:c0 + hq * self.d])
             q = x[:, i * hq * self.d:(i + 1) * hq * self.d].reshape(self.b, hq, self.d)
             k = x[:, hd + i * hk * self.d:hd + (i + 1) * hk * self.d].reshape(self.b, hk, self.d)
             v = x[:, hd + kvd + i * hk * self.d:hd + kvd + (i + 1) * hk * self.d].reshape(self.b, hk, self.d)
@@ -102,7 +106,10 @@ class Attention(KernelExec):
             out[live] = (o[live] / s[live][:, None]).astype(F32)
             n = self.heads * self.d
             c0 = i * hq * self.d
-            cd.values[self.name] = Vec.of(out.reshape(self.b, hq * self.d), c0, n)
+            flat = out.reshape(self.b, hq * self.d)
+            if self.gated:
+                flat = (flat * cd.acc.pop((self.name, "gate"))).astype(F32)
+            cd.values[self.name] = Vec.of(flat, c0, n)
 
     def send(self, cd, role):
         if role is FlowRole.DOWN:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, IntegerAttr
-from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def
+from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, result_def
 
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
@@ -65,6 +65,7 @@ class AttentionOp(KernelOp):
     head_dim = prop_def(IntegerAttr[I64])
     max_seq = prop_def(IntegerAttr[I64])
     slots = prop_def(IntegerAttr[I64])
+    gated = opt_prop_def(IntegerAttr[I64])  # 1: out * sigmoid(gate), the gate after q, k, v
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = UNARY_FORMAT
@@ -136,6 +137,9 @@ class AttentionOp(KernelOp):
     def lower_props(cls, op):
         model = op.parent_op()
         assert isinstance(model, graph.ModelOp)
-        return dict(heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim, max_seq=op.max_seq,
-                    slots=HParams.of(model).kv_slots(model))
+        props = dict(heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim,
+                     max_seq=op.max_seq, slots=HParams.of(model).kv_slots(model))
+        if op.is_gated:
+            props["gated"] = op.gated
+        return props
 
