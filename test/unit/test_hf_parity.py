@@ -68,7 +68,10 @@ def test_reference_equals_transformers(name, reference):
     assert np.max(np.abs(logits - want)) <= 1e-4
 
 
-@pytest.mark.parametrize("name", FIXTURES)
+SHARED = [n for n in FIXTURES if driver.load_spec(DATA / n).shape.shared_experts]
+
+
+@pytest.mark.parametrize("name", [n for n in FIXTURES if n not in SHARED])
 def test_interpreter_equals_reference_on_test32(name, reference):
     _, want, _ = reference(name)
     got, result = hf_parity.interpreter_tokens(DATA / name, seed=0)
@@ -127,6 +130,13 @@ def _run(*args) -> tuple[int, list[str]]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(["run", *map(str, args)])
     return rc, err.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_the_interpreter_refuses_shared_experts_at_their_key(name):
+    rc, err = _run(DATA / name, "--requests", "1")
+    assert rc != 0 and len(err) == 1
+    assert f"{DATA / name / 'config.json'}:" in err[0] and "shared experts" in err[0]
 
 
 def test_meshrt_run_on_a_sharded_checkpoint_directory():

@@ -52,8 +52,10 @@ def _shares(k_heads: int, v_heads: int, v_dim: int, w: int, h: int) -> tuple[int
     """(value heads, key heads, v_dim elements) one core holds at most."""
     nv = ceil_div(v_heads, w)
     rep = max(1, v_heads // k_heads)
-    nk = min(k_heads, ceil_div(nv, rep) + (1 if nv % rep else 0))
-    return nv, nk, ceil_div(v_dim, h)
+    # a column's nv value heads start at a multiple of nv: they straddle a key-head
+    # boundary only when neither of nv and rep divides the other
+    straddles = nv % rep and rep % nv
+    return nv, min(k_heads, ceil_div(nv, rep) + bool(straddles)), ceil_div(v_dim, h)
 
 
 @irdl_op_definition
