@@ -77,6 +77,12 @@ UNIT_LOAD = {"embed": 1, "dense": 5, "moe": 6, "lm_head": 2}
 # ---------------------------------------------------------------------------
 
 
+def delta_width(shape: ModelShape, w: int) -> int:
+    """Columns a Gated DeltaNet takes of a token-mixer band w wide: at most one per value
+    head (its columns hold whole value heads), the rest of the band idles in that layer."""
+    return min(w, shape.linear_v_heads)
+
+
 @dataclass(frozen=True)
 class Sizer:
     """Per-core bytes of each band kind as a function of its width w and height h."""
@@ -113,7 +119,7 @@ class Sizer:
             return attn
         return max(attn, DeltaNetOp.footprint(
             self.kv_slots, s.linear_k_heads, s.linear_v_heads, s.linear_k_dim, s.linear_v_dim,
-            s.linear_conv, s.kv_bytes, s.dtype_bytes, self.micro_batch, w, h).total)
+            s.linear_conv, s.kv_bytes, s.dtype_bytes, self.micro_batch, delta_width(s, w), h).total)
 
     def band(self, kind: str, w: int, h: int) -> float:
         """Bytes per core of the kernel a band holds, by the kernel kind's own formula."""
@@ -152,8 +158,7 @@ class Sizer:
         return {
             "qkv": self.mixer_in, "o": s.hidden, "up": 2 * s.ffn, "down": s.hidden,
             "gate": s.experts, "lm_head": s.vocab, "embed": s.hidden,
-            "attn": min(s.kv_heads * s.head_dim, s.linear_v_heads or s.kv_heads * s.head_dim),
-            "relay": 4,
+            "attn": s.kv_heads * s.head_dim, "relay": 4,
         }[kind]
 
     def expert(self, group: int, w: int, h: int) -> float:
@@ -284,8 +289,7 @@ class Planner:
         heights the mapper tries); the GEMVs get every row attention leaves.
         """
         sz, s = self.sizer, self.sizer.shape
-        max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim,
-                    s.linear_v_heads or s.kv_heads * s.head_dim)  # DeltaNet: whole value heads
+        max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim)
 
         def rows(w: int) -> tuple[int, int] | None:
             ha = _min_width(lambda a: sz.band("attn", w, a), min(s.max_seq, height - 1), sz.usable)
@@ -759,9 +763,12 @@ class _Emitter:
             b = {"qkv": below, "attn": CoreSetAttr.of(x0, y0, x1 - x0, ha), "o": below,
                  "up": below, "down": below}
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
-        if s.is_linear_layer(i):  # Gated DeltaNet on the attention rows
+        if s.is_linear_layer(i):  # Gated DeltaNet on the attention rows' first columns
             qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.linear_in_width, **kw))
-            a = self.add(g.DeltaNetOp(f"l{i}_delta", b["attn"], qkv, k_heads=s.linear_k_heads,
+            x0, y0, x1, y1 = b["attn"].extent
+            w = delta_width(s, x1 - x0)
+            region = CoreSetAttr.of(x1 - w if p.reverse else x0, y0, w, y1 - y0)
+            a = self.add(g.DeltaNetOp(f"l{i}_delta", region, qkv, k_heads=s.linear_k_heads,
                                       v_heads=s.linear_v_heads, k_dim=s.linear_k_dim,
                                       v_dim=s.linear_v_dim, conv=s.linear_conv, **kw))
         else:
