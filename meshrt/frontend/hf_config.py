@@ -314,8 +314,8 @@ def _read_math(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
         f["swiglu_shift"] = 1.0
     key = "partial_rotary_factor"
     if mt not in QWEN3_5 and key in data and data[key] not in (None, 1, 1.0):
-        raise FrontendError(f"{key} {json.dumps(data[key])} is not implemented for {mt} (RoPE "
-                            "over all of head_dim only)", cfg.loc(key))
+        raise FrontendError(f"{key} {json.dumps(data[key])} is not implemented (RoPE over all "
+                            "of head_dim only)", cfg.loc(key))
 
 
 def _read_linear(cfg: _Config, f: dict[str, Any]) -> None:
@@ -410,16 +410,15 @@ def _read_rope(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
         f["rope_theta"] = num("rope_theta", None)
     else:
         f["rope_theta"] = cfg.get("rope_theta", _THETA.get(mt, 10000.0), kind=float, field="rope")
-    partial = p.get("partial_rotary_factor", data.get("partial_rotary_factor"))
     if mt in QWEN3_5:  # transformers' default 0.25; text positions are the same on the three
         # mrope axes, so mrope_section / mrope_interleaved change nothing
         f["rope_partial"] = num("partial_rotary_factor", data.get("partial_rotary_factor") or 0.25)
         if not 0 < f["rope_partial"] <= 1:
             raise FrontendError(f"partial_rotary_factor must be in (0, 1], got {f['rope_partial']}",
                                 cfg.loc("partial_rotary_factor"))
-    elif partial not in (None, 1, 1.0):
-        raise FrontendError(f"'{key}.partial_rotary_factor' is not implemented for {mt} (RoPE "
-                            "over all of head_dim only)", where)
+    elif p.get("partial_rotary_factor") not in (None, 1, 1.0):
+        raise FrontendError(f"'{key}.partial_rotary_factor' is not implemented (RoPE over all "
+                            "of head_dim only)", where)
     elif p.get("mrope_section") is not None:
         raise FrontendError(f"'{key}.mrope_section' (multimodal RoPE) is not implemented for {mt}",
                             where)

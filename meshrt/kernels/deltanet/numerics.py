@@ -17,7 +17,7 @@ from meshrt.runtime import reference as ref
 class DeltaNet(KernelExec):
     """Value heads over the columns, v_dim over the rows; head outputs gathered down each column."""
 
-    OPS = frozenset({"conv", "delta", "delta_merge", "norm_gate"})
+    OPS = frozenset({"delta_conv", "delta", "delta_merge", "norm_gate"})
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
@@ -61,7 +61,7 @@ class DeltaNet(KernelExec):
         _, i, j, w, h = self.grid_pos(cd)
         (v0, v1), (k0, k1), (d0, d1), idx, of = self.layout(i, j, w, h)
         nv, nk, ds = v1 - v0, k1 - k0, d1 - d0
-        if op == "conv":
+        if op == "delta_conv":
             cb = cd.cb if self.plane.cb else self.plane.host.installed_table(cd.step)
             if cb is None or cb.seq != cd.step:
                 got = "none" if cb is None else f"the one of step {cb.seq}"

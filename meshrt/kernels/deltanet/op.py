@@ -38,7 +38,7 @@ from meshrt.kernels.interface import (
 )
 from meshrt.shape import HParams
 
-CONV = ComputeOp("conv", "fmac", csl.conv, reads_input=True)
+CONV = ComputeOp("delta_conv", "fmac", csl.conv, reads_input=True)
 """The short causal conv of this core's channels over the slot's conv state, then silu."""
 DELTA = ComputeOp("delta", "fmac_f32", csl.delta)
 """The gated delta rule on this core's v_dim slice: decay, read, write, read out (fp32 state)."""
@@ -121,7 +121,7 @@ class DeltaNetOp(KernelOp):
         channels = 2 * nk * kd + nv * vs
         state = self.footprint(kctx.slots, kh, vh, kd, vd, conv, kctx.kv_bytes, kctx.weight_bytes,
                                b, w, h).state
-        local = [("compute", "conv", b * channels * conv),
+        local = [("compute", "delta_conv", b * channels * conv),
                  ("compute", "delta", b * nv * kd * vs * 4)]  # decay, read, write, read out
         msg = b * nv * vd * ACT_BYTES  # the column's head outputs, the slices filled so far
         roles, flows = chain(self, local, "delta_merge", msg,
