@@ -27,6 +27,7 @@ from meshrt import driver
 from meshrt.runtime import reference as ref
 from meshrt.frontend.hf_config import SUPPORTED_TYPES
 from meshrt.runtime.checkpoint import load_checkpoint, tensor_names
+from meshrt.shape import HParams
 from meshrt.tools.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,6 +239,29 @@ def test_the_interpreter_ends_a_request_at_any_eos_of_a_list(tmp_path):
     res = serve(program, driver.load_target("test32"), [Request(0, 0.0, [34, 105, 32, 52], 4, 12, 12)],
                 weights=weights)
     assert res.outputs_match_reference and [r.tokens for r in res.records] == [want]
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_a_reused_slot_starts_deltanet_from_zero_state(reset, monkeypatch):
+    """Eight short requests through qwen3_5's four slots: every freed slot is admitted a
+    new request, whose DeltaNet state must not carry the previous one's (without the
+    reset the interpreter's tokens leave the reference's)."""
+    from meshrt.kernels.deltanet.numerics import DeltaNet
+    from meshrt.runtime.serving import reference_shape, serve
+    from meshrt.runtime.workloads import Request
+
+    if not reset:
+        monkeypatch.setattr(DeltaNet, "admit", lambda self, cd, kv: None)
+    d = DATA / "qwen3_5"
+    program = driver.segment_program(d, "test32")
+    assert HParams.of(program).int("kv_slots") == 4  # eight requests: each slot serves two
+    weights = load_checkpoint(d, reference_shape(program))
+    rng = np.random.default_rng(1)
+    reqs = [Request(i, 0.0, rng.integers(0, 128, 3 + i % 3).tolist(), 3 + i % 3, 3, 3)
+            for i in range(8)]
+    res = serve(program, driver.load_target("test32"), reqs, seed=0, weights=weights)
+    assert len(res.records) == 8
+    assert res.outputs_match_reference is reset
 
 
 @pytest.mark.parametrize("spoil, where, needle", [

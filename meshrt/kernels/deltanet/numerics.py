@@ -56,6 +56,12 @@ class DeltaNet(KernelExec):
                 np.zeros((self.slots, nv, self.kd, ds), F32))  # recurrent state
         return st
 
+    def admit(self, cd, kv: int) -> None:
+        """Continuous batching gave slot `kv` a new request: it starts from zero state, none
+        of the request the slot held before."""
+        for state in cd.kv[self.name]:
+            state[kv] = 0.0
+
     def compute(self, cd, op):
         where = self.where(cd)
         _, i, j, w, h = self.grid_pos(cd)
@@ -74,9 +80,8 @@ class DeltaNet(KernelExec):
             for b, slot in enumerate(cb.slots):
                 if slot.rid < 0:
                     continue
-                if slot.pos == 0:  # a request starts in this slot: no state of the one before
-                    conv_st[slot.kv] = 0.0
-                    cd.kv[self.name][1][slot.kv] = 0.0
+                if slot.pos == 0:  # a request starts in this slot
+                    self.admit(cd, slot.kv)
                 y, conv_st[slot.kv] = ref.causal_conv(x[b, idx][None], conv_st[slot.kv], taps)
                 y = y[0]
                 q, k = ref.deltanet_qk(y[:nk * self.kd].reshape(1, nk, self.kd),
