@@ -11,6 +11,14 @@ really uses:
   layer i is MoE iff i is not in `mlp_only_layers` and
   (i + 1) % `decoder_sparse_step` == 0; other layers are dense with
   `intermediate_size`.
+- qwen3_5 / qwen3_5_moe (Qwen3.5): the hub's config is multimodal, the
+  language model under `text_config` (model_type qwen3_5_text /
+  qwen3_5_moe_text, which a config may also be alone); dense
+  `intermediate_size`, or every layer MoE with `num_experts`,
+  `num_experts_per_tok`, `moe_intermediate_size` and one shared expert of
+  `shared_expert_intermediate_size` (equal to the routed width, else an
+  error). Defaults are transformers' (its config classes: Qwen3.5-9B and
+  Qwen3.5-35B-A3B).
 - gpt_oss: `num_local_experts`, `experts_per_token` (or
   `num_experts_per_tok`), experts of width `intermediate_size`, explicit
   `head_dim`; `quantization_config.quant_method == "mxfp4"` stores the
@@ -22,8 +30,8 @@ each type computes it, goes into the shape and so into the IR's hparams:
 
 - `rope_theta` and `rope_scaling` (transformers 4) or `rope_parameters`
   (transformers 5): default, linear, llama3 and yarn RoPE (`meshrt.rope`);
-  another rope type, a per-layer-type rope or `partial_rotary_factor` below 1
-  is an error at its key.
+  another rope type, a per-layer-type rope, `partial_rotary_factor` below 1
+  or `mrope_section` (but for qwen3_5) is an error at its key.
 - `rms_norm_eps` (default 1e-6; mixtral and gpt_oss 1e-5); `hidden_act` must
   be silu (the FFNs are SwiGLU), anything else is an error at the key.
 - biases: llama `attention_bias` (q, k, v, o) and `mlp_bias` (gate, up,
@@ -43,6 +51,18 @@ each type computes it, goes into the shape and so into the IR's hparams:
 - gpt_oss: attention sinks (a learned logit per head in every softmax),
   router and expert biases, and its clamped SwiGLU (`swiglu_alpha`,
   `swiglu_limit`, `up + 1`).
+- qwen3_5 / qwen3_5_moe: `layer_types` ("linear_attention" /
+  "full_attention"; default: full attention every `full_attention_interval`-th
+  layer, 4) and the Gated DeltaNet's `linear_num_key_heads`,
+  `linear_num_value_heads`, `linear_key_head_dim`, `linear_value_head_dim`,
+  `linear_conv_kernel_dim`; full attention with q/k norm and its output gate
+  (q_proj holds it: transformers always gates, `attn_output_gate` is not read),
+  `partial_rotary_factor` (default 0.25; in `rope_parameters` or beside it;
+  `mrope_section` / `mrope_interleaved` change nothing for text, whose
+  positions are the same on the three axes); the MoE's top-k renormalised
+  and its shared expert scaled by sigmoid(x w_sg). `attention_bias` true is an
+  error. The multi-token-prediction head (`mtp_*`) and the vision tower do not
+  change greedy text tokens and are not read.
 - `quantization_config` (mxfp4, fp8) changes the byte sizes only: the shape
   says its math is not computed (`missing_math`) and `meshrt run` refuses it
   at the key.

@@ -39,6 +39,21 @@ Semantics (what a tiled on-mesh implementation must reproduce)
   expert_k(x) + sum of all shared experts (always on, weight 1). Every expert
   is a SwiGLU of width ``expert_ffn``; the router has a bias where
   ``router_bias``, the routed experts' three maps where ``expert_bias``.
+* Qwen3.5 (``linear_layers``, ``attn_gate``, ``rope_partial``, ``shared_expert_gate``):
+  the layers in ``linear_layers`` mix tokens with Gated DeltaNet instead of
+  attention (:func:`deltanet`): the in projection's q, k, v go through a
+  depthwise causal conv of ``linear_conv`` taps (over the request's previous
+  inputs, zeros before its first) and silu; q and k are l2-normed, q scaled
+  by 1/sqrt(k_dim); per value head (value head j reads key head
+  j // (v_heads / k_heads)) the (k_dim, v_dim) state S is decayed by
+  exp(g), g = -exp(A_log) softplus(a + dt_bias), then written
+  S += k (beta (v - S^T k))^T with beta = sigmoid(b), and read out S^T q;
+  the output is RMSNorm'd per head (its own gain) times silu(z), then
+  out_proj. The other layers' attention output is multiplied by
+  sigmoid(x W_g) before o_proj (``attn_gate``); RoPE rotates the first
+  int(head_dim * rope_partial) elements of each head only; the shared
+  expert is scaled by sigmoid(x w_sg) (``shared_expert_gate``). The
+  checkpoint's zero-centred RMSNorm weights w load as gains 1 + w.
 * ``lm_head`` is the embedding's transpose where ``tie_embeddings``.
 * Greedy sampling: argmax of the logits, ties to the lowest token id.
 * A request finishes when it emits ``eos_token`` or one of ``eos_more`` (the EOS token is part of its
