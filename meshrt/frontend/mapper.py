@@ -616,6 +616,9 @@ def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
         return s.vocab * s.hidden * d
     attn = (s.hidden * s.qkv_width + s.attn_width * s.hidden) * d \
         + sizer.kv_slots * s.max_seq * s.kv_bytes_per_token()
+    if s.is_linear_layer(unit.layer):  # Gated DeltaNet: its recurrent and conv state per slot
+        attn = (s.hidden * s.linear_in_width + s.linear_value_width * s.hidden) * d \
+            + sizer.kv_slots * sum(s.linear_state_elements()) * s.kv_bytes
     if unit.kind == "dense":
         return attn + 3 * s.hidden * s.ffn * d
     return attn + s.hidden * s.experts * d + \
