@@ -14,10 +14,12 @@ hidden 64, the type's features switched on (non-default rope_theta, rope
 scaling, biases, q/k norm, norm_topk_prob true and false, mixed dense / MoE
 layers, sliding windows, tied embeddings, explicit head_dim, eos null;
 gpt_oss's sinks, router and expert biases, clamped SwiGLU, yarn and
-alternating windows), and
+alternating windows; Qwen3.5's Gated DeltaNet and gated full attention with
+partial rotary, and its sigmoid-gated shared expert), and
 parameters drawn at O(1) scale (norm gains 1 + N(0, 0.3²), biases N(0, 0.5²),
 linear maps N(0, 1/fan_in), embeddings N(0, 1)) so that a forgotten bias,
-gain or scaling changes the tokens. Each directory `test/data/hf/<name>/`
+gain or scaling changes the tokens (Qwen3.5's zero-centred RMSNorm weights
+N(0, 0.3²), so that their gains 1 + w are as the others'). Each directory `test/data/hf/<name>/`
 holds what `save_pretrained` writes (config.json, *.safetensors; one fixture
 sharded with model.safetensors.index.json) and `expected.json` (prompts,
 transformers' greedy tokens by full recomputation, no KV cache) plus
