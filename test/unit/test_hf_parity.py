@@ -264,6 +264,21 @@ def test_a_reused_slot_starts_deltanet_from_zero_state(reset, monkeypatch):
     assert res.outputs_match_reference is reset
 
 
+def test_a_deltanet_narrower_than_its_layer_computes(tmp_path):
+    """Two value heads on a layer four columns wide: the DeltaNet takes two columns of the
+    attention rows, the out projection (transposed) reads its heads from there."""
+    cfg = json.loads((DATA / "qwen3_5" / "config.json").read_text())
+    cfg.update(linear_num_key_heads=1, linear_num_value_heads=2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    program = driver.segment_program(tmp_path / "config.json", "test32")
+    regions = {k.kernel_name: k.region.rects.data[0].tuple[2] for k in program.kernels()}
+    assert regions["l0_delta"] == 2 and regions["l0_o"] == 4
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["run", str(tmp_path / "config.json"), "--requests", "3", "--json"])
+    assert rc == 0 and json.loads(out.getvalue())["outputs_match_reference"]
+
+
 @pytest.mark.parametrize("spoil, where, needle", [
     (lambda d: (d / "model.safetensors").write_bytes(b"garbage"), "model.safetensors",
      "not a safetensors file (bad header)"),
