@@ -14,10 +14,12 @@ hidden 64, the type's features switched on (non-default rope_theta, rope
 scaling, biases, q/k norm, norm_topk_prob true and false, mixed dense / MoE
 layers, sliding windows, tied embeddings, explicit head_dim, eos null;
 gpt_oss's sinks, router and expert biases, clamped SwiGLU, yarn and
-alternating windows), and
+alternating windows; Qwen3.5's Gated DeltaNet and gated full attention with
+partial rotary, and its sigmoid-gated shared expert), and
 parameters drawn at O(1) scale (norm gains 1 + N(0, 0.3²), biases N(0, 0.5²),
 linear maps N(0, 1/fan_in), embeddings N(0, 1)) so that a forgotten bias,
-gain or scaling changes the tokens. Each directory `test/data/hf/<name>/`
+gain or scaling changes the tokens (Qwen3.5's zero-centred RMSNorm weights
+N(0, 0.3²), so that their gains 1 + w are as the others'). Each directory `test/data/hf/<name>/`
 holds what `save_pretrained` writes (config.json, *.safetensors; one fixture
 sharded with model.safetensors.index.json) and `expected.json` (prompts,
 transformers' greedy tokens by full recomputation, no KV cache) plus
@@ -74,6 +76,20 @@ FIXTURES: dict[str, tuple[str, dict, dict]] = {
         layer_types=["sliding_attention", "full_attention"], sliding_window=8, swiglu_limit=1.5,
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
                       "beta_fast": 16.0, "beta_slow": 1.0, "truncate": False}), {}),
+    # Gated DeltaNet on layer 0, gated full attention (q/k norm, a quarter of head_dim
+    # rotated) on layer 1; the MoE one with its sigmoid-gated shared expert
+    "qwen3_5": ("qwen3_5_text", dict(
+        head_dim=16, full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=3,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}),
+        {}),
+    "qwen3_5_moe": ("qwen3_5_moe_text", dict(
+        head_dim=16, layer_types=["linear_attention", "full_attention"], num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=24,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=8, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e4, "partial_rotary_factor": 0.5}),
+        {}),
 }
 
 
@@ -84,9 +100,13 @@ def _o1_init(model, seed: int) -> None:
     import torch
 
     g = torch.Generator().manual_seed(seed)
+    zero_centred = "qwen3_5" in type(model).__name__.lower()  # its RMSNorms scale by 1 + weight
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("bias"):
+            if zero_centred and p.ndim == 1 and name.endswith("norm.weight") \
+                    and "linear_attn" not in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
             elif p.ndim == 1:  # RMSNorm gains
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
@@ -142,7 +162,7 @@ def make(name: str, seed: int) -> dict:
             seq = p + t[:-1]
             logits.append(model(torch.tensor([seq])).logits[0].numpy().astype(np.float32))
     np.save(d / "logits.npy", np.concatenate(logits))
-    exp = {"model_type": mt, "transformers": transformers.__version__, "torch": torch.__version__,
+    exp = {"model_type": mt.removesuffix("_text"), "transformers": transformers.__version__, "torch": torch.__version__,
            "seed": seed, "prompts": prompts, "tokens": tokens, "eos": eos}
     (d / "expected.json").write_text(json.dumps(exp, indent=1) + "\n")
     return exp

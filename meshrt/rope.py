@@ -12,11 +12,15 @@ Variants: "default" (theta ** (-2i/dim)), "linear" (divided by `factor`),
 `low_freq_factor`, `high_freq_factor`, `original_max`) and "yarn" (NTK-by-
 parts blending of interpolated and extrapolated frequencies between the
 correction dims of `beta_fast` / `beta_slow` over `original_max`, cos and sin
-scaled by `attention_factor`, 0.1 ln(factor) + 1 when not given).
+scaled by `attention_factor`, 0.1 ln(factor) + 1 when not given). Any of
+them may rotate only the first `partial` share of a head (Qwen3.5's
+`partial_rotary_factor`: the table is that of the rotated dims, the rest of
+the head passes unchanged).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -38,6 +42,7 @@ class Rope:
     beta_slow: float = 1.0  # yarn
     yarn_attention_factor: float = 0.0  # yarn; 0: from factor
     truncate: bool = True  # yarn: round the correction range outwards
+    partial: float = 1.0  # partial_rotary_factor: the first int(dim * partial) elements rotate
 
     def problem(self) -> str | None:
         """Why these parameters define no rotation, or None."""
@@ -47,6 +52,8 @@ class Rope:
             return f"rope_theta must be a finite number above 1, got {self.theta}"
         if self.type != "default" and not (math.isfinite(self.factor) and self.factor > 0):
             return f"rope factor must be a positive number, got {self.factor}"
+        if not 0 < self.partial <= 1:
+            return f"partial_rotary_factor must be in (0, 1], got {self.partial}"
         if self.type in ("llama3", "yarn") and self.original_max < 1:
             return f"rope type {self.type} needs original_max_position_embeddings of at least 1"
         if self.type == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
@@ -102,8 +109,18 @@ def _inv_freq(rope: Rope, dim: int) -> np.ndarray:
     return inv
 
 
+def rotary_dim(rope: Rope, dim: int) -> int:
+    """How many leading elements of a head of `dim` rotate (transformers' int(dim * partial))."""
+    return int(dim * rope.partial)
+
+
 def rotate(x: np.ndarray, positions: np.ndarray, rope: Rope) -> np.ndarray:
-    """Rotate-half RoPE of x (N, n_heads, dim) at positions (N,), in float64."""
+    """Rotate-half RoPE of x (N, n_heads, dim) at positions (N,), in float64; with a
+    partial rotary factor only the first `rotary_dim` elements rotate, the rest pass."""
+    if rope.partial != 1.0:
+        r = rotary_dim(rope, x.shape[-1])
+        return np.concatenate([rotate(x[..., :r], positions, dataclasses.replace(rope, partial=1.0)),
+                               x[..., r:].astype(np.float64)], axis=-1)
     d = x.shape[-1]
     half = d // 2
     ang = np.asarray(positions, np.float64)[:, None] * rope.inv_freq(d)[None, :]  # (N, half)

@@ -30,7 +30,7 @@ from xdsl.dialects.builtin import (DenseArrayBase, DictionaryAttr, FloatAttr, In
 from xdsl.ir import Attribute
 
 from meshrt.diagnostics import FrontendError, Loc
-from meshrt.rope import Rope
+from meshrt.rope import Rope, rotary_dim
 
 DEFAULT_MAX_SEQ = 4096  # KV capacity per request slot when the input gives none
 DEFAULT_DTYPE_BYTES = 2.0
@@ -44,11 +44,14 @@ SHAPE_FLOATS = ("dtype_bytes", "expert_dtype_bytes", "kv_bytes")
 # reference and the kernels' numerics read these): the IR holds a key only
 # where it differs from ModelShape's default (LLaMA 2's math). Flags are 0 / 1.
 MATH_FLAGS = ("qkv_bias", "o_bias", "mlp_bias", "qk_norm", "norm_topk", "tie_embeddings",
-              "rope_truncate", "attn_sinks", "router_bias", "expert_bias")
-MATH_INTS = MATH_FLAGS + ("sliding_window", "rope_original_max")
+              "rope_truncate", "attn_sinks", "router_bias", "expert_bias", "attn_gate",
+              "shared_expert_gate")
+# Gated DeltaNet (Qwen3.5's linear attention, on the layers in `linear_layers`)
+LINEAR_INTS = ("linear_k_heads", "linear_v_heads", "linear_k_dim", "linear_v_dim", "linear_conv")
+MATH_INTS = MATH_FLAGS + ("sliding_window", "rope_original_max") + LINEAR_INTS
 MATH_FLOATS = ("rms_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
                "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor",
-               "swiglu_alpha", "swiglu_limit", "swiglu_shift")
+               "rope_partial", "swiglu_alpha", "swiglu_limit", "swiglu_shift")
 MATH_STRS = ("rope_type", "missing_math")
 
 # Sanity bounds, far above any real model and far below what would hang the
@@ -63,6 +66,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "expert_ffn": (0, MAX_DIM), "shared_experts": (0, MAX_EXPERTS), "max_seq": (1, MAX_DIM),
     "eos_token": (-1, MAX_DIM), "kv_slots": (1, MAX_DIM), "experts_per_region": (0, MAX_EXPERTS),
     "sliding_window": (0, MAX_DIM), "rope_original_max": (0, MAX_DIM),
+    **{k: (0, MAX_DIM) for k in LINEAR_INTS},
     **{k: (0, 1) for k in MATH_FLAGS},
 }
 
@@ -193,6 +197,7 @@ class ModelShape:
     rope_beta_slow: float = 1.0
     rope_attention_factor: float = 0.0
     rope_truncate: bool = True
+    rope_partial: float = 1.0  # partial_rotary_factor: the share of head_dim RoPE rotates
     attn_sinks: bool = False  # gpt_oss: a learned logit per head joins every softmax
     router_bias: bool = False  # the MoE router has a bias
     expert_bias: bool = False  # the routed experts' gate, up and down have biases
@@ -201,6 +206,16 @@ class ModelShape:
     swiglu_alpha: float = 1.0
     swiglu_limit: float = 0.0
     swiglu_shift: float = 0.0
+    # Qwen3.5: full attention's output gated by sigmoid(x W_g) per element (q_proj holds W_g)
+    attn_gate: bool = False
+    shared_expert_gate: bool = False  # the shared experts' sum scaled by sigmoid(x w_sg)
+    # Gated DeltaNet token mixers on `linear_layers` (the others: full attention)
+    linear_layers: tuple[int, ...] = ()
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv: int = 0  # the short causal conv's kernel size
     # what the model type computes that the reference and the kernels do not yet
     # (sized and costed, refused by `meshrt run`); "" when nothing
     missing_math: str = ""
@@ -250,11 +265,45 @@ class ModelShape:
     def rope(self) -> Rope:
         return Rope(self.rope_theta, self.rope_type, self.rope_factor, self.rope_low_freq_factor,
                     self.rope_high_freq_factor, self.rope_original_max, self.rope_beta_fast,
-                    self.rope_beta_slow, self.rope_attention_factor, self.rope_truncate)
+                    self.rope_beta_slow, self.rope_attention_factor, self.rope_truncate,
+                    self.rope_partial)
+
+    def is_linear_layer(self, layer: int) -> bool:
+        """Whether layer `layer` mixes tokens with Gated DeltaNet (else full attention)."""
+        return layer in self._linear_set
+
+    @functools.cached_property
+    def _linear_set(self) -> frozenset[int]:
+        return frozenset(self.linear_layers)
 
     @property
     def qkv_width(self) -> int:
-        return (self.heads + 2 * self.kv_heads) * self.head_dim
+        """Full attention's input projection: q, k, v (and the output gate where attn_gate)."""
+        return (self.heads * (1 + self.attn_gate) + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def linear_key_width(self) -> int:
+        return self.linear_k_heads * self.linear_k_dim
+
+    @property
+    def linear_value_width(self) -> int:
+        return self.linear_v_heads * self.linear_v_dim
+
+    @property
+    def linear_conv_width(self) -> int:
+        """DeltaNet's convolved channels: q, k and v."""
+        return 2 * self.linear_key_width + self.linear_value_width
+
+    @property
+    def linear_in_width(self) -> int:
+        """DeltaNet's input projection: q, k, v, the output gate z, and b, a per value head."""
+        return self.linear_conv_width + self.linear_value_width + 2 * self.linear_v_heads
+
+    def linear_state_elements(self) -> tuple[int, int]:
+        """(recurrent state, conv state) elements of one DeltaNet layer for one request:
+        a (k_dim, v_dim) matrix per value head, and the last linear_conv - 1 inputs."""
+        return (self.linear_v_heads * self.linear_k_dim * self.linear_v_dim,
+                self.linear_conv_width * max(self.linear_conv - 1, 0))
 
     @property
     def attn_width(self) -> int:
@@ -273,9 +322,15 @@ class ModelShape:
         attn = h * self.qkv_width + self.attn_width * h + 2 * h  # + two norm gains
         attn += self.qkv_width * self.qkv_bias + h * self.o_bias + 2 * self.head_dim * self.qk_norm
         attn += self.heads * self.attn_sinks
+        # DeltaNet: in projection, conv taps, dt_bias and A_log, the gated norm, out, two norms
+        linear = (h * self.linear_in_width + self.linear_conv_width * self.linear_conv
+                  + 2 * self.linear_v_heads + self.linear_v_dim + self.linear_value_width * h + 2 * h)
+        n_lin = len(self.linear_layers)
         moe = len(self.moe_layers) if self.is_moe else 0
         plain = 2 * self.vocab * h + h  # embed, lm_head (each region its copy, tied or not), final norm
-        plain += self.layers * attn + moe * (h + self.router_bias) * self.experts  # attention, routers
+        plain += (self.layers - n_lin) * attn + n_lin * linear
+        plain += moe * (h + self.router_bias) * self.experts  # routers
+        plain += moe * h * self.shared_experts * self.shared_expert_gate
         plain += (self.layers - moe) * (3 * h * self.ffn + (2 * self.ffn + h) * self.mlp_bias)
         experts = moe * (self.experts + self.shared_experts) * 3 * h * self.expert_ffn
         experts += moe * self.experts * (2 * self.expert_ffn + h) * self.expert_bias
@@ -305,6 +360,8 @@ class ModelShape:
                               if k in MATH_FLOATS else IntegerAttr(int(v), i64))
         if self.window_layers:
             hparams["window_layers"] = DenseArrayBase.from_list(i64, list(self.window_layers))
+        if self.linear_layers:
+            hparams["linear_layers"] = DenseArrayBase.from_list(i64, list(self.linear_layers))
         if self.eos_more:
             hparams["eos_more"] = DenseArrayBase.from_list(i64, list(self.eos_more))
         return hparams
@@ -330,6 +387,8 @@ class ModelShape:
         kw.update({k: hp.str(k) for k in MATH_STRS if k in hp})
         if "window_layers" in hp:
             kw["window_layers"] = hp.ints("window_layers")
+        if "linear_layers" in hp:
+            kw["linear_layers"] = hp.ints("linear_layers")
         if "eos_more" in hp:
             kw["eos_more"] = hp.ints("eos_more")
         return cls(name=name, **kw, source=source)
@@ -362,6 +421,11 @@ class ModelShape:
         problem = self.rope.problem()
         if problem:
             raise err("rope", problem)
+        rot = rotary_dim(self.rope, self.head_dim)
+        if rot < 2 or rot % 2:
+            raise err("rope", f"partial_rotary_factor {self.rope_partial} rotates {rot} of "
+                      f"head_dim {self.head_dim}: it must rotate an even number, at least 2")
+        self._validate_linear(err)
         bad = [i for i in self.window_layers if not 0 <= i < self.layers]
         if bad:
             raise err("sliding_window",
@@ -397,6 +461,26 @@ class ModelShape:
                 raise err("moe_layers", "moe_layers is set but the model has no experts")
             if self.ffn < 1:
                 raise err("ffn", "a dense model needs ffn of at least 1 (or experts for MoE)")
+
+
+    def _validate_linear(self, err) -> None:
+        bad = [i for i in self.linear_layers if not 0 <= i < self.layers]
+        if bad:
+            raise err("linear_layers",
+                      f"linear_layers lists layer {bad[0]}, outside 0..{self.layers - 1}")
+        if len(set(self.linear_layers)) != len(self.linear_layers):
+            raise err("linear_layers", "linear_layers lists a layer twice")
+        if not self.linear_layers:
+            return
+        for key in LINEAR_INTS:
+            if getattr(self, key) < 1:
+                raise err(key, f"Gated DeltaNet layers need {key} of at least 1")
+        if self.linear_v_heads % self.linear_k_heads:
+            raise err("linear_v_heads", f"linear_v_heads {self.linear_v_heads} is not a multiple "
+                      f"of linear_k_heads {self.linear_k_heads}")
+        if self.linear_conv < 2:
+            raise err("linear_conv", f"the DeltaNet conv needs a kernel of at least 2, got "
+                      f"{self.linear_conv}")
 
 
 class HParams:

@@ -238,14 +238,20 @@ class AttentionOp(KernelOp):
     output = result_def(ActType)
     assembly_format = _UNARY
 
+    gated = opt_prop_def(IntegerAttr[I64])  # 1: Qwen3.5's output gate follows q, k, v in the input
+
     def __init__(self, name, region, input, *, heads, kv_heads, head_dim, max_seq,
-                 layer, stage, wafer):
+                 layer, stage, wafer, gated: bool = False):
         props = self.common_props(name, region, layer, stage, wafer)
         for k, v in (("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
-                     ("max_seq", max_seq)):
+                     ("max_seq", max_seq)) + ((("gated", 1),) if gated else ()):
             props[k] = IntegerAttr(v, i64)
         super().__init__(operands=[input], properties=props,
                          result_types=[ActType(heads * head_dim)])
+
+    @property
+    def is_gated(self) -> bool:
+        return self.gated is not None and _int(self.gated) == 1
 
     def verify_kernel(self) -> None:
         h, kv, d = _int(self.heads), _int(self.kv_heads), _int(self.head_dim)
@@ -257,8 +263,51 @@ class AttentionOp(KernelOp):
             raise VerifyException(
                 f"kernel @{self.kernel_name}: heads {h} is not a multiple of kv_heads {kv}"
             )
-        _expect_width(self, "input (q, k, v)", _width(self.input), (h + 2 * kv) * d)
+        if self.gated is not None and _int(self.gated) not in (0, 1):
+            raise VerifyException(f"kernel @{self.kernel_name}: gated must be 0 or 1")
+        gate = h if self.is_gated else 0
+        _expect_width(self, "input (q, k, v" + (", gate)" if gate else ")"), _width(self.input),
+                      (h + 2 * kv + gate) * d)
         _expect_width(self, "output", _width(self.output), h * d)
+
+
+@irdl_op_definition
+class DeltaNetOp(KernelOp):
+    """Gated DeltaNet linear attention (Qwen3.5) with a recurrent state and a short
+    causal conv state per request slot. Input: the in projection [q | k | v | z | b | a]
+    (2 k_heads k_dim + 2 v_heads v_dim + 2 v_heads); output: the gated, normed
+    v_heads x v_dim before out_proj."""
+
+    name = "graph.deltanet"
+    k_heads = prop_def(IntegerAttr[I64])
+    v_heads = prop_def(IntegerAttr[I64])
+    k_dim = prop_def(IntegerAttr[I64])
+    v_dim = prop_def(IntegerAttr[I64])
+    conv = prop_def(IntegerAttr[I64])
+    input = operand_def(ActType)
+    output = result_def(ActType)
+    assembly_format = _UNARY
+
+    def __init__(self, name, region, input, *, k_heads, v_heads, k_dim, v_dim, conv,
+                 layer, stage, wafer):
+        props = self.common_props(name, region, layer, stage, wafer)
+        for k, v in (("k_heads", k_heads), ("v_heads", v_heads), ("k_dim", k_dim),
+                     ("v_dim", v_dim), ("conv", conv)):
+            props[k] = IntegerAttr(v, i64)
+        super().__init__(operands=[input], properties=props,
+                         result_types=[ActType(v_heads * v_dim)])
+
+    def verify_kernel(self) -> None:
+        kh, vh, kd, vd = (_int(p) for p in (self.k_heads, self.v_heads, self.k_dim, self.v_dim))
+        if min(kh, vh, kd, vd) <= 0 or _int(self.conv) < 2:
+            raise VerifyException(f"kernel @{self.kernel_name}: k_heads, v_heads, k_dim and v_dim "
+                                  "must be > 0 and conv at least 2")
+        if vh % kh:
+            raise VerifyException(f"kernel @{self.kernel_name}: v_heads {vh} is not a multiple "
+                                  f"of k_heads {kh}")
+        _expect_width(self, "input (q, k, v, z, b, a)", _width(self.input),
+                      2 * kh * kd + 2 * vh * vd + 2 * vh)
+        _expect_width(self, "output", _width(self.output), vh * vd)
 
 
 @irdl_op_definition
@@ -483,6 +532,7 @@ Graph = Dialect(
         RMSNormOp,
         MatmulOp,
         AttentionOp,
+        DeltaNetOp,
         GateTopKOp,
         MoEExpertsOp,
         AddOp,

@@ -11,6 +11,14 @@ really uses:
   layer i is MoE iff i is not in `mlp_only_layers` and
   (i + 1) % `decoder_sparse_step` == 0; other layers are dense with
   `intermediate_size`.
+- qwen3_5 / qwen3_5_moe (Qwen3.5): the hub's config is multimodal, the
+  language model under `text_config` (model_type qwen3_5_text /
+  qwen3_5_moe_text, which a config may also be alone); dense
+  `intermediate_size`, or every layer MoE with `num_experts`,
+  `num_experts_per_tok`, `moe_intermediate_size` and one shared expert of
+  `shared_expert_intermediate_size` (equal to the routed width, else an
+  error). Defaults are transformers' (its config classes: Qwen3.5-9B and
+  Qwen3.5-35B-A3B).
 - gpt_oss: `num_local_experts`, `experts_per_token` (or
   `num_experts_per_tok`), experts of width `intermediate_size`, explicit
   `head_dim`; `quantization_config.quant_method == "mxfp4"` stores the
@@ -22,8 +30,8 @@ each type computes it, goes into the shape and so into the IR's hparams:
 
 - `rope_theta` and `rope_scaling` (transformers 4) or `rope_parameters`
   (transformers 5): default, linear, llama3 and yarn RoPE (`meshrt.rope`);
-  another rope type, a per-layer-type rope or `partial_rotary_factor` below 1
-  is an error at its key.
+  another rope type, a per-layer-type rope, `partial_rotary_factor` below 1
+  or `mrope_section` (but for qwen3_5) is an error at its key.
 - `rms_norm_eps` (default 1e-6; mixtral and gpt_oss 1e-5); `hidden_act` must
   be silu (the FFNs are SwiGLU), anything else is an error at the key.
 - biases: llama `attention_bias` (q, k, v, o) and `mlp_bias` (gate, up,
@@ -43,6 +51,18 @@ each type computes it, goes into the shape and so into the IR's hparams:
 - gpt_oss: attention sinks (a learned logit per head in every softmax),
   router and expert biases, and its clamped SwiGLU (`swiglu_alpha`,
   `swiglu_limit`, `up + 1`).
+- qwen3_5 / qwen3_5_moe: `layer_types` ("linear_attention" /
+  "full_attention"; default: full attention every `full_attention_interval`-th
+  layer, 4) and the Gated DeltaNet's `linear_num_key_heads`,
+  `linear_num_value_heads`, `linear_key_head_dim`, `linear_value_head_dim`,
+  `linear_conv_kernel_dim`; full attention with q/k norm and its output gate
+  (q_proj holds it: transformers always gates, `attn_output_gate` is not read),
+  `partial_rotary_factor` (default 0.25; in `rope_parameters` or beside it;
+  `mrope_section` / `mrope_interleaved` change nothing for text, whose
+  positions are the same on the three axes); the MoE's top-k renormalised
+  and its shared expert scaled by sigmoid(x w_sg). `attention_bias` true is an
+  error. The multi-token-prediction head (`mtp_*`) and the vision tower do not
+  change greedy text tokens and are not read.
 - `quantization_config` (mxfp4, fp8) changes the byte sizes only: the shape
   says its math is not computed (`missing_math`) and `meshrt run` refuses it
   at the key.
@@ -64,7 +84,17 @@ from meshrt.frontend.errors import FrontendError, Loc, locate_text
 from meshrt.frontend.model import DEFAULT_MAX_SEQ, ModelShape, ModelSpec
 from meshrt.limits import JSONInputError, parse_json
 
-SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_5",
+                   "qwen3_5_moe")
+# Qwen3.5 as the hub stores it: a multimodal config whose `text_config` is the language
+# model (its own model_type with "_text"), or that text config alone (ForCausalLM)
+QWEN3_5 = ("qwen3_5", "qwen3_5_moe")
+TEXT_TYPES = {f"{t}_text": t for t in QWEN3_5}
+
+
+def base_type(model_type: str | None) -> str | None:
+    """The supported model type a config.json's `model_type` is (qwen3_5_text: qwen3_5)."""
+    return TEXT_TYPES.get(model_type, model_type)
 
 DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "float16": 2.0, "half": 2.0, "bfloat16": 2.0,
                "float8_e4m3fn": 1.0, "float8_e5m2": 1.0}
@@ -127,7 +157,12 @@ def load_hf_config(path: str | Path) -> ModelSpec:
 def hf_spec_from_dict(data: dict[str, Any], path: str = "<config.json>",
                       text: str | None = None) -> ModelSpec:
     cfg = _Config(data, text if text is not None else json.dumps(data, indent=2), path)
-    mt = cfg.get("model_type", kind=str) if "model_type" in data else None
+    mt = base_type(cfg.get("model_type", kind=str)) if "model_type" in data else None
+    if mt in QWEN3_5 and "text_config" in data:  # the language model of the multimodal config
+        inner = cfg.get("text_config", kind=dict)
+        cfg.data = data = {**{k: v for k, v in data.items() if k in ("tie_word_embeddings",
+                                                                      "_name_or_path")},
+                           **inner, "model_type": mt}
     if mt not in SUPPORTED_TYPES:
         what = f"unsupported model_type '{mt}'" if mt else "config has no 'model_type'"
         raise FrontendError(f"{what}; supported: {', '.join(SUPPORTED_TYPES)}",
@@ -182,8 +217,18 @@ def hf_spec_from_dict(data: dict[str, Any], path: str = "<config.json>",
 
 
 def _read_ffn(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
-    if mt in ("llama", "qwen2", "qwen3"):
-        f["ffn"] = cfg.get("intermediate_size", field="ffn")
+    if mt in ("llama", "qwen2", "qwen3", "qwen3_5"):
+        f["ffn"] = cfg.get("intermediate_size", 12288 if mt == "qwen3_5" else None, field="ffn")
+    elif mt == "qwen3_5_moe":  # every layer MoE, with one gated shared expert
+        f["experts"] = cfg.get("num_experts", 256, field="experts")
+        f["top_k"] = cfg.get("num_experts_per_tok", 8, field="top_k")
+        f["expert_ffn"] = cfg.get("moe_intermediate_size", 512, field="expert_ffn")
+        shared = cfg.get("shared_expert_intermediate_size", 512, field="shared_experts")
+        if shared != f["expert_ffn"]:
+            raise FrontendError(f"shared_expert_intermediate_size {shared} differs from "
+                                f"moe_intermediate_size {f['expert_ffn']}: shared experts as wide as "
+                                "the routed ones only", cfg.loc("shared_expert_intermediate_size"))
+        f["shared_experts"] = 1
     elif mt == "mixtral":
         f["experts"] = cfg.get("num_local_experts", field="experts")
         f["top_k"] = cfg.get("num_experts_per_tok", field="top_k")
@@ -267,9 +312,16 @@ def _read_math(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
         f["qkv_bias"] = f["o_bias"] = flag("attention_bias", mt == "gpt_oss")
     if mt == "llama":
         f["mlp_bias"] = flag("mlp_bias", False)
-    f["qk_norm"] = mt in ("qwen3", "qwen3_moe")
+    f["qk_norm"] = mt in ("qwen3", "qwen3_moe", *QWEN3_5)
     if mt == "qwen3_moe":
         f["norm_topk"] = flag("norm_topk_prob", False)
+    if mt in QWEN3_5:
+        if f["qkv_bias"]:
+            raise FrontendError("attention_bias with Qwen3.5's gated q_proj is not implemented",
+                                cfg.loc("attention_bias"))
+        _read_linear(cfg, f)
+        f["attn_gate"] = True
+        f["shared_expert_gate"] = mt == "qwen3_5_moe"
     f["tie_embeddings"] = flag("tie_word_embeddings", False)
     if f["tie_embeddings"]:
         cfg.locs["tie_embeddings"] = cfg.loc("tie_word_embeddings")
@@ -280,10 +332,36 @@ def _read_math(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
         f["swiglu_alpha"] = cfg.get("swiglu_alpha", 1.702, kind=float, field="swiglu")
         f["swiglu_limit"] = cfg.get("swiglu_limit", 7.0, kind=float, field="swiglu")
         f["swiglu_shift"] = 1.0
-    for key in ("partial_rotary_factor",):
-        if key in data and data[key] not in (None, 1, 1.0):
-            raise FrontendError(f"{key} {json.dumps(data[key])} is not implemented (RoPE over "
-                                "all of head_dim only)", cfg.loc(key))
+    key = "partial_rotary_factor"
+    if mt not in QWEN3_5 and key in data and data[key] not in (None, 1, 1.0):
+        raise FrontendError(f"{key} {json.dumps(data[key])} is not implemented (RoPE over all "
+                            "of head_dim only)", cfg.loc(key))
+
+
+def _read_linear(cfg: _Config, f: dict[str, Any]) -> None:
+    """Qwen3.5's Gated DeltaNet layers: `layer_types` (default: full attention every
+    `full_attention_interval`-th layer, 4) and the linear attention's heads and conv."""
+    layers = f["layers"]
+    types = cfg.data.get("layer_types")
+    if types is None:
+        every = cfg.get("full_attention_interval", 4, field="linear_layers")
+        if every < 1:
+            raise FrontendError(f"full_attention_interval must be at least 1, got {every}",
+                                cfg.loc("full_attention_interval"))
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
+    elif not isinstance(types, list) or len(types) != layers or any(
+            t not in ("linear_attention", "full_attention") for t in types):
+        raise FrontendError(f"field 'layer_types' must list {layers} of \"linear_attention\" and "
+                            "\"full_attention\"", cfg.loc("layer_types"))
+    else:
+        cfg.locs["linear_layers"] = cfg.loc("layer_types")
+    f["linear_layers"] = tuple(i for i, t in enumerate(types) if t == "linear_attention")
+    for key, theirs, default in (("linear_k_heads", "linear_num_key_heads", 16),
+                                 ("linear_v_heads", "linear_num_value_heads", 32),
+                                 ("linear_k_dim", "linear_key_head_dim", 128),
+                                 ("linear_v_dim", "linear_value_head_dim", 128),
+                                 ("linear_conv", "linear_conv_kernel_dim", 4)):
+        f[key] = cfg.get(theirs, default, field=key)
 
 
 def _flag(cfg: _Config, key: str, default: bool) -> bool:
@@ -297,8 +375,8 @@ def _flag(cfg: _Config, key: str, default: bool) -> bool:
 
 def _read_window(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
     data, layers = cfg.data, f["layers"]
-    if mt == "llama":
-        return  # transformers' llama has no sliding window
+    if mt in ("llama", *QWEN3_5):
+        return  # transformers' llama and qwen3_5 have no sliding window
     if mt in ("qwen2", "qwen3", "qwen3_moe") and not _flag(cfg, "use_sliding_window", False):
         return
     key = "sliding_window"
@@ -352,9 +430,18 @@ def _read_rope(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
         f["rope_theta"] = num("rope_theta", None)
     else:
         f["rope_theta"] = cfg.get("rope_theta", _THETA.get(mt, 10000.0), kind=float, field="rope")
-    if p.get("partial_rotary_factor") not in (None, 1, 1.0):
+    if mt in QWEN3_5:  # transformers' default 0.25; text positions are the same on the three
+        # mrope axes, so mrope_section / mrope_interleaved change nothing
+        f["rope_partial"] = num("partial_rotary_factor", data.get("partial_rotary_factor") or 0.25)
+        if not 0 < f["rope_partial"] <= 1:
+            raise FrontendError(f"partial_rotary_factor must be in (0, 1], got {f['rope_partial']}",
+                                cfg.loc("partial_rotary_factor"))
+    elif p.get("partial_rotary_factor") not in (None, 1, 1.0):
         raise FrontendError(f"'{key}.partial_rotary_factor' is not implemented (RoPE over all "
                             "of head_dim only)", where)
+    elif p.get("mrope_section") is not None:
+        raise FrontendError(f"'{key}.mrope_section' (multimodal RoPE) is not implemented for {mt}",
+                            where)
     f["rope_type"] = rtype
     if rtype == "default":
         return

@@ -65,6 +65,7 @@ from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.frontend.model import MappingSpec, ModelShape, ModelSpec
 from meshrt.kernels.attention.op import AttentionOp
+from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.relay import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
@@ -93,6 +94,12 @@ UNIT_LOAD = {"embed": 1, "dense": 5, "moe": 6, "lm_head": 2}
 # ---------------------------------------------------------------------------
 
 
+def delta_width(shape: ModelShape, w: int) -> int:
+    """Columns a Gated DeltaNet takes of a token-mixer band w wide: at most one per value
+    head (its columns hold whole value heads), the rest of the band idles in that layer."""
+    return min(w, shape.linear_v_heads)
+
+
 @dataclass(frozen=True)
 class Sizer:
     """Per-core bytes of each band kind as a function of its width w and height h."""
@@ -105,13 +112,39 @@ class Sizer:
     def matmul(self, n_in: int, n_out: int, dbytes: float, w: int, h: int) -> float:
         return GemvOp.footprint(n_in, n_out, dbytes, self.micro_batch, w, h).total
 
+    @property
+    def mixer_in(self) -> int:
+        """The widest token-mixer input projection (attention's qkv, DeltaNet's in_proj):
+        every layer's band is sized for it, so the layers stay alike."""
+        s = self.shape
+        return max(s.qkv_width, s.linear_in_width if s.linear_layers else 0)
+
+    @property
+    def mixer_out(self) -> int:
+        """The widest token-mixer output projection's input (attention's heads, DeltaNet's
+        value heads)."""
+        s = self.shape
+        return max(s.attn_width, s.linear_value_width if s.linear_layers else 0)
+
+    def mixer(self, w: int, h: int) -> float:
+        """Bytes per core of the token mixer band: attention (KV), or the larger of
+        attention and Gated DeltaNet (recurrent and conv state) where the model has both."""
+        s = self.shape
+        attn = AttentionOp.footprint(self.kv_slots, s.max_seq, s.heads, s.kv_heads, s.head_dim,
+                                     s.kv_bytes, self.micro_batch, w, h).total
+        if not s.linear_layers:
+            return attn
+        return max(attn, DeltaNetOp.footprint(
+            self.kv_slots, s.linear_k_heads, s.linear_v_heads, s.linear_k_dim, s.linear_v_dim,
+            s.linear_conv, s.kv_bytes, s.dtype_bytes, self.micro_batch, delta_width(s, w), h).total)
+
     def band(self, kind: str, w: int, h: int) -> float:
         """Bytes per core of the kernel a band holds, by the kernel kind's own formula."""
         s, d, mb = self.shape, self.shape.dtype_bytes, self.micro_batch
         if kind == "qkv":
-            return self.matmul(s.hidden, s.qkv_width, d, w, h)
+            return self.matmul(s.hidden, self.mixer_in, d, w, h)
         if kind == "o":
-            return self.matmul(s.attn_width, s.hidden, d, w, h)
+            return self.matmul(self.mixer_out, s.hidden, d, w, h)
         if kind == "up":
             return self.matmul(s.hidden, 2 * s.ffn, d, w, h)
         if kind == "down":
@@ -123,8 +156,7 @@ class Sizer:
         if kind == "embed":
             return EmbedOp.footprint(s.vocab, s.hidden, d, mb, w, h).total
         if kind == "attn":
-            return AttentionOp.footprint(self.kv_slots, s.max_seq, s.heads, s.kv_heads, s.head_dim,
-                                         s.kv_bytes, mb, w, h).total
+            return self.mixer(w, h)
         if kind == "relay":
             return relay_footprint(s.top_k, s.hidden, mb, w, h).total
         raise ValueError(kind)
@@ -133,8 +165,8 @@ class Sizer:
         """Bytes per core of a dense layer's four GEMVs sharing one w x h region, in
         alternating orientations (qkv and up reduce down columns, o and down along rows)."""
         s, d = self.shape, self.shape.dtype_bytes
-        return (self.matmul(s.hidden, s.qkv_width, d, w, h)
-                + GemvOp.footprint(s.attn_width, s.hidden, d, self.micro_batch, w, h, "row").total
+        return (self.matmul(s.hidden, self.mixer_in, d, w, h)
+                + GemvOp.footprint(self.mixer_out, s.hidden, d, self.micro_batch, w, h, "row").total
                 + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
                 + GemvOp.footprint(s.ffn, s.hidden, d, self.micro_batch, w, h, "row").total)
 
@@ -147,7 +179,7 @@ class Sizer:
     def max_width(self, kind: str) -> int:
         s = self.shape
         return {
-            "qkv": s.qkv_width, "o": s.hidden, "up": 2 * s.ffn, "down": s.hidden,
+            "qkv": self.mixer_in, "o": s.hidden, "up": 2 * s.ffn, "down": s.hidden,
             "gate": s.experts, "lm_head": s.vocab, "embed": s.vocab,
             "attn": s.kv_heads * s.head_dim, "relay": 4,
         }[kind]
@@ -769,6 +801,9 @@ def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
         return s.vocab * s.hidden * d
     attn = (s.hidden * s.qkv_width + s.attn_width * s.hidden) * d \
         + sizer.kv_slots * s.max_seq * s.kv_bytes_per_token()
+    if s.is_linear_layer(unit.layer):  # Gated DeltaNet: its recurrent and conv state per slot
+        attn = (s.hidden * s.linear_in_width + s.linear_value_width * s.hidden) * d \
+            + sizer.kv_slots * sum(s.linear_state_elements()) * s.kv_bytes
     if unit.kind == "dense":
         return attn + 3 * s.hidden * s.ffn * d
     return attn + s.hidden * s.experts * d + \
@@ -918,10 +953,19 @@ class _Emitter:
             layer = b["layer"]
             b = {"qkv": layer, "attn": layer, "o": layer, "up": layer, "down": layer}
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
-        qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
-        a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
-                                   kv_heads=s.kv_heads, head_dim=s.head_dim,
-                                   max_seq=s.max_seq, **kw))
+        if s.is_linear_layer(i):  # Gated DeltaNet on the attention rows' first columns
+            qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.linear_in_width, **kw))
+            x0, y0, x1, y1 = b["attn"].extent
+            w = delta_width(s, x1 - x0)
+            region = CoreSetAttr.of(x1 - w if p.reverse else x0, y0, w, y1 - y0)
+            a = self.add(g.DeltaNetOp(f"l{i}_delta", region, qkv, k_heads=s.linear_k_heads,
+                                      v_heads=s.linear_v_heads, k_dim=s.linear_k_dim,
+                                      v_dim=s.linear_v_dim, conv=s.linear_conv, **kw))
+        else:
+            qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
+            a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
+                                       kv_heads=s.kv_heads, head_dim=s.head_dim,
+                                       max_seq=s.max_seq, gated=s.attn_gate, **kw))
         o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden, **kw))
         h = self.add(g.AddOp(f"l{i}_add1", b["o"], x, o, **kw))
         if p.unit.kind == "dense":

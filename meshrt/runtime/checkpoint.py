@@ -18,6 +18,7 @@ or left over (a bias or a norm the config does not announce) is a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from meshrt.diagnostics import FrontendError
+from meshrt.frontend.hf_config import base_type
 from meshrt.runtime import reference as ref
 
 __all__ = ["Checkpoint", "is_checkpoint", "load_checkpoint", "tensor_names"]
@@ -34,6 +36,9 @@ INDEX = "model.safetensors.index.json"
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 # buffers some exports write beside the weights; they change no number we compute
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Qwen3.5 hub checkpoints hold the vision tower and the multi-token-prediction head beside
+# the language model: neither changes the greedy tokens of text
+IGNORED_PREFIXES = ("model.visual.", "mtp.")
 
 
 def is_checkpoint(path: str | Path) -> bool:
@@ -52,15 +57,35 @@ class Source:
     transpose: bool
     stacked: bool = False
     interleaved: int | None = None  # 0 / 1: the even / odd last-axis entries of a fused tensor
+    # (head_dim, 0 / 1): the first / second half of each head's 2 x head_dim rows (Qwen3.5's
+    # q_proj holds the query and the output gate of every head side by side)
+    head_half: tuple[int, int] | None = None
+    offset: float = 0.0  # added to the tensor (Qwen3.5's RMSNorms scale by 1 + weight)
+    squeeze: bool = False  # a depthwise conv's (channels, 1, taps) as (channels, taps)
 
     def theirs(self, expect: tuple[int, ...]) -> tuple[int, ...]:
         """The checkpoint's shape of a tensor meshrt holds as `expect`."""
         if self.interleaved is not None:
             return (*expect[:-1], 2 * expect[-1])
-        return tuple(reversed(expect)) if self.transpose else expect
+        if self.squeeze:
+            return (expect[0], 1, *expect[1:])
+        mine = (*expect[:-1], 2 * expect[-1]) if self.head_half else expect
+        return tuple(reversed(mine)) if self.transpose else mine
+
+    def convert(self, a: np.ndarray) -> np.ndarray:
+        """A checkpoint tensor (its shape `theirs`) in meshrt's orientation."""
+        if self.interleaved is not None:
+            a = a[..., self.interleaved::2]
+        if self.head_half is not None:
+            d, part = self.head_half
+            a = a.reshape(-1, 2, d, a.shape[-1])[:, part].reshape(-1, a.shape[-1])
+        if self.squeeze:
+            a = a[:, 0]
+        a = np.ascontiguousarray(a.T if self.transpose else a)
+        return (a + np.float32(self.offset)).astype(np.float32) if self.offset else a
 
 
-def tensor_names(model_type: str, shape: ref.RefShape) -> dict[str, Source]:
+def tensor_names(model_type: str, shape: ref.RefShape, prefix: str = "model.") -> dict[str, Source]:
     """Every `Weights.named_arrays` name of `shape` -> its checkpoint tensors, for
     `model_type` (the types `meshrt.frontend.hf_config` imports; gpt_oss's
     unquantized layout: fused experts, gate and up interleaved)."""
@@ -72,11 +97,12 @@ def tensor_names(model_type: str, shape: ref.RefShape) -> dict[str, Source]:
         "lm_head": Source(("model.embed_tokens.weight" if s.tie_embeddings else "lm_head.weight",),
                           True),
     }
+    model_type = base_type(model_type)
     moe_block, expert = {
         "mixtral": ("block_sparse_moe", {"w_gate": "w1", "w_up": "w3", "w_down": "w2"}),
     }.get(model_type, ("mlp", {"w_gate": "gate_proj", "w_up": "up_proj", "w_down": "down_proj"}))
     for i in range(s.layers):
-        hf, me = f"model.layers.{i}", f"layers.{i}"
+        hf, me = f"{prefix}layers.{i}", f"layers.{i}"
         one = lambda name, t=True: Source((f"{hf}.{name}",), t)  # noqa: E731
         out |= {
             f"{me}.attn_norm": one("input_layernorm.weight", False),
@@ -113,8 +139,53 @@ def tensor_names(model_type: str, shape: ref.RefShape) -> dict[str, Source]:
             for part in ("gate", "up", "down"):
                 out[f"{me}.dense.w_{part}"] = one(f"mlp.{part}_proj.weight")
                 out[f"{me}.dense.b_{part}"] = one(f"mlp.{part}_proj.bias", False)
+    if model_type in ("qwen3_5", "qwen3_5_moe"):
+        out |= _qwen3_5_names(s, prefix)
     expected = ref.Weights.expected(s)
     return {k: v for k, v in out.items() if k in expected}
+
+
+def _qwen3_5_names(s: ref.RefShape, prefix: str) -> dict[str, Source]:
+    """Qwen3.5's own tensors (they replace the common names): its zero-centred
+    RMSNorms, the gated q_proj, the DeltaNet layers' and the gated shared expert's."""
+    norm = lambda name: Source((f"{prefix}{name}",), False, offset=1.0)  # noqa: E731
+    out = {"embed": Source((f"{prefix}embed_tokens.weight",), False),
+           "final_norm": norm("norm.weight")}
+    if s.tie_embeddings:
+        out["lm_head"] = Source((f"{prefix}embed_tokens.weight",), True)
+    for i in range(s.layers):
+        hf, me = f"{prefix}layers.{i}", f"layers.{i}"
+        one = lambda name, t=True, **kw: Source((f"{hf}.{name}",), t, **kw)  # noqa: E731
+        out |= {f"{me}.attn_norm": norm(f"layers.{i}.input_layernorm.weight"),
+                f"{me}.ffn_norm": norm(f"layers.{i}.post_attention_layernorm.weight"),
+                f"{me}.q_norm": norm(f"layers.{i}.self_attn.q_norm.weight"),
+                f"{me}.k_norm": norm(f"layers.{i}.self_attn.k_norm.weight"),
+                f"{me}.wq": one("self_attn.q_proj.weight", head_half=(s.head_dim, 0)),
+                f"{me}.wg": one("self_attn.q_proj.weight", head_half=(s.head_dim, 1))}
+        la = f"{me}.linear"
+        out |= {f"{la}.w_qkv": one("linear_attn.in_proj_qkv.weight"),
+                f"{la}.w_z": one("linear_attn.in_proj_z.weight"),
+                f"{la}.w_b": one("linear_attn.in_proj_b.weight"),
+                f"{la}.w_a": one("linear_attn.in_proj_a.weight"),
+                f"{la}.conv": one("linear_attn.conv1d.weight", False, squeeze=True),
+                f"{la}.dt_bias": one("linear_attn.dt_bias", False),
+                f"{la}.a_log": one("linear_attn.A_log", False),
+                f"{la}.norm": one("linear_attn.norm.weight", False),
+                f"{la}.w_out": one("linear_attn.out_proj.weight")}
+        for part in ("gate", "up", "down"):
+            out[f"{me}.moe.shared_{part}"] = Source(
+                (f"{hf}.mlp.shared_expert.{part}_proj.weight",), True, stacked=True)
+        out[f"{me}.moe.shared_scale"] = one("mlp.shared_expert_gate.weight")
+    return out
+
+
+def _prefix(model_type: str, ckpt: Checkpoint) -> str:
+    """Where the language model's tensors are: Qwen3.5's multimodal checkpoints hold
+    them under model.language_model."""
+    if model_type in ("qwen3_5", "qwen3_5_moe") and \
+            "model.language_model.embed_tokens.weight" in ckpt.where:
+        return "model.language_model."
+    return "model."
 
 
 class Checkpoint:
@@ -194,10 +265,7 @@ class Checkpoint:
                     a = f.get_tensor(name)
             except (SafetensorError, OSError, ValueError) as e:
                 raise FrontendError(f"cannot read tensor '{name}': {e}", str(path)) from None
-        a = np.asarray(a, np.float32).reshape(theirs)
-        if src.interleaved is not None:
-            a = a[..., src.interleaved::2]
-        return np.ascontiguousarray(a.T if src.transpose else a)
+        return src.convert(np.asarray(a, np.float32).reshape(theirs))
 
     def _bf16(self, path: Path, info: dict) -> np.ndarray:
         """bfloat16 widened to float32 from the file's bytes (NumPy has no bfloat16)."""
@@ -223,7 +291,7 @@ def load_checkpoint(directory: str | Path, shape) -> ref.Weights:
     except (OSError, ValueError, AttributeError):
         raise FrontendError("cannot read config.json", str(d / "config.json")) from None
     ckpt = Checkpoint(d)
-    names = tensor_names(model_type, s)
+    names = tensor_names(model_type, s, _prefix(base_type(model_type), ckpt))
     expected = ref.Weights.expected(s)
     arrays: dict[str, np.ndarray] = {}
     for mine, src in names.items():
@@ -235,7 +303,8 @@ def load_checkpoint(directory: str | Path, shape) -> ref.Weights:
     used = {n for src in names.values() for n in src.names}
     if s.tie_embeddings:  # transformers ties it to the embedding whatever the file holds
         used.add("lm_head.weight")
-    extra = sorted(n for n in ckpt.where if n not in used and not n.endswith(IGNORED_SUFFIXES))
+    extra = sorted(n for n in ckpt.where if n not in used and not n.endswith(IGNORED_SUFFIXES)
+                   and not n.startswith(IGNORED_PREFIXES))
     if extra:
         raise FrontendError(f"tensor '{extra[0]}' is not a weight of this {model_type} config"
                             + (f" (nor are {len(extra) - 1} more)" if len(extra) > 1 else "")
@@ -245,25 +314,31 @@ def load_checkpoint(directory: str | Path, shape) -> ref.Weights:
 
 
 def _weights(s: ref.RefShape, a: dict[str, np.ndarray]) -> ref.Weights:
-    """`Weights` from its `named_arrays` (shared experts: none in these types)."""
+    """`Weights` from its `named_arrays` (no shared experts where the type has none)."""
     layers = []
     for i in range(s.layers):
         p = f"layers.{i}."
         get = lambda k: a.get(p + k)  # noqa: E731
-        dense = moe = None
+        dense = moe = linear = None
         if s.is_moe_layer(i):
-            shared_up = np.zeros((0, s.hidden, s.expert_ffn), np.float32)
+            none = (np.zeros((0, s.hidden, s.expert_ffn), np.float32),) * 2 + (
+                np.zeros((0, s.expert_ffn, s.hidden), np.float32),)
+            shared = [get(f"moe.shared_{k}") for k in ("gate", "up", "down")]
+            shared = none if shared[0] is None else shared
             moe = ref.MoEFFNWeights(get("moe.router"), get("moe.w_gate"), get("moe.w_up"),
-                                    get("moe.w_down"), shared_up, shared_up.copy(),
-                                    np.zeros((0, s.expert_ffn, s.hidden), np.float32),
+                                    get("moe.w_down"), *shared,
                                     get("moe.router_bias"), get("moe.b_gate"), get("moe.b_up"),
-                                    get("moe.b_down"))
+                                    get("moe.b_down"), get("moe.shared_scale"))
         else:
             dense = ref.DenseFFNWeights(get("dense.w_gate"), get("dense.w_up"), get("dense.w_down"),
                                         get("dense.b_gate"), get("dense.b_up"), get("dense.b_down"))
+        if s.is_linear_layer(i):
+            linear = ref.DeltaNetWeights(**{f.name: get(f"linear.{f.name}")
+                                            for f in dataclasses.fields(ref.DeltaNetWeights)})
         layers.append(ref.LayerWeights(get("attn_norm"), get("wq"), get("wk"), get("wv"), get("wo"),
                                        get("ffn_norm"), dense, moe, get("bq"), get("bk"), get("bv"),
-                                       get("bo"), get("q_norm"), get("k_norm"), get("sinks")))
+                                       get("bo"), get("q_norm"), get("k_norm"), get("sinks"),
+                                       get("wg"), linear))
     w = ref.Weights(s, a["embed"], layers, a["final_norm"], a["lm_head"])
     w.validate()
     return w

@@ -128,8 +128,13 @@ class DataPlane:
             lw = w.layers[layer]
             suffix = name.split("_", 1)[1]
             d = lw.dense
-            if suffix == "qkv":
-                parts = (lw.bq, lw.bk, lw.bv) if bias else (lw.wq, lw.wk, lw.wv)
+            if lw.linear is not None and suffix in ("qkv", "o"):  # a DeltaNet layer's projections
+                ln = lw.linear
+                parts = () if bias else ((ln.w_qkv, ln.w_z, ln.w_b, ln.w_a) if suffix == "qkv"
+                                         else (ln.w_out,))
+            elif suffix == "qkv":  # Qwen3.5's output gate after q, k and v
+                parts = (lw.bq, lw.bk, lw.bv) if bias else (lw.wq, lw.wk, lw.wv) + (
+                    () if lw.wg is None else (lw.wg,))
             elif suffix == "o":
                 parts = (lw.bo if bias else lw.wo,)
             elif suffix == "up" and d is not None:
@@ -138,7 +143,7 @@ class DataPlane:
                 parts = (d.b_down if bias else d.w_down,)
             else:
                 raise DataLayoutError(f"kernel @{name}: no weight matrix of that name")
-            a = None if parts[0] is None else np.concatenate(parts, axis=-1)
+            a = None if not parts or parts[0] is None else np.concatenate(parts, axis=-1)
         if a is None or not blocks:
             return a
         return a[..., block_order(tuple(blocks), splits)]
@@ -192,6 +197,13 @@ class DataPlane:
     def sinks(self, layer: int) -> np.ndarray | None:
         """The attention sink logit of every head of `layer` (None: no sinks)."""
         return self.weights.layers[layer].sinks
+
+    def deltanet(self, layer: int) -> ref.DeltaNetWeights:
+        """The Gated DeltaNet weights of `layer` (a layer in linear_layers)."""
+        d = self.weights.layers[layer].linear
+        if d is None:
+            raise DataLayoutError(f"layer {layer}: a deltanet kernel on a full-attention layer")
+        return d
 
     def moe(self, layer: int) -> ref.MoEFFNWeights:
         m = self.weights.layers[layer].moe

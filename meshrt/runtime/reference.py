@@ -39,6 +39,21 @@ Semantics (what a tiled on-mesh implementation must reproduce)
   expert_k(x) + sum of all shared experts (always on, weight 1). Every expert
   is a SwiGLU of width ``expert_ffn``; the router has a bias where
   ``router_bias``, the routed experts' three maps where ``expert_bias``.
+* Qwen3.5 (``linear_layers``, ``attn_gate``, ``rope_partial``, ``shared_expert_gate``):
+  the layers in ``linear_layers`` mix tokens with Gated DeltaNet instead of
+  attention (:func:`deltanet`): the in projection's q, k, v go through a
+  depthwise causal conv of ``linear_conv`` taps (over the request's previous
+  inputs, zeros before its first) and silu; q and k are l2-normed, q scaled
+  by 1/sqrt(k_dim); per value head (value head j reads key head
+  j // (v_heads / k_heads)) the (k_dim, v_dim) state S is decayed by
+  exp(g), g = -exp(A_log) softplus(a + dt_bias), then written
+  S += k (beta (v - S^T k))^T with beta = sigmoid(b), and read out S^T q;
+  the output is RMSNorm'd per head (its own gain) times silu(z), then
+  out_proj. The other layers' attention output is multiplied by
+  sigmoid(x W_g) before o_proj (``attn_gate``); RoPE rotates the first
+  int(head_dim * rope_partial) elements of each head only; the shared
+  expert is scaled by sigmoid(x w_sg) (``shared_expert_gate``). The
+  checkpoint's zero-centred RMSNorm weights w load as gains 1 + w.
 * ``lm_head`` is the embedding's transpose where ``tie_embeddings``.
 * Greedy sampling: argmax of the logits, ties to the lowest token id.
 * A request finishes when it emits ``eos_token`` or one of ``eos_more`` (the EOS token is part of its
@@ -75,6 +90,7 @@ __all__ = [
     "SILU",
     "Act",
     "ROPE_THETA",
+    "DeltaNetWeights",
     "DenseFFNWeights",
     "KVState",
     "LayerWeights",
@@ -86,15 +102,25 @@ __all__ = [
     "apply_rope",
     "attention",
     "attention_decode",
+    "causal_conv",
+    "delta_rule",
+    "deltanet",
+    "deltanet_gates",
+    "deltanet_mix",
+    "deltanet_qk",
     "dense_ffn",
     "expert_load",
     "expert_routing",
+    "gated_rmsnorm",
     "glu",
     "greedy",
+    "key_heads",
+    "l2norm",
     "moe_ffn",
     "qk_norm",
     "rmsnorm",
     "route",
+    "sigmoid",
     "softmax",
     "swiglu",
 ]
@@ -115,8 +141,8 @@ _F64 = np.float64
 # max_seq keep their defaults: they change no number).
 _REF_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ffn", "experts",
                "top_k", "expert_ffn", "shared_experts", "eos_token", "moe_layers",
-               "window_layers", "eos_more", *MATH_INTS, *MATH_FLOATS, *MATH_STRS)
-_NOT_INT = ("eos_token", "moe_layers", "window_layers", *MATH_FLOATS, *MATH_STRS)
+               "window_layers", "eos_more", "linear_layers", *MATH_INTS, *MATH_FLOATS, *MATH_STRS)
+_NOT_INT = ("eos_token", "moe_layers", "window_layers", "linear_layers", *MATH_FLOATS, *MATH_STRS)
 
 
 @dataclass(frozen=True)
@@ -152,7 +178,7 @@ class RefShape(ModelShape):
         for k, v in kw.items():
             if k == "eos_token":
                 kw[k] = None if v is None else int(v)
-            elif k in ("moe_layers", "window_layers", "eos_more"):
+            elif k in ("moe_layers", "window_layers", "eos_more", "linear_layers"):
                 kw[k] = tuple(int(i) for i in (v or ()))
             elif k in _NOT_INT:
                 pass
@@ -193,15 +219,31 @@ class MoEFFNWeights:
     b_gate: np.ndarray | None = None  # (experts, expert_ffn) where expert_bias
     b_up: np.ndarray | None = None  # (experts, expert_ffn)
     b_down: np.ndarray | None = None  # (experts, hidden)
+    shared_scale: np.ndarray | None = None  # (hidden, shared) where shared_expert_gate
+
+
+@dataclass
+class DeltaNetWeights:
+    """A Gated DeltaNet token mixer (Qwen3.5's linear attention)."""
+
+    w_qkv: np.ndarray  # (hidden, 2 * k_heads * k_dim + v_heads * v_dim): q, k, v
+    w_z: np.ndarray  # (hidden, v_heads * v_dim): the output gate
+    w_b: np.ndarray  # (hidden, v_heads): beta = sigmoid(x w_b)
+    w_a: np.ndarray  # (hidden, v_heads): the decay's input
+    conv: np.ndarray  # (conv channels, linear_conv): depthwise causal conv taps
+    dt_bias: np.ndarray  # (v_heads,)
+    a_log: np.ndarray  # (v_heads,): decay rate log(A)
+    norm: np.ndarray  # (v_dim,): the gated RMSNorm's gain
+    w_out: np.ndarray  # (v_heads * v_dim, hidden)
 
 
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # (hidden,)
-    wq: np.ndarray  # (hidden, heads*head_dim)
-    wk: np.ndarray  # (hidden, kv_heads*head_dim)
-    wv: np.ndarray  # (hidden, kv_heads*head_dim)
-    wo: np.ndarray  # (heads*head_dim, hidden)
+    wq: np.ndarray | None  # (hidden, heads*head_dim); None on a DeltaNet layer (as wk, wv, wo)
+    wk: np.ndarray | None  # (hidden, kv_heads*head_dim)
+    wv: np.ndarray | None  # (hidden, kv_heads*head_dim)
+    wo: np.ndarray | None  # (heads*head_dim, hidden)
     ffn_norm: np.ndarray  # (hidden,)
     dense: DenseFFNWeights | None = None
     moe: MoEFFNWeights | None = None
@@ -212,6 +254,8 @@ class LayerWeights:
     q_norm: np.ndarray | None = None  # (head_dim,) where qk_norm
     k_norm: np.ndarray | None = None  # (head_dim,)
     sinks: np.ndarray | None = None  # (heads,) where attn_sinks
+    wg: np.ndarray | None = None  # (hidden, heads*head_dim) where attn_gate: the output gate
+    linear: DeltaNetWeights | None = None  # the token mixer of a layer in linear_layers
 
 
 def _map_arrays(obj: Any, fn) -> Any:
@@ -262,12 +306,25 @@ class Weights:
         q_dim, kv_dim = s.heads * s.head_dim, s.kv_heads * s.head_dim
         layers = []
         for _ in range(s.layers):
+            li = len(layers)
             attn_norm = gain()
-            wq, wk, wv = lin(s.hidden, q_dim), lin(s.hidden, kv_dim), lin(s.hidden, kv_dim)
-            wo = lin(q_dim, s.hidden)
+            linear = None
+            if s.is_linear_layer(li):
+                vh = s.linear_v_heads
+                linear = DeltaNetWeights(
+                    w_qkv=lin(s.hidden, s.linear_conv_width), w_z=lin(s.hidden, s.linear_value_width),
+                    w_b=lin(s.hidden, vh), w_a=lin(s.hidden, vh),
+                    conv=(rng.standard_normal((s.linear_conv_width, s.linear_conv))
+                          / math.sqrt(s.linear_conv)).astype(_F32),
+                    dt_bias=gain(vh), a_log=(0.5 * rng.standard_normal(vh)).astype(_F32),
+                    norm=gain(s.linear_v_dim), w_out=lin(s.linear_value_width, s.hidden))
+                wq = wk = wv = wo = None
+            else:
+                wq, wk, wv = lin(s.hidden, q_dim), lin(s.hidden, kv_dim), lin(s.hidden, kv_dim)
+                wo = lin(q_dim, s.hidden)
             ffn_norm = gain()
             dense = moe = None
-            if s.is_moe_layer(len(layers)):
+            if s.is_moe_layer(li):
                 e, f, sh = s.experts, s.expert_ffn, s.shared_experts
                 moe = MoEFFNWeights(
                     router=lin(s.hidden, e),
@@ -284,17 +341,22 @@ class Weights:
                     moe.b_gate = (0.1 * rng.standard_normal((e, f))).astype(_F32)
                     moe.b_up = (0.1 * rng.standard_normal((e, f))).astype(_F32)
                     moe.b_down = (0.1 * rng.standard_normal((e, s.hidden))).astype(_F32)
+                if s.shared_expert_gate:
+                    moe.shared_scale = lin(s.hidden, sh)
             else:
                 dense = DenseFFNWeights(lin(s.hidden, s.ffn), lin(s.hidden, s.ffn), lin(s.ffn, s.hidden))
                 if s.mlp_bias:
                     dense.b_gate, dense.b_up = bias(s.ffn, True), bias(s.ffn, True)
                     dense.b_down = bias(s.hidden, True)
-            lw = LayerWeights(attn_norm, wq, wk, wv, wo, ffn_norm, dense, moe)
-            lw.bq, lw.bk, lw.bv = (bias(n, s.qkv_bias) for n in (q_dim, kv_dim, kv_dim))
-            lw.bo = bias(s.hidden, s.o_bias)
-            if s.qk_norm:
-                lw.q_norm, lw.k_norm = gain(s.head_dim), gain(s.head_dim)
-            lw.sinks = bias(s.heads, s.attn_sinks)
+            lw = LayerWeights(attn_norm, wq, wk, wv, wo, ffn_norm, dense, moe, linear=linear)
+            if linear is None:
+                lw.bq, lw.bk, lw.bv = (bias(n, s.qkv_bias) for n in (q_dim, kv_dim, kv_dim))
+                lw.bo = bias(s.hidden, s.o_bias)
+                if s.qk_norm:
+                    lw.q_norm, lw.k_norm = gain(s.head_dim), gain(s.head_dim)
+                lw.sinks = bias(s.heads, s.attn_sinks)
+                if s.attn_gate:
+                    lw.wg = lin(s.hidden, q_dim)
             layers.append(lw)
         final_norm = gain()
         lm_head = embed.T.copy() if s.tie_embeddings else lin(s.hidden, s.vocab)
@@ -332,21 +394,38 @@ class Weights:
         }
         for i in range(s.layers):
             p = f"layers.{i}"
-            expect |= {
-                f"{p}.attn_norm": (s.hidden,),
-                f"{p}.wq": (s.hidden, q_dim),
-                f"{p}.wk": (s.hidden, kv_dim),
-                f"{p}.wv": (s.hidden, kv_dim),
-                f"{p}.wo": (q_dim, s.hidden),
-                f"{p}.ffn_norm": (s.hidden,),
-            }
-            if s.qkv_bias:
+            expect |= {f"{p}.attn_norm": (s.hidden,), f"{p}.ffn_norm": (s.hidden,)}
+            if s.is_linear_layer(i):
+                vh, c = s.linear_v_heads, s.linear_conv_width
+                expect |= {
+                    f"{p}.linear.w_qkv": (s.hidden, c),
+                    f"{p}.linear.w_z": (s.hidden, s.linear_value_width),
+                    f"{p}.linear.w_b": (s.hidden, vh), f"{p}.linear.w_a": (s.hidden, vh),
+                    f"{p}.linear.conv": (c, s.linear_conv),
+                    f"{p}.linear.dt_bias": (vh,), f"{p}.linear.a_log": (vh,),
+                    f"{p}.linear.norm": (s.linear_v_dim,),
+                    f"{p}.linear.w_out": (s.linear_value_width, s.hidden),
+                }
+            else:
+                expect |= {
+                    f"{p}.wq": (s.hidden, q_dim),
+                    f"{p}.wk": (s.hidden, kv_dim),
+                    f"{p}.wv": (s.hidden, kv_dim),
+                    f"{p}.wo": (q_dim, s.hidden),
+                }
+            if s.attn_gate and not s.is_linear_layer(i):
+                expect[f"{p}.wg"] = (s.hidden, q_dim)
+            if s.is_moe_layer(i) and s.shared_expert_gate:
+                expect[f"{p}.moe.shared_scale"] = (s.hidden, s.shared_experts)
+            if s.is_linear_layer(i):
+                pass
+            elif s.qkv_bias:
                 expect |= {f"{p}.bq": (q_dim,), f"{p}.bk": (kv_dim,), f"{p}.bv": (kv_dim,)}
-            if s.o_bias:
+            if s.o_bias and not s.is_linear_layer(i):
                 expect[f"{p}.bo"] = (s.hidden,)
-            if s.qk_norm:
+            if s.qk_norm and not s.is_linear_layer(i):
                 expect |= {f"{p}.q_norm": (s.head_dim,), f"{p}.k_norm": (s.head_dim,)}
-            if s.attn_sinks:
+            if s.attn_sinks and not s.is_linear_layer(i):
                 expect[f"{p}.sinks"] = (s.heads,)
             if s.is_moe_layer(i) and s.router_bias:
                 expect[f"{p}.moe.router_bias"] = (s.experts,)
@@ -511,6 +590,108 @@ def dense_ffn(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.nd
     return swiglu(x, w_gate, w_up, w_down, b_gate, b_up, b_down, act)
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """float32 logistic function (Qwen3.5's output gates)."""
+    x = np.asarray(x, _F32)
+    return (_F32(1.0) / (_F32(1.0) + np.exp(-x))).astype(_F32)
+
+
+# -- Gated DeltaNet (Qwen3.5's linear attention) -------------------------------------
+
+
+def l2norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """x / sqrt(sum(x**2) + eps) over the last axis (DeltaNet's q and k, as FLA computes it)."""
+    x64 = np.asarray(x, _F64)
+    return (x64 / np.sqrt(np.sum(x64 * x64, axis=-1, keepdims=True) + eps)).astype(_F32)
+
+
+def causal_conv(x: np.ndarray, state: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeltaNet's short depthwise causal conv, then silu, over tokens x (N, C) of one
+    request; `state` (C, K-1) holds the request's K-1 previous inputs (zeros before its
+    first token), `taps` (C, K) the kernel (tap K-1 on the newest input). Returns
+    (silu(conv) (N, C), the new state)."""
+    k = taps.shape[1]
+    seq = np.concatenate([np.asarray(state, _F32).T, np.asarray(x, _F32)], axis=0)  # (K-1+N, C)
+    n = seq.shape[0] - (k - 1)
+    win = np.lib.stride_tricks.sliding_window_view(seq.astype(_F64), k, axis=0)[:n]  # (N, C, K)
+    y = np.einsum("nck,ck->nc", win, np.asarray(taps, _F64)).astype(_F32)
+    return _silu(y), np.ascontiguousarray(seq[n:].T)
+
+
+def delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+               state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The gated delta rule over the tokens of one request, token by token: per value head
+    S = S * exp(g); S += k (beta (v - S^T k))^T; out = S^T q. q, k (N, heads, k_dim) (already
+    l2-normed, q scaled), v (N, heads, v_dim), g, beta (N, heads), state S (heads, k_dim,
+    v_dim) float32. Returns (out (N, heads, v_dim), the new state)."""
+    st = np.asarray(state, _F64)
+    out = np.empty(v.shape, _F32)
+    for t in range(q.shape[0]):
+        st = st * np.exp(np.asarray(g[t], _F64))[:, None, None]
+        kt, qt = np.asarray(k[t], _F64), np.asarray(q[t], _F64)
+        mem = np.einsum("hkv,hk->hv", st, kt)
+        delta = (np.asarray(v[t], _F64) - mem) * np.asarray(beta[t], _F64)[:, None]
+        st = (st + kt[:, :, None] * delta[:, None, :]).astype(_F32).astype(_F64)
+        out[t] = np.einsum("hkv,hk->hv", st, qt).astype(_F32)
+    return out, st.astype(_F32)
+
+
+def gated_rmsnorm(x: np.ndarray, z: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis (head v_dim) with its gain, times silu(z)."""
+    return (rmsnorm(x, gain, eps) * _silu(np.asarray(z, _F32))).astype(_F32)
+
+
+def deltanet_qk(q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeltaNet's convolved q and k (N, heads, k_dim): l2-normed, q scaled by 1/sqrt(k_dim)."""
+    q, k = l2norm(q), l2norm(k)
+    return (q / _F32(math.sqrt(q.shape[-1]))).astype(_F32), k
+
+
+def deltanet_gates(b: np.ndarray, a: np.ndarray, dt_bias: np.ndarray, a_log: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(g, beta) per value head from the projections b, a (N, heads): the log decay
+    g = -exp(A_log) softplus(a + dt_bias) and the write strength beta = sigmoid(b)."""
+    soft = np.logaddexp(0.0, np.asarray(a, _F64) + np.asarray(dt_bias, _F64))
+    return (-np.exp(np.asarray(a_log, _F64)) * soft).astype(_F32), sigmoid(b)
+
+
+def key_heads(v_heads: range, k_heads: int, v_total: int) -> np.ndarray:
+    """The key head each value head of `v_heads` reads (value head j: j // (v_total / k_heads))."""
+    return np.asarray(v_heads, np.int64) // (v_total // k_heads)
+
+
+def deltanet_mix(mixed: np.ndarray, z: np.ndarray, b: np.ndarray, a: np.ndarray, taps: np.ndarray,
+                 dt_bias: np.ndarray, a_log: np.ndarray, gain: np.ndarray, k_dim: int, v_dim: int,
+                 eps: float, conv_state: np.ndarray, rec_state: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gated DeltaNet for the tokens (N,) of one request from its projections: `mixed`
+    (N, 2 kh k_dim + vh v_dim) is [q | k | v] before the conv (taps (C, K)), z (N, vh v_dim),
+    b, a (N, vh); conv_state (C, K-1) and rec_state (vh, k_dim, v_dim) the request's.
+    Returns (the gated, normed output (N, vh v_dim) before out_proj, conv_state, rec_state)."""
+    n = mixed.shape[0]
+    vh = b.shape[1]
+    conv, conv_state = causal_conv(mixed, conv_state, taps)
+    kw = (conv.shape[1] - vh * v_dim) // 2
+    kh = kw // k_dim
+    q, k = deltanet_qk(conv[:, :kw].reshape(n, kh, k_dim), conv[:, kw:2 * kw].reshape(n, kh, k_dim))
+    v = conv[:, 2 * kw:].reshape(n, vh, v_dim)
+    g, beta = deltanet_gates(b, a, dt_bias, a_log)
+    of = key_heads(range(vh), kh, vh)
+    out, rec_state = delta_rule(q[:, of], k[:, of], v, g, beta, rec_state)
+    y = gated_rmsnorm(out, np.asarray(z, _F32).reshape(n, vh, v_dim), gain, eps)
+    return y.reshape(n, vh * v_dim), conv_state, rec_state
+
+
+def deltanet(x: np.ndarray, lw: DeltaNetWeights, k_dim: int, v_dim: int, eps: float,
+             conv_state: np.ndarray, rec_state: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A DeltaNet token mixer on the normed rows x (N, hidden) of one request:
+    (out_proj of :func:`deltanet_mix`, conv_state, rec_state)."""
+    y, conv_state, rec_state = deltanet_mix(
+        _mm(x, lw.w_qkv), _mm(x, lw.w_z), _mm(x, lw.w_b), _mm(x, lw.w_a), lw.conv, lw.dt_bias,
+        lw.a_log, lw.norm, k_dim, v_dim, eps, conv_state, rec_state)
+    return _mm(y, lw.w_out), conv_state, rec_state
+
+
 def route(logits: np.ndarray, top_k: int, normalize: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The MoE gate's choice from router logits (N, experts): (expert_ids (N, k)
     int64, weights (N, k) float32), experts in descending softmax probability,
@@ -555,7 +736,10 @@ def moe_ffn(
                    *((None,) * 3 if b is None else (b[0][e], b[1][e], b[2][e])), act=act)
         out[rows] += w[rows, slots][:, None].astype(_F64) * y
     for s in range(moe.shared_gate.shape[0]):
-        out += swiglu(x, moe.shared_gate[s], moe.shared_up[s], moe.shared_down[s], act=act)
+        y = swiglu(x, moe.shared_gate[s], moe.shared_up[s], moe.shared_down[s], act=act)
+        if moe.shared_scale is not None:  # Qwen3.5: sigmoid(x w_sg) scales the shared expert
+            y = (sigmoid(_mm(x, moe.shared_scale[:, s:s + 1])) * y).astype(_F32)
+        out += y
     if counts is not None:
         np.add.at(counts, ids.ravel(), 1)
     return out.astype(_F32)
@@ -574,7 +758,9 @@ def greedy(logits: np.ndarray) -> np.ndarray | int:
 
 class KVState:
     """Per-request KV cache: for each layer, roped keys and values of every
-    token fed so far, shape (length, kv_heads, head_dim)."""
+    token fed so far, shape (length, kv_heads, head_dim); for each DeltaNet layer
+    its conv state (channels, linear_conv - 1) and recurrent state (v_heads, k_dim,
+    v_dim) instead (`conv`, `rec`)."""
 
     def __init__(self, shape: RefShape, capacity: int = 16):
         self.shape = shape
@@ -583,6 +769,12 @@ class KVState:
         dims = (cap, shape.kv_heads, shape.head_dim)
         self._k = [np.zeros(dims, _F32) for _ in range(shape.layers)]
         self._v = [np.zeros(dims, _F32) for _ in range(shape.layers)]
+        # DeltaNet layers: the conv's last inputs and the recurrent state, zeros at admission
+        s = shape
+        self.conv = {i: np.zeros((s.linear_conv_width, s.linear_conv - 1), _F32)
+                     for i in s.linear_layers}
+        self.rec = {i: np.zeros((s.linear_v_heads, s.linear_k_dim, s.linear_v_dim), _F32)
+                    for i in s.linear_layers}
 
     def keys(self, layer: int) -> np.ndarray:
         return self._k[layer][: self.length]
@@ -610,6 +802,8 @@ class KVState:
         c.shape, c.length = self.shape, self.length
         c._k = [a.copy() for a in self._k]
         c._v = [a.copy() for a in self._v]
+        c.conv = {i: a.copy() for i, a in self.conv.items()}
+        c.rec = {i: a.copy() for i, a in self.rec.items()}
         return c
 
 
@@ -687,9 +881,17 @@ class ReferenceModel:
         x = self.weights.embed[np.asarray(toks, np.int64)]
         if trace is not None:
             trace._put(-1, "embed", x)
-        eps, rope, act = s.rms_eps, s.rope, Act.of(s)
+        eps, rope = s.rms_eps, s.rope
         for li, lw in enumerate(w.layers):
             n1 = rmsnorm(x, lw.attn_norm, eps)
+            if lw.linear is not None:
+                proj = np.empty((n, s.hidden), _F32)
+                for st, r0, cnt in spans:
+                    proj[r0:r0 + cnt], st.conv[li], st.rec[li] = deltanet(
+                        n1[r0:r0 + cnt], self.weights.layers[li].linear, s.linear_k_dim,
+                        s.linear_v_dim, eps, st.conv[li], st.rec[li])
+                x = self._ffn(li, lw, x, x + proj, trace, n1=n1, proj=proj)
+                continue
             lin = _mm(n1, lw.wq, lw.bq), _mm(n1, lw.wk, lw.bk), _mm(n1, lw.wv, lw.bv)
             q = apply_rope(qk_norm(lin[0].reshape(n, s.heads, s.head_dim), lw.q_norm, eps),
                            positions, rope)
@@ -703,34 +905,12 @@ class ReferenceModel:
                 att[r0 : r0 + cnt] = attention(
                     q[r0 : r0 + cnt], st._k[li][:end], st._v[li][:end], st.length, s.window(li),
                     lw.sinks)
-            proj = _mm(att.reshape(n, s.heads * s.head_dim), lw.wo, lw.bo)
-            h = x + proj
-            n2 = rmsnorm(h, lw.ffn_norm, eps)
-            moe = s.is_moe_layer(li)
-            if moe:
-                routing = expert_routing(n2, lw.moe.router, s.top_k, s.norm_topk, lw.moe.router_bias)
-                counts = None
-                if trace is not None:
-                    if trace.expert_counts is None:
-                        trace.expert_counts = np.zeros((s.layers, s.experts), np.int64)
-                    counts = trace.expert_counts[li]
-                f = moe_ffn(n2, lw.moe, s.top_k, counts=counts, routing=routing, act=act)
-            else:
-                d = lw.dense
-                f = dense_ffn(n2, d.w_gate, d.w_up, d.w_down, d.b_gate, d.b_up, d.b_down, act)
-            out = h + f
-            if trace is not None:
-                for name, val in (
-                    ("attn_in", n1), ("qkv", np.concatenate(lin, axis=1)), ("q", q), ("k", k),
-                    ("v", v), ("attn_out", att),
-                    ("attn_proj", proj), ("resid_mid", h), ("ffn_in", n2), ("ffn_out", f),
-                    ("resid_out", out),
-                ):
-                    trace._put(li, name, val)
-                if moe:
-                    trace._put(li, "router_ids", routing[0])
-                    trace._put(li, "router_weights", routing[1])
-            x = out
+            flat = att.reshape(n, s.heads * s.head_dim)
+            if lw.wg is not None:  # Qwen3.5's gated attention
+                flat = (flat * sigmoid(_mm(n1, lw.wg))).astype(_F32)
+            proj = _mm(flat, lw.wo, lw.bo)
+            x = self._ffn(li, lw, x, x + proj, trace, n1=n1, qkv=np.concatenate(lin, axis=1),
+                          q=q, k=k, v=v, attn_out=att, proj=proj)
         for st, _, cnt in spans:
             st.length += cnt
         last = np.asarray([r0 + cnt - 1 for _, r0, cnt in spans], np.int64)
@@ -740,6 +920,36 @@ class ReferenceModel:
             trace._put(-1, "final_in", final)
             trace._put(-1, "logits", logits)
         return logits
+
+    def _ffn(self, li: int, lw: LayerWeights, x: np.ndarray, h: np.ndarray, trace: Trace | None,
+             **mixer: np.ndarray) -> np.ndarray:
+        """Layer `li`'s FFN half on the residual h = x + token mixer; traces the layer."""
+        s, eps, act = self.shape, self.shape.rms_eps, Act.of(self.shape)
+        n2 = rmsnorm(h, lw.ffn_norm, eps)
+        moe = s.is_moe_layer(li)
+        if moe:
+            routing = expert_routing(n2, lw.moe.router, s.top_k, s.norm_topk, lw.moe.router_bias)
+            counts = None
+            if trace is not None:
+                if trace.expert_counts is None:
+                    trace.expert_counts = np.zeros((s.layers, s.experts), np.int64)
+                counts = trace.expert_counts[li]
+            f = moe_ffn(n2, lw.moe, s.top_k, counts=counts, routing=routing, act=act)
+        else:
+            d = lw.dense
+            f = dense_ffn(n2, d.w_gate, d.w_up, d.w_down, d.b_gate, d.b_up, d.b_down, act)
+        out = h + f
+        if trace is not None:
+            names = {"n1": "attn_in", "qkv": "qkv", "q": "q", "k": "k", "v": "v",
+                     "attn_out": "attn_out", "proj": "attn_proj"}
+            for key, val in mixer.items():
+                trace._put(li, names[key], val)
+            for name, val in (("resid_mid", h), ("ffn_in", n2), ("ffn_out", f), ("resid_out", out)):
+                trace._put(li, name, val)
+            if moe:
+                trace._put(li, "router_ids", routing[0])
+                trace._put(li, "router_weights", routing[1])
+        return out
 
     # ---- request-level API ---------------------------------------------
 

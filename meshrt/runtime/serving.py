@@ -256,9 +256,15 @@ def run_bytes(shape: ModelShape, kv_slots: int) -> int:
 
 def check_runnable(shape: ModelShape, kv_slots: int, where: Loc | str | None = None) -> None:
     """Refuse, before anything is allocated, a model the reference and the
-    interpreter cannot run: math they do not compute yet (`missing_math`), or
+    interpreter cannot run: math they do not compute yet (`missing_math`, shared experts), or
     more memory than this machine has (`run_bytes`). FrontendError at `where`
     (the missing math at the field that brought it in)."""
+    if shape.shared_experts:
+        raise FrontendError(
+            f"{shape.name}: the interpreter's MoE kernels do not compute shared experts yet "
+            "(the lowering places no tokens on their regions; the NumPy reference computes "
+            "them); `meshrt compile` and `meshrt bench` take it",
+            shape.locs.get("shared_experts") or where)
     if shape.missing_math:
         raise FrontendError(
             f"{shape.name}: the NumPy reference and the interpreter do not compute "

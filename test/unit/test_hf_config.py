@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ from meshrt.frontend.errors import FrontendError
 from meshrt.frontend.hf_config import hf_spec_from_dict
 from meshrt.rope import Rope
 from meshrt.shape import HParams, ModelShape, hparams_problem
+
+REPO = Path(__file__).resolve().parents[2]
 
 BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
@@ -184,3 +187,26 @@ def test_an_eos_list_ends_requests_at_any_of_its_tokens():
     assert not model.is_finished([1, 2], 10)
     with pytest.raises(FrontendError, match="EOS token 200 is outside the vocabulary"):
         shape("llama", eos_token_id=[3, 200])
+
+
+def test_qwen3_5_hub_layout_and_text_config_read_alike(tmp_path):
+    """The hub's qwen3_5 config (the language model under text_config) and the text
+    config alone (qwen3_5_text, what Qwen3_5ForCausalLM saves) give one shape; without
+    layer_types every full_attention_interval-th layer is full attention."""
+    from meshrt.frontend.hf_config import load_hf_config
+
+    hub = json.loads((REPO / "examples/configs/qwen3.5-9b.json").read_text())
+    text = dict(hub["text_config"])
+    (tmp_path / "text.json").write_text(json.dumps(text))
+    a, b = (load_hf_config(p).shape for p in (REPO / "examples/configs/qwen3.5-9b.json",
+                                               tmp_path / "text.json"))
+    assert dataclasses.replace(a, name="x") == dataclasses.replace(b, name="x")
+    assert a.linear_layers == tuple(i for i in range(32) if i % 4 != 3)
+    assert (a.rope_partial, a.rope_theta, a.attn_gate, a.qk_norm) == (0.25, 1e7, True, True)
+    del text["layer_types"]
+    text["full_attention_interval"] = 2
+    (tmp_path / "every2.json").write_text(json.dumps(text))
+    assert load_hf_config(tmp_path / "every2.json").shape.linear_layers == tuple(range(0, 32, 2))
+    moe = load_hf_config(REPO / "examples/configs/qwen3.5-35b-a3b.json").shape
+    assert (moe.experts, moe.top_k, moe.expert_ffn, moe.shared_experts, moe.norm_topk,
+            moe.shared_expert_gate, moe.kv_heads, moe.layers) == (256, 8, 512, 1, True, True, 2, 40)

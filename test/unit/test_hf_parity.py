@@ -25,7 +25,9 @@ from safetensors.numpy import load_file, save_file
 
 from meshrt import driver
 from meshrt.runtime import reference as ref
+from meshrt.frontend.hf_config import SUPPORTED_TYPES
 from meshrt.runtime.checkpoint import load_checkpoint, tensor_names
+from meshrt.shape import HParams
 from meshrt.tools.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +41,7 @@ _spec.loader.exec_module(hf_parity)
 
 def test_every_supported_type_but_gpt_oss_has_a_fixture():
     types = {json.loads((DATA / n / "expected.json").read_text())["model_type"] for n in FIXTURES}
-    assert types == {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss"}
+    assert types == set(SUPPORTED_TYPES)
     assert set(FIXTURES) == set(hf_parity.FIXTURES)
     for n in FIXTURES:  # small enough to commit
         assert sum(f.stat().st_size for f in (DATA / n).iterdir()) < 500_000
@@ -67,7 +69,10 @@ def test_reference_equals_transformers(name, reference):
     assert np.max(np.abs(logits - want)) <= 1e-4
 
 
-@pytest.mark.parametrize("name", FIXTURES)
+SHARED = [n for n in FIXTURES if driver.load_spec(DATA / n).shape.shared_experts]
+
+
+@pytest.mark.parametrize("name", [n for n in FIXTURES if n not in SHARED])
 def test_interpreter_equals_reference_on_test32(name, reference):
     _, want, _ = reference(name)
     got, result = hf_parity.interpreter_tokens(DATA / name, seed=0)
@@ -92,6 +97,10 @@ def test_interpreter_equals_reference_on_test32(name, reference):
     ("gpt_oss", {"router_bias": False}, ("moe.router_bias",)),
     ("gpt_oss", {"expert_bias": False}, ("moe.b_gate", "moe.b_up", "moe.b_down")),
     ("gpt_oss", {"sliding_window": 0, "window_layers": ()}, ()),
+    ("qwen3_5", {"attn_gate": False}, ("wg",)),
+    ("qwen3_5", {"rope_partial": 1.0}, ()),
+    ("qwen3_5_moe", {"rope_partial": 1.0}, ()),
+    ("qwen3_5_moe", {"shared_expert_gate": False}, ("moe.shared_scale",)),
 ])
 def test_the_fixtures_exercise_each_feature(name, change, drop):
     """The same weights with one feature switched off (its arrays dropped) are
@@ -122,6 +131,13 @@ def _run(*args) -> tuple[int, list[str]]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(["run", *map(str, args)])
     return rc, err.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_the_interpreter_refuses_shared_experts_at_their_key(name):
+    rc, err = _run(DATA / name, "--requests", "1")
+    assert rc != 0 and len(err) == 1
+    assert f"{DATA / name / 'config.json'}:" in err[0] and "shared experts" in err[0]
 
 
 def test_meshrt_run_on_a_sharded_checkpoint_directory():
@@ -223,6 +239,44 @@ def test_the_interpreter_ends_a_request_at_any_eos_of_a_list(tmp_path):
     res = serve(program, driver.load_target("test32"), [Request(0, 0.0, [34, 105, 32, 52], 4, 12, 12)],
                 weights=weights)
     assert res.outputs_match_reference and [r.tokens for r in res.records] == [want]
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_a_reused_slot_starts_deltanet_from_zero_state(reset, monkeypatch):
+    """Eight short requests through qwen3_5's four slots: every freed slot is admitted a
+    new request, whose DeltaNet state must not carry the previous one's (without the
+    reset the interpreter's tokens leave the reference's)."""
+    from meshrt.kernels.deltanet.numerics import DeltaNet
+    from meshrt.runtime.serving import reference_shape, serve
+    from meshrt.runtime.workloads import Request
+
+    if not reset:
+        monkeypatch.setattr(DeltaNet, "admit", lambda self, cd, kv: None)
+    d = DATA / "qwen3_5"
+    program = driver.segment_program(d, "test32")
+    assert HParams.of(program).int("kv_slots") == 4  # eight requests: each slot serves two
+    weights = load_checkpoint(d, reference_shape(program))
+    rng = np.random.default_rng(1)
+    reqs = [Request(i, 0.0, rng.integers(0, 128, 3 + i % 3).tolist(), 3 + i % 3, 3, 3)
+            for i in range(8)]
+    res = serve(program, driver.load_target("test32"), reqs, seed=0, weights=weights)
+    assert len(res.records) == 8
+    assert res.outputs_match_reference is reset
+
+
+def test_a_deltanet_narrower_than_its_layer_computes(tmp_path):
+    """Two value heads on a layer four columns wide: the DeltaNet takes two columns of the
+    attention rows, the out projection (transposed) reads its heads from there."""
+    cfg = json.loads((DATA / "qwen3_5" / "config.json").read_text())
+    cfg.update(linear_num_key_heads=1, linear_num_value_heads=2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    program = driver.segment_program(tmp_path / "config.json", "test32")
+    regions = {k.kernel_name: k.region.rects.data[0].tuple[2] for k in program.kernels()}
+    assert regions["l0_delta"] == 2 and regions["l0_o"] == 4
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["run", str(tmp_path / "config.json"), "--requests", "3", "--json"])
+    assert rc == 0 and json.loads(out.getvalue())["outputs_match_reference"]
 
 
 @pytest.mark.parametrize("spoil, where, needle", [

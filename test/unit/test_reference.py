@@ -391,3 +391,89 @@ def test_kv_state_grows_past_initial_capacity():
     c = st_.copy()
     assert m.decode_step(c, tok) == m.decode_step(st_, tok)
     assert isinstance(c, KVState)
+
+
+# -- Qwen3.5: Gated DeltaNet, gated attention, partial rotary --------------------------
+
+from meshrt import rope as _rope  # noqa: E402
+from meshrt.runtime import reference as _ref  # noqa: E402
+
+QWEN35 = RefShape(4, 32, 4, 2, 16, 64, ffn=48, linear_layers=(0, 1, 2), linear_k_heads=2,
+                  linear_v_heads=4, linear_k_dim=8, linear_v_dim=6, linear_conv=4,
+                  attn_gate=True, qk_norm=True, rope_partial=0.25)
+
+
+def test_deltanet_state_carries_a_request_across_calls():
+    """A prompt fed whole, in pieces or token by token leaves the same conv and recurrent
+    state and gives the same logits; batching requests together changes nothing."""
+    m = model(QWEN35, 3)
+    prompt = [5, 9, 2, 33, 17, 8]
+    whole = m.new_state()
+    a = m.forward([(whole, prompt)])
+    pieces = m.new_state()
+    m.forward([(pieces, prompt[:2])])
+    b = m.forward([(pieces, prompt[2:])])
+    np.testing.assert_array_equal(a, b)
+    for i in QWEN35.linear_layers:
+        np.testing.assert_allclose(whole.rec[i], pieces.rec[i], rtol=1e-6)
+        np.testing.assert_array_equal(whole.conv[i], pieces.conv[i])
+    # the conv state holds the layer's last linear_conv - 1 pre-conv inputs
+    assert whole.conv[0].shape == (QWEN35.linear_conv_width, QWEN35.linear_conv - 1)
+    alone = [m.generate(p, 6) for p in ([1, 2, 3], [60, 61])]
+    assert m.generate_batch([[1, 2, 3], [60, 61]], 6) == alone
+    # and a fresh request does not see another's state
+    assert m.generate([60, 61], 6) == alone[1]
+
+
+def test_causal_conv_is_a_depthwise_convolution_with_its_history():
+    rng = np.random.default_rng(0)
+    x, taps = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    y, state = _ref.causal_conv(x, np.zeros((3, 3), np.float32), taps)
+    for c in range(3):
+        full = np.convolve(x[:, c].astype(np.float64), taps[c, ::-1].astype(np.float64))[:5]
+        np.testing.assert_allclose(y[:, c], full / (1 + np.exp(-full)), rtol=1e-5)
+    np.testing.assert_array_equal(state, x[-3:].T)
+    # two calls with the state between them are one call
+    y1, s1 = _ref.causal_conv(x[:2], np.zeros((3, 3), np.float32), taps)
+    y2, _ = _ref.causal_conv(x[2:], s1, taps)
+    np.testing.assert_allclose(np.concatenate([y1, y2]), y, rtol=1e-6)
+
+
+def test_delta_rule_reads_back_what_it_wrote():
+    """With no decay and beta 1 the state stores v under a unit key: reading that key
+    returns v (the delta rule's associative memory)."""
+    k = np.zeros((1, 1, 4), np.float32)
+    k[0, 0, 1] = 1.0
+    v = np.asarray([[[0.5, -2.0, 3.0]]], np.float32)
+    out, st = _ref.delta_rule(k, k, v, np.zeros((1, 1), np.float32), np.ones((1, 1), np.float32),
+                              np.zeros((1, 4, 3), np.float32))
+    np.testing.assert_allclose(out[0, 0], v[0, 0])
+    out2, _ = _ref.delta_rule(k, k, 2 * v, np.full((1, 1), -np.inf, np.float32),
+                              np.ones((1, 1), np.float32), st)
+    np.testing.assert_allclose(out2[0, 0], 2 * v[0, 0])  # full decay forgets, then rewrites
+
+
+def test_partial_rotary_rotates_only_the_leading_dims():
+    r = _rope.Rope(theta=10000.0, partial=0.25)
+    x = np.random.default_rng(0).standard_normal((3, 2, 16)).astype(np.float32)
+    y = _ref.apply_rope(x, np.asarray([0, 5, 9]), r)
+    np.testing.assert_array_equal(y[..., 4:], x[..., 4:])
+    np.testing.assert_allclose(y[..., :4], _ref.apply_rope(x[..., :4], np.asarray([0, 5, 9])),
+                               rtol=1e-6)
+    assert not np.allclose(y[1:, :, :4], x[1:, :, :4])
+
+
+def test_gated_attention_and_shapes_of_the_new_weights():
+    w = _ref.Weights.random(QWEN35, 0)
+    assert w.layers[0].wq is None and w.layers[0].linear is not None
+    assert w.layers[3].wg.shape == (QWEN35.hidden, QWEN35.heads * QWEN35.head_dim)
+    tr = _ref.Trace()
+    _ref.ReferenceModel(QWEN35, w).forward([(KVState(QWEN35), [3, 4])], tr)
+    n1, att = tr.tensors[(3, "attn_in")], tr.tensors[(3, "attn_out")]
+    gate = _ref.sigmoid(_ref._mm(n1, w.layers[3].wg))
+    want = _ref._mm(att.reshape(2, -1) * gate, w.layers[3].wo)
+    np.testing.assert_allclose(tr.tensors[(3, "attn_proj")], want, rtol=1e-5)
+    with pytest.raises(ValueError, match="rotates 3 of head_dim 12"):
+        dataclasses.replace(QWEN35, head_dim=12)
+    with pytest.raises(ValueError, match="linear_layers lists layer 4"):
+        dataclasses.replace(QWEN35, linear_layers=(4,))

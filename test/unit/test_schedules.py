@@ -19,6 +19,8 @@ CONFIGS = [
     "examples/configs/gpt-oss-120b.json",
     "examples/configs/qwen3-8b.json",
     "examples/configs/qwen3-30b-a3b.json",
+    "examples/configs/qwen3.5-9b.json",
+    "examples/configs/qwen3.5-35b-a3b.json",
 ]
 
 

@@ -11,9 +11,11 @@ from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, 
 from meshrt.runtime import reference as ref
 
 
-def qkv_blocks(heads: int, kv_heads: int, head_dim: int) -> tuple[int, int, int]:
-    """The blocks of the q | k | v vector an attention reads (`numerics.block_order`)."""
-    return heads * head_dim, kv_heads * head_dim, kv_heads * head_dim
+def qkv_blocks(heads: int, kv_heads: int, head_dim: int, gated: bool = False) -> tuple[int, ...]:
+    """The blocks of the q | k | v (| output gate) vector an attention reads
+    (`numerics.block_order`)."""
+    hd, kvd = heads * head_dim, kv_heads * head_dim
+    return (hd, kvd, kvd, hd) if gated else (hd, kvd, kvd)
 
 
 class Attention(KernelExec):
@@ -26,6 +28,7 @@ class Attention(KernelExec):
         p = info.param
         self.heads, self.kvh, self.d = p("heads"), p("kv_heads"), p("head_dim")
         self.max_seq, self.slots = p("max_seq"), p("slots")
+        self.gated = bool(p("gated", 0))
         shape = plane.shape
         self.rope, self.eps, self.window = shape.rope, shape.rms_eps, shape.window(self.layer)
         self.q_gain, self.k_gain = plane.qk_gains(self.layer)
@@ -58,16 +61,20 @@ class Attention(KernelExec):
                                       f"table, holds {got}")
             hq, hk = self.heads // w, self.kvh // w
             nq, nk = hq * self.d, hk * self.d
-            if self.blocked:  # this column's q | k | v slice of the blocked vector, in place
-                lo, hi = block_range(qkv_blocks(self.heads, self.kvh, self.d), w, i)
+            if self.blocked:  # this column's q | k | v (| gate) slice of the blocked vector, in place
+                lo, hi = block_range(qkv_blocks(self.heads, self.kvh, self.d, self.gated), w, i)
                 x = self.input(cd).need(lo, hi, where)
-                q, k, v = x[:, :nq], x[:, nq:nq + nk], x[:, nq + nk:]
+                q, k, v = x[:, :nq], x[:, nq:nq + nk], x[:, nq + nk:nq + 2 * nk]
+                gate = x[:, nq + 2 * nk:]
             else:
                 hd, kvd = self.heads * self.d, self.kvh * self.d
-                x = self.input(cd).need(0, hd + 2 * kvd, where)
+                x = self.input(cd).need(0, 2 * hd + 2 * kvd if self.gated else hd + 2 * kvd, where)
                 q = x[:, i * nq:(i + 1) * nq]
                 k = x[:, hd + i * nk:hd + (i + 1) * nk]
                 v = x[:, hd + kvd + i * nk:hd + kvd + (i + 1) * nk]
+                gate = x[:, hd + 2 * kvd + i * nq:hd + 2 * kvd + (i + 1) * nq]
+            if self.gated:  # Qwen3.5: this column's heads' output gates, applied at the root
+                cd.acc[self.name, "gate"] = ref.sigmoid(gate)
             q = q.reshape(self.b, hq, self.d)
             k, v = k.reshape(self.b, hk, self.d), v.reshape(self.b, hk, self.d)
             r0, r1 = part(self.max_seq, h, j)
@@ -115,7 +122,10 @@ class Attention(KernelExec):
             out[live] = (o[live] / s[live][:, None]).astype(F32)
             n = self.heads * self.d
             c0 = i * hq * self.d
-            cd.values[self.name] = Vec.of(out.reshape(self.b, hq * self.d), c0, n)
+            flat = out.reshape(self.b, hq * self.d)
+            if self.gated:
+                flat = (flat * cd.acc.pop((self.name, "gate"))).astype(F32)
+            cd.values[self.name] = Vec.of(flat, c0, n)
 
     def send(self, cd, role):
         if role is FlowRole.DOWN:

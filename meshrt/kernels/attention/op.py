@@ -76,6 +76,7 @@ class AttentionOp(KernelOp):
     max_seq = prop_def(IntegerAttr[I64])
     slots = prop_def(IntegerAttr[I64])
     qkv_in_place = opt_prop_def(UnitAttr)  # its input is a blocked q | k | v on its columns
+    gated = opt_prop_def(IntegerAttr[I64])  # 1: out * sigmoid(gate), the gate after q, k, v
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = UNARY_FORMAT
@@ -158,6 +159,8 @@ class AttentionOp(KernelOp):
         assert isinstance(model, graph.ModelOp)
         props = dict(heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim, max_seq=op.max_seq,
                      slots=HParams.of(model).kv_slots(model))
+        if op.is_gated:
+            props["gated"] = op.gated
         producer = op.input.owner
         if isinstance(producer, graph.MatmulOp) and reads_qkv_in_place(op, producer.region):
             props["qkv_in_place"] = UnitAttr()

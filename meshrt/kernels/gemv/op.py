@@ -114,22 +114,24 @@ class GemvOp(KernelOp):
 
     @classmethod
     def lower(cls, op, operands, make):
-        """A GEMV and its allreduce; transposed when its input is laid out over the same
-        columns as its own region (the previous GEMV's result there), so it is read in place
-        or multicast down the columns; its output blocked as q | k | v when an attention on
-        its columns reads it (`reads_qkv_in_place`)."""
+        """A GEMV and its allreduce; transposed when its input is laid out over columns of
+        its own region (the previous GEMV's result there, or a kernel on some of its columns,
+        as a DeltaNet narrower than its layer), so it is read in place or moved down the
+        columns; its output blocked as q | k | v when an attention on its columns reads it
+        (`reads_qkv_in_place`)."""
         rt = op.results[0].type
         producer = operands[0].owner
         transposed = False
         if isinstance(producer, KernelOp) and producer.output_layout() == "cols":
             px0, _, px1, _ = producer.region.extent
             x0, _, x1, _ = op.region.extent
-            transposed = (px0, px1) == (x0, x1)
+            transposed = x0 <= px0 and px1 <= x1
         props = {"axis": StringAttr("row")} if transposed else {}
         for use in () if transposed else op.results[0].uses:
             attn = use.operation
             if isinstance(attn, graph.AttentionOp) and reads_qkv_in_place(attn, op.region):
-                blocks = qkv_blocks(int_value(attn.heads), int_value(attn.kv_heads), int_value(attn.head_dim))
+                blocks = qkv_blocks(int_value(attn.heads), int_value(attn.kv_heads), int_value(attn.head_dim),
+                                    attn.is_gated)
                 props["blocks"] = DenseArrayBase.from_list(i64, blocks)
         gemv = make(cls, op, operands, rt, **props)
         red = make(AllReduceOp, op, gemv.results, rt, name=f"{op.kernel_name}.reduce",

@@ -109,3 +109,29 @@ graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism 
   %y = graph.matmul @embed(%x) on <(0, 1, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
 }
 // CHECK: error: 'graph.model' op Redefinition of symbol "embed"
+
+// -----
+
+// gated attention: the gate follows q, k, v in the input
+graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64} : !graph.act<24>
+  %q = graph.attention @attn(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 4 : i64, max_seq = 8 : i64, gated = 1 : i64} : !graph.act<24> -> !graph.act<8>
+}
+// CHECK: error: 'graph.attention' op kernel @attn: input (q, k, v, gate) has width 24, expected 32
+
+// -----
+
+graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64} : !graph.act<16>
+  %d = graph.deltanet @delta(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 2 : i64, v_heads = 3 : i64, k_dim = 2 : i64, v_dim = 2 : i64, conv = 4 : i64} : !graph.act<16> -> !graph.act<6>
+}
+// CHECK: error: 'graph.deltanet' op kernel @delta: v_heads 3 is not a multiple of k_heads 2
+
+// -----
+
+// [q | k | v | z | b | a]: 2*2*2 + 2*4*2 + 2*4 = 32
+graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64} : !graph.act<16>
+  %d = graph.deltanet @delta(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 2 : i64, v_heads = 4 : i64, k_dim = 2 : i64, v_dim = 2 : i64, conv = 4 : i64} : !graph.act<16> -> !graph.act<8>
+}
+// CHECK: error: 'graph.deltanet' op kernel @delta: input (q, k, v, z, b, a) has width 16, expected 32

@@ -1,0 +1,125 @@
+"""What the Gated DeltaNet kernel's events do to data in the interpreter.
+
+Every formula is `meshrt.runtime.reference`'s (`causal_conv`, `deltanet_qk`,
+`deltanet_gates`, `delta_rule`, `gated_rmsnorm`), applied to the heads and the
+v_dim slice a core holds (see `op.py` for the layout).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshrt.dialects.mesh import FlowRole
+from meshrt.kernels.numerics import F32, DataLayoutError, KernelExec, Vec, part
+from meshrt.runtime import reference as ref
+
+
+class DeltaNet(KernelExec):
+    """Value heads over the columns, v_dim over the rows; head outputs gathered down each column."""
+
+    OPS = frozenset({"delta_conv", "delta", "delta_merge", "norm_gate"})
+
+    def __init__(self, info, plane):
+        super().__init__(info, plane)
+        p = info.param
+        self.kh, self.vh, self.kd, self.vd = p("k_heads"), p("v_heads"), p("k_dim"), p("v_dim")
+        self.taps, self.slots = p("conv"), p("slots")
+        self.eps = plane.shape.rms_eps
+        self.w = plane.deltanet(self.layer)
+        self.kw, self.vw = self.kh * self.kd, self.vh * self.vd
+        self.conv_w = 2 * self.kw + self.vw  # z, then b, then a follow the convolved channels
+        self._layout: dict[tuple[int, int, int, int], tuple] = {}
+
+    def layout(self, i: int, j: int, w: int, h: int):
+        """(value heads, key heads, v_dim slice, the input columns of the convolved channels)
+        of the core at column i, row j."""
+        key = (i, j, w, h)
+        got = self._layout.get(key)
+        if got is None:
+            v0, v1 = part(self.vh, w, i)
+            d0, d1 = part(self.vd, h, j)
+            of = ref.key_heads(range(v0, v1), self.kh, self.vh)
+            k0, k1 = (int(of[0]), int(of[-1]) + 1) if v1 > v0 else (0, 0)
+            kd, vd = self.kd, self.vd
+            idx = np.concatenate([
+                np.arange(k0 * kd, k1 * kd), self.kw + np.arange(k0 * kd, k1 * kd),
+                *(2 * self.kw + v * vd + np.arange(d0, d1) for v in range(v0, v1)),
+                np.zeros(0, np.int64)]).astype(np.int64)
+            got = self._layout[key] = ((v0, v1), (k0, k1), (d0, d1), idx, of - k0)
+        return got
+
+    def _state(self, cd, idx, nv, ds):
+        st = cd.kv.get(self.name)
+        if st is None:
+            st = cd.kv[self.name] = (
+                np.zeros((self.slots, len(idx), self.taps - 1), F32),  # conv state
+                np.zeros((self.slots, nv, self.kd, ds), F32))  # recurrent state
+        return st
+
+    def admit(self, cd, kv: int) -> None:
+        """Continuous batching gave slot `kv` a new request: it starts from zero state, none
+        of the request the slot held before."""
+        for state in cd.kv[self.name]:
+            state[kv] = 0.0
+
+    def compute(self, cd, op):
+        where = self.where(cd)
+        _, i, j, w, h = self.grid_pos(cd)
+        (v0, v1), (k0, k1), (d0, d1), idx, of = self.layout(i, j, w, h)
+        nv, nk, ds = v1 - v0, k1 - k0, d1 - d0
+        if op == "delta_conv":
+            cb = cd.cb if self.plane.cb else self.plane.host.installed_table(cd.step)
+            if cb is None or cb.seq != cd.step:
+                got = "none" if cb is None else f"the one of step {cb.seq}"
+                raise DataLayoutError(f"{where}: step {cd.step} needs its continuous-batching "
+                                      f"table, holds {got}")
+            x = self.input(cd).need(0, self.conv_w + self.vw + 2 * self.vh, where)
+            conv_st, _ = self._state(cd, idx, nv, ds)
+            taps = self.w.conv[idx]
+            prep = {}
+            for b, slot in enumerate(cb.slots):
+                if slot.rid < 0:
+                    continue
+                if slot.pos == 0:  # a request starts in this slot
+                    self.admit(cd, slot.kv)
+                y, conv_st[slot.kv] = ref.causal_conv(x[b, idx][None], conv_st[slot.kv], taps)
+                y = y[0]
+                q, k = ref.deltanet_qk(y[:nk * self.kd].reshape(1, nk, self.kd),
+                                       y[nk * self.kd:2 * nk * self.kd].reshape(1, nk, self.kd))
+                v = y[2 * nk * self.kd:].reshape(1, nv, ds)
+                ab = self.conv_w + self.vw
+                g, beta = ref.deltanet_gates(x[b, ab + v0:ab + v1][None],
+                                             x[b, ab + self.vh + v0:ab + self.vh + v1][None],
+                                             self.w.dt_bias[v0:v1], self.w.a_log[v0:v1])
+                prep[b] = (slot.kv, q[:, of], k[:, of], v, g, beta)
+            cd.acc[self.name, "prep"] = prep
+        elif op == "delta":
+            _, rec = self._state(cd, idx, nv, ds)
+            out = np.zeros((self.b, nv, self.vd), F32)
+            held = np.zeros((self.b, nv, self.vd), bool)
+            held[:, :, d0:d1] = True
+            for b, (kv, q, k, v, g, beta) in cd.acc.pop((self.name, "prep")).items():
+                o, rec[kv] = ref.delta_rule(q, k, v, g, beta, rec[kv])
+                out[b, :, d0:d1] = o[0]
+            cd.acc[self.name] = (out, held)
+        elif op == "delta_merge":
+            (got,) = self.take(cd, FlowRole.DOWN)
+            out, held = cd.acc[self.name]
+            out[got[1]] = got[0][got[1]]
+            cd.acc[self.name] = (out, held | got[1])
+        elif op == "norm_gate":
+            out, held = cd.acc.pop(self.name)
+            if not held.all():
+                raise DataLayoutError(f"{where}: the root holds only part of its heads' outputs")
+            x = self.input(cd).need(0, self.conv_w + self.vw, where)
+            z = x[:, self.conv_w + v0 * self.vd:self.conv_w + v1 * self.vd].reshape(self.b, nv, self.vd)
+            y = ref.gated_rmsnorm(out, z, self.w.norm, self.eps)
+            cb = cd.cb if self.plane.cb else self.plane.host.installed_table(cd.step)
+            idle = [b for b, slot in enumerate(cb.slots) if slot.rid < 0]
+            y[idle] = 0.0
+            cd.values[self.name] = Vec.of(y.reshape(self.b, nv * self.vd), v0 * self.vd, self.vw)
+
+    def send(self, cd, role):
+        if role is FlowRole.DOWN:
+            return cd.acc.pop(self.name)
+        return cd.values[self.name]

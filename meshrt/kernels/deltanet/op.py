@@ -1,0 +1,150 @@
+"""Gated DeltaNet decode: value heads over the columns, each head's v_dim over the rows.
+
+Each request slot keeps, per layer, a (k_dim, v_dim) recurrent state per value
+head and the last conv - 1 inputs of the short causal conv: resident like a KV
+cache, updated every decode step. Column i holds value heads part(v_heads, w, i)
+(and the key heads they read), row j the slice part(v_dim, h, j) of each of
+them: the delta rule is independent per v_dim element, so the rows need no
+reduction to update the state; each core convolves its own channels (the q and
+k channels of its key heads, repeated on every row, and its v slice), runs the
+rule on its slice and sends its slice of the head outputs down the column
+(`delta_merge` gathers them); the root applies the gated RMSNorm over whole
+heads and relays the result back up. Continuous batching resolves here: a slot
+whose request starts (position 0) starts from zero state, so a freed and
+re-admitted slot forgets its previous request.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import I64, IntegerAttr
+from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def
+
+from meshrt.dialects import graph
+from meshrt.dialects.base import int_value
+from meshrt.dialects.graph import ActType
+from meshrt.kernels.compute import ComputeOp
+from meshrt.kernels.deltanet import csl
+from meshrt.kernels.deltanet.numerics import DeltaNet
+from meshrt.kernels.interface import (
+    ACT_BYTES,
+    UNARY_FORMAT,
+    Footprint,
+    KernelContext,
+    KernelOp,
+    ceil_div,
+    chain,
+)
+from meshrt.shape import HParams
+
+CONV = ComputeOp("delta_conv", "fmac", csl.conv, reads_input=True)
+"""The short causal conv of this core's channels over the slot's conv state, then silu."""
+DELTA = ComputeOp("delta", "fmac_f32", csl.delta)
+"""The gated delta rule on this core's v_dim slice: decay, read, write, read out (fp32 state)."""
+DELTA_MERGE = ComputeOp("delta_merge", "add", csl.delta_merge)
+"""Gather a partner's slices of the head outputs into this core's."""
+NORM_GATE = ComputeOp("norm_gate", "exp", csl.norm_gate)
+"""At the root: RMSNorm over each head's v_dim with its gain, times silu(z)."""
+
+
+def _shares(k_heads: int, v_heads: int, v_dim: int, w: int, h: int) -> tuple[int, int, int]:
+    """(value heads, key heads, v_dim elements) one core holds at most."""
+    nv = ceil_div(v_heads, w)
+    rep = max(1, v_heads // k_heads)
+    # a column's nv value heads start at a multiple of nv: they straddle a key-head
+    # boundary only when neither of nv and rep divides the other
+    straddles = nv % rep and rep % nv
+    return nv, min(k_heads, ceil_div(nv, rep) + bool(straddles)), ceil_div(v_dim, h)
+
+
+@irdl_op_definition
+class DeltaNetOp(KernelOp):
+    """Gated DeltaNet decode over per-slot recurrent and conv state."""
+
+    name = "mesh_kernel.deltanet"
+    k_heads = prop_def(IntegerAttr[I64])
+    v_heads = prop_def(IntegerAttr[I64])
+    k_dim = prop_def(IntegerAttr[I64])
+    v_dim = prop_def(IntegerAttr[I64])
+    conv = prop_def(IntegerAttr[I64])
+    slots = prop_def(IntegerAttr[I64])
+    input = operand_def(ActType)
+    output = result_def(ActType)
+    assembly_format = UNARY_FORMAT
+
+    VIZ_COLOR: ClassVar[str] = "#e7298a"
+    VIZ_RANK: ClassVar[int] = 1
+    COMPUTE: ClassVar[tuple] = (CONV, DELTA, DELTA_MERGE, NORM_GATE)
+    NUMERICS: ClassVar[type] = DeltaNet
+    LOWERS: ClassVar[tuple] = (graph.DeltaNetOp,)
+    RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # per-slot state resets
+    CF_ON_INPUTS: ClassVar[bool] = True
+    STATE_DTYPE: ClassVar[str] = "kv_bytes"
+
+    def dims(self) -> tuple[int, int, int, int, int]:
+        return tuple(int_value(p) for p in (self.k_heads, self.v_heads, self.k_dim, self.v_dim,
+                                             self.conv))
+
+    def verify_kernel(self) -> None:
+        _, _, w, _ = self.grid()
+        kh, vh, _, _, conv = self.dims()
+        if int_value(self.slots) <= 0:
+            raise self.fail("slots must be > 0")
+        if kh <= 0 or vh % kh:
+            raise self.fail("v_heads must be a positive multiple of k_heads")
+        if conv < 2:
+            raise self.fail(f"the conv needs at least 2 taps, got {conv}")
+        if vh < w:
+            raise self.fail(f"{vh} value heads cannot be tiled over {w} columns")
+
+    @staticmethod
+    def footprint(slots: int, k_heads: int, v_heads: int, k_dim: int, v_dim: int, conv: int,
+                  state_bytes: float, weight_bytes: float, micro_batch: int, w: int,
+                  h: int) -> Footprint:
+        """Per slot the recurrent state of the core's heads' v_dim slice and the conv state of
+        its channels (at `state_bytes`, like a KV cache), the conv taps and per-head
+        parameters (at `weight_bytes`); buffers: the input it reads, the head outputs."""
+        nv, nk, vs = _shares(k_heads, v_heads, v_dim, w, h)
+        channels = 2 * nk * k_dim + nv * vs
+        state = slots * (nv * k_dim * vs + channels * (conv - 1)) * state_bytes
+        state += (channels * conv + 2 * nv + v_dim) * weight_bytes
+        inputs = micro_batch * (channels + nv * v_dim + 2 * nv) * ACT_BYTES
+        outputs = 2 * micro_batch * nv * v_dim * ACT_BYTES
+        return Footprint(state, inputs + outputs)
+
+    def roles(self, kctx: KernelContext):
+        _, _, w, h = self.grid()
+        kh, vh, kd, vd, conv = self.dims()
+        b = kctx.micro_batch
+        nv, nk, vs = _shares(kh, vh, vd, w, h)
+        channels = 2 * nk * kd + nv * vs
+        state = self.footprint(kctx.slots, kh, vh, kd, vd, conv, kctx.kv_bytes, kctx.weight_bytes,
+                               b, w, h).state
+        local = [("compute", "delta_conv", b * channels * conv),
+                 ("compute", "delta", b * nv * kd * vs * 4)]  # decay, read, write, read out
+        msg = b * nv * vd * ACT_BYTES  # the column's head outputs, the slices filled so far
+        roles, flows = chain(self, local, "delta_merge", msg,
+                             [("compute", "norm_gate", b * nv * vd)], int(state))
+        for r in roles:
+            r.ctrl = kctx.slots * 16  # request descriptor table: per-slot positions
+        return roles, flows
+
+    def input_share(self, width: int) -> int:
+        return ceil_div(width, self.tiles()[0][2])
+
+    def input_layout(self) -> str:
+        return "full"
+
+    def output_layout(self) -> str:
+        return "cols"
+
+    def is_collective(self) -> bool:
+        return True
+
+    @classmethod
+    def lower_props(cls, op):
+        model = op.parent_op()
+        assert isinstance(model, graph.ModelOp)
+        return dict(k_heads=op.k_heads, v_heads=op.v_heads, k_dim=op.k_dim, v_dim=op.v_dim,
+                    conv=op.conv, slots=HParams.of(model).kv_slots(model))
