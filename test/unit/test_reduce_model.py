@@ -87,8 +87,12 @@ def test_two_level_numerics_match_the_reference():
     from meshrt.runtime.serving import serve
     from meshrt.runtime.workloads import Request
 
-    tg = load_target("test32").with_overrides(input_queues=8, colors=16, reserved_colors=[14, 15],
-                                              route_entries=16)
+    # Budget for the trees' extra flows. With 16 colours and 8 input queues the
+    # classes take several segments and the build deadlocks: the root row's
+    # marker sync waits for the layer input's messages to other rows, whose
+    # receivers wait for that root (open defect, noted in issue 15).
+    tg = load_target("test32").with_overrides(input_queues=12, output_queues=12, colors=24,
+                                              reserved_colors=[22, 23], route_entries=24)
     module = compile("examples/tiny_dense.mrt", tg, "kernels")
     run_pipeline(module, "synthesize-schedules{reduce-group=2}", tg)
     run_pipeline(module, pipeline_between("events", "segments"), tg)

@@ -2,7 +2,7 @@
 
 // A matmul becomes a tiled GEMV and the column AllReduce that completes it;
 // norms and adds become elementwise kernels on the same regions. The embedding
-// too is completed by a column AllReduce: in each column the core holding a
+// too is completed by an AllReduce, along the rows: in each row the core holding a
 // token's row contributes its slice and the others zeros.
 graph.model @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
   %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
@@ -13,7 +13,7 @@ graph.model @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 
 }
 // CHECK:      mesh_kernel.program @dense target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
 // CHECK-NEXT:   %[[E:.*]] = mesh_kernel.embed @embed on <(0, 0, 4, 4)>
-// CHECK-NEXT:   %[[X:.*]] = mesh_kernel.allreduce @embed.reduce(%[[E]]) on <(0, 0, 4, 4)> {{{.*}}axis = "col"{{.*}}} : !graph.act<32> -> !graph.act<32>
+// CHECK-NEXT:   %[[X:.*]] = mesh_kernel.allreduce @embed.reduce(%[[E]]) on <(0, 0, 4, 4)> {{{.*}}axis = "row"{{.*}}} : !graph.act<32> -> !graph.act<32>
 // CHECK-NEXT:   %[[N:.*]] = mesh_kernel.elementwise "rmsnorm" @l0.norm(%[[X]]) on <(4, 0, 2, 4)>
 // CHECK-NEXT:   %[[P:.*]] = mesh_kernel.gemv @l0.up(%[[N]]) on <(4, 0, 2, 4)> {{.*}} : !graph.act<32> -> !graph.act<64>
 // CHECK-NEXT:   %[[Y:.*]] = mesh_kernel.allreduce @l0.up.reduce(%[[P]]) on <(4, 0, 2, 4)> {{{.*}}axis = "col"{{.*}}} : !graph.act<64> -> !graph.act<64>
