@@ -1039,17 +1039,23 @@ def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
     from meshrt.passes.pipeline import lower_to
     from meshrt.runtime.cost_model import CostModel, CostModelError
 
+    from meshrt.frontend.step_time import LINEAR
+
     by_kind = dict(shapes)
-    kinds, moe_layers, first_of, steady_of = [], [], {}, {}
-    for kind, n in probe:
+    kinds, moe_layers, linear_layers, first_of, steady_of = [], [], [], {}, {}
+    for kind, n in probe:  # probe kinds: a unit kind, LINEAR-suffixed for DeltaNet layers
         first_of[kind] = len(kinds)
+        base = kind.removesuffix(LINEAR)
         for _ in range(n):
-            if kind == "moe":
+            if base == "moe":
                 moe_layers.append(len(kinds))
-            kinds.append(kind)
+            if kind != base:
+                linear_layers.append(len(kinds))
+            kinds.append(base)
         steady_of[kind] = len(kinds) - 1
     # (windows do not change the cost; the probe keeps those of its own layers)
     pshape = dataclasses.replace(shape, layers=len(kinds), moe_layers=tuple(moe_layers),
+                                 linear_layers=tuple(linear_layers),
                                  window_layers=tuple(i for i in shape.window_layers if i < len(kinds)))
     mapping = MappingSpec(experts_per_region=group) if shape.is_moe else MappingSpec()
     try:
@@ -1075,7 +1081,7 @@ def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
     unit: dict[int, float] = {}  # layer index (-1: the embedding, -2: the LM head) -> cycles
     for name, cycles in est.kernel_path.items():
         m = _LAYER.match(name)
-        i = int(m.group(1)) if m else -1 if name == "embed" else -2
+        i = int(m.group(1)) if m else -1 if name.partition(".")[0] == "embed" else -2
         unit[i] = unit.get(i, 0.0) + cycles
     # the critical path adds up to the step; its parts the probe charges to no kernel
     # (none today) go with the LM head, which closes the loop

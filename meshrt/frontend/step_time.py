@@ -50,12 +50,22 @@ if TYPE_CHECKING:
 MAX_PROBES = 8
 """Candidate mappings the mapper times with the cost model, at most."""
 
+LINEAR = "/linear"
+"""Suffix of a probe kind whose layers mix tokens with Gated DeltaNet (they cost otherwise)."""
+
+
+def probe_kind(mapper: _Mapper, unit) -> str:
+    """The kind a layer is probed as: its unit kind, told apart by its token mixer."""
+    return unit.kind + (LINEAR if mapper.shape.is_linear_layer(unit.layer) else "")
+
+
 def _probe_kinds(mapper: _Mapper) -> list[tuple[str, int]]:
-    """(layer kind, layers of that kind) in the order the model's layers take them."""
+    """(probe kind, layers of that kind) in the order the model's layers take them."""
     counts: dict[str, int] = {}
     for u in mapper.units:
         if u.layer >= 0:
-            counts[u.kind] = counts.get(u.kind, 0) + 1
+            k = probe_kind(mapper, u)
+            counts[k] = counts.get(k, 0) + 1
     return list(counts.items())
 
 
@@ -82,6 +92,7 @@ def unit_cycles(mapper: _Mapper, lay: Layout) -> list[float] | None:
         elif kind == "lm_head":
             out.append(head)
         else:
+            kind = probe_kind(mapper, p.unit)
             out.append(steady[kind] if kind in seen else first[kind])
             seen.add(kind)
     return out
