@@ -953,10 +953,15 @@ class _Emitter:
             layer = b["layer"]
             b = {"qkv": layer, "attn": layer, "o": layer, "up": layer, "down": layer}
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
-        if s.is_linear_layer(i):  # Gated DeltaNet on the attention rows' first columns
+        if s.is_linear_layer(i):  # Gated DeltaNet on the region's first columns
             qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.linear_in_width, **kw))
             x0, y0, x1, y1 = b["attn"].extent
             w = delta_width(s, x1 - x0)
+            # its inner rows where there are three or more: the qkv reduction's end row
+            # sends the DeltaNet its input and is not among the receivers (the CSL
+            # backend routes no gather whose receivers are partly its senders)
+            if p.unit.kind == "dense" and y1 - y0 >= 3:
+                y0, y1 = y0 + 1, y1 - 1
             region = CoreSetAttr.of(x1 - w if p.reverse else x0, y0, w, y1 - y0)
             a = self.add(g.DeltaNetOp(f"l{i}_delta", region, qkv, k_heads=s.linear_k_heads,
                                       v_heads=s.linear_v_heads, k_dim=s.linear_k_dim,
