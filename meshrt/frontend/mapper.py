@@ -1031,7 +1031,7 @@ def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
     unit: dict[int, float] = {}  # layer index (-1: the embedding, -2: the LM head) -> cycles
     for name, cycles in est.kernel_path.items():
         m = _LAYER.match(name)
-        i = int(m.group(1)) if m else -1 if name == "embed" else -2
+        i = int(m.group(1)) if m else -1 if name.partition(".")[0] == "embed" else -2
         unit[i] = unit.get(i, 0.0) + cycles
     # the critical path adds up to the step; its parts the probe charges to no kernel
     # (none today) go with the LM head, which closes the loop
