@@ -341,7 +341,8 @@ class ServingResult:
 
 def serve(program, target, requests: list[Request], *, seed: int = 0, weight_seed: int = 0,
           weights: ref.Weights | None = None, queue_capacity: int = 16,
-          max_cycles: int = 200_000_000, check: bool = True, trace: bool = False,
+          max_cycles: int = 200_000_000, max_seconds: float | None = None,
+          check: bool = True, trace: bool = False,
           safe: bool = True, speed_scale=None, recalibrator=None,
           progress: Callable[[int, int], None] | None = None) -> ServingResult:
     """Serve `requests` on `program` (coloured segment IR) and compare with the reference.
@@ -349,7 +350,8 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
     `recalibrator` (a `meshrt.runtime.recalibration.Recalibrator` over the
     program's MoE layers) sees every step's routing and may re-place experts
     between decode steps; `ServingResult.replans` says when and what moved.
-    `progress(cycles, requests done)` is called now and then during the run.
+    `progress(cycles, requests done)` is called now and then during the run;
+    `max_seconds` bounds its wall time (a `TimeBoundReport`, like `max_cycles`).
     When tokens differ, `ServingResult.divergence` says where first (see
     `first_divergence`)."""
     if weights is None:
@@ -361,7 +363,8 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
               speed_scale=speed_scale)
     spare = copy.deepcopy(recalibrator) if check and recalibrator is not None else None
     result, host, plane = _interpret(program, target, requests, weights, trace=trace,
-                                     recalibrator=recalibrator, progress=progress, **kw)
+                                     recalibrator=recalibrator, progress=progress,
+                                     max_seconds=max_seconds, **kw)
     mismatches = []
     divergence = None
     if check:
@@ -373,6 +376,8 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
                 mismatches.append((r.id, r.tokens, want))
         if mismatches:
             def rerun(step: int) -> tuple[list[RequestRecord], DataPlane]:
+                # deterministic: it reaches the step the first run reached, whatever stopped
+                # that one (so no wall-time limit here)
                 _, again, watched = _interpret(program, target, requests, weights, watch=step,
                                                recalibrator=spare, **kw)
                 return again.records, watched
@@ -386,7 +391,7 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
 
 def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_cycles, safe,
                speed_scale, trace=False, recalibrator=None, watch: int | None = None,
-               progress: Callable[[int, int], None] | None = None):
+               max_seconds: float | None = None, progress: Callable[[int, int], None] | None = None):
     """One interpreted run: (its SimResult, the Host, the DataPlane); `watch`:
     keep the per-kernel values of that micro-batch step (`DataPlane.watched`)."""
     shape = weights.shape
@@ -401,8 +406,8 @@ def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_
     plane.watch = watch
     host.plane = plane
     host.recalibrator = recalibrator
-    sim = MeshSim(program, target, seed=seed, safe=safe, max_cycles=max_cycles, trace=trace,
-                  data=plane, inflight=groups, speed_scale=speed_scale)
+    sim = MeshSim(program, target, seed=seed, safe=safe, max_cycles=max_cycles,
+                  max_seconds=max_seconds, trace=trace, data=plane, inflight=groups, speed_scale=speed_scale)
     host.now = lambda: sim.now
 
     def done() -> None:
