@@ -3,6 +3,7 @@
     python bench/bench_interpreter.py                          # speed, side by side
     python bench/bench_interpreter.py --sweep                  # 1,000 seeds per model and target
     python bench/bench_interpreter.py --sweep 100 --jobs 2     # fewer seeds, 2 processes
+    python bench/bench_interpreter.py --sweep 300 --first-seed 700   # seeds 700..999 (a split sweep)
     python bench/bench_interpreter.py --sweep 50 --unsafe      # the ablation: must fail on some
     python bench/bench_interpreter.py --profile                # + where the time goes
 
@@ -106,11 +107,14 @@ def sweep_one(job: tuple[str, str, int, bool]) -> tuple[str, str, int, str, str,
     return model, target_name, seed, what, first, time.process_time() - t0
 
 
-def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: bool = False) -> int:
-    """Seeds 0..seeds-1 on every (model, target); prints the table, returns the exit code."""
+def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: bool = False,
+          first_seed: int = 0) -> int:
+    """Seeds first_seed..first_seed+seeds-1 on every (model, target); prints the table,
+    returns the exit code."""
     # seed by seed over the configurations, so an interrupted sweep (Ctrl-C, SIGTERM) still
     # covers them all evenly: it prints the table of the runs done
-    work = [(m, t, seed, unsafe) for seed in range(seeds) for m in models for t in targets]
+    work = [(m, t, seed, unsafe) for seed in range(first_seed, first_seed + seeds)
+            for m in models for t in targets]
     counts: dict[tuple[str, str], Counter] = {(m, t): Counter() for m in models for t in targets}
     first: dict[tuple[str, str, str], tuple[int, str]] = {}
     cpu, t0, done = 0.0, time.perf_counter(), 0
@@ -131,7 +135,8 @@ def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: 
     pool.shutdown(wait=not interrupted, cancel_futures=True)
     wall = time.perf_counter() - t0
     mode = "unsafe (no marker syncs or handshakes, no NumPy check)" if unsafe else "safe"
-    print(f"sweep, {mode}: {seeds} seeds x {len(counts)} (model, target), {done} of {len(work)} runs"
+    print(f"sweep, {mode}: {seeds} seeds ({first_seed}..{first_seed + seeds - 1}) x {len(counts)} "
+          f"(model, target), {done} of {len(work)} runs"
           f"{' (interrupted)' if interrupted else ''}, {jobs} process(es): wall {wall:.0f} s, "
           f"CPU {cpu:.0f} s in the runs")
     print(f"  {'model':12} {'target':8} " + " ".join(f"{o:>10}" for o in OUTCOMES))
@@ -150,6 +155,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--sweep", type=int, nargs="?", const=1000, default=0, metavar="SEEDS",
                     help="asynchrony seeds per model and target (default 1000)")
+    ap.add_argument("--first-seed", type=int, default=0, metavar="S",
+                    help="the sweep's first seed (split a sweep over machines or sessions)")
     ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                     help="sweep processes")
     ap.add_argument("--unsafe", action="store_true", help="sweep the ablation: must fail on some seeds")
@@ -160,7 +167,10 @@ def main() -> int:
     if args.sweep:
         if args.jobs < 1:
             ap.error(f"--jobs must be at least 1, got {args.jobs}")
-        return sweep(args.models.split(","), args.targets.split(","), args.sweep, args.jobs, args.unsafe)
+        if args.first_seed < 0:
+            ap.error(f"--first-seed must be at least 0, got {args.first_seed}")
+        return sweep(args.models.split(","), args.targets.split(","), args.sweep, args.jobs,
+                     args.unsafe, args.first_seed)
     speed("tiny_moe", "test32", args.requests)
     speed("tiny_dense", "test32", args.requests)
     if args.profile:
