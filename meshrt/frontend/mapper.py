@@ -282,9 +282,9 @@ class Planner:
         holds its tiles of the four GEMVs (alternating orientations, so each
         reads its input where the previous one left it) and its share of
         attention's KV cache (none on rows past max_seq). KV spread over every
-        row leaves each core a few positions of every slot,
-        so the scores, softmax and weighted sum take few cycles per core and
-        the partials merge along the column; the least width where both fit
+        row leaves each core a few positions of every slot, so the scores,
+        softmax and weighted sum take few cycles per core and the partials
+        merge along the column; the least width where both fit
         (square-ish at the heights the mapper tries), times `scale` when the
         mapping has room to spare (more cores per layer: less work per core).
         """

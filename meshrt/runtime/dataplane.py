@@ -165,13 +165,7 @@ class DataPlane:
     def positions(self, name: str) -> np.ndarray | None:
         """Where kernel `name`'s value (a blocked GEMV's, or its reduction's) holds each entry
         of the plain concatenation of its blocks, or None if it is laid out plainly."""
-        gemv = self.kernels.get(name.partition(".")[0])
-        blocks = getattr(gemv, "blocks", None)
-        if not blocks:
-            return None
-        pos = np.empty(sum(blocks), np.int64)
-        pos[block_order(blocks, gemv.splits)] = np.arange(sum(blocks))
-        return pos
+        return getattr(self.kernels.get(name.partition(".")[0]), "positions", None)
 
     def in_reference_order(self, name: str, row: np.ndarray) -> np.ndarray:
         """One slot's entries of kernel `name`'s value in the reference's order."""

@@ -30,7 +30,8 @@ class Attention(KernelExec):
         self.rope, self.eps, self.window = shape.rope, shape.rms_eps, shape.window(self.layer)
         self.q_gain, self.k_gain = plane.qk_gains(self.layer)
         self.sinks = plane.sinks(self.layer)
-        self.blocked = info.param("qkv_in_place") is not None
+        # the blocks of its input when it reads a blocked q | k | v in place, else None
+        self.blocks = qkv_blocks(self.heads, self.kvh, self.d) if info.param("qkv_in_place") is not None else None
         _, _, w, _ = self.tiles[0]
         if self.kvh % w:
             raise DataLayoutError(
@@ -58,8 +59,8 @@ class Attention(KernelExec):
                                       f"table, holds {got}")
             hq, hk = self.heads // w, self.kvh // w
             nq, nk = hq * self.d, hk * self.d
-            if self.blocked:  # this column's q | k | v slice of the blocked vector, in place
-                lo, hi = block_range(qkv_blocks(self.heads, self.kvh, self.d), w, i)
+            if self.blocks:  # this column's q | k | v slice of the blocked vector, in place
+                lo, hi = block_range(self.blocks, w, i)
                 x = self.input(cd).need(lo, hi, where)
                 q, k, v = x[:, :nq], x[:, nq:nq + nk], x[:, nq + nk:]
             else:

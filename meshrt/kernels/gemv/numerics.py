@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshrt.kernels.numerics import F64, KernelExec, block_range, part
+from meshrt.kernels.numerics import F64, KernelExec, block_order, block_range, part
 
 
 class Gemv(KernelExec):
@@ -16,6 +16,12 @@ class Gemv(KernelExec):
         _, _, w, h = self.tiles[0]
         self.splits = h if self.transposed else w  # parts of the output
         self.blocks = plane.out_blocks(info)
+        # where the output holds each entry of the blocks' plain concatenation (readers of a
+        # blocked value look entries up here, once per kernel rather than per core and step)
+        self.positions = None
+        if self.blocks:
+            self.positions = np.empty(sum(self.blocks), np.int64)
+            self.positions[block_order(self.blocks, self.splits)] = np.arange(sum(self.blocks))
         self.weight = plane.matrix(self.name, self.layer, self.blocks, self.splits)
         self.bias = plane.bias(self.name, self.layer, self.blocks, self.splits)
 
