@@ -22,13 +22,17 @@ bound or incomplete; the table gives the counts and the first seed of each
 failure. `--unsafe` drops the marker syncs and route handshakes (no NumPy
 check): the sweep then shows that the checks catch it on some seeds. Exit 1
 when a safe sweep fails or an unsafe one never does. Speed figures are
-skipped with --sweep (run them alone).
+skipped with --sweep (run them alone). The sweep ends with a digest of
+every run's cycles, events and tokens: a sweep split with --first-seed
+over sessions can show, by a short overlap run on both commits, that its
+parts simulated the same program.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import os
 import pstats
 import signal
@@ -96,15 +100,19 @@ def outcome(s: dict, requests: int) -> str:
     return "match"
 
 
-def sweep_one(job: tuple[str, str, int, bool]) -> tuple[str, str, int, str, str, float]:
-    """(model, target, seed, outcome, first report line, CPU seconds) of one seeded run."""
+def sweep_one(job: tuple[str, str, int, bool]) -> tuple[str, str, int, str, str, float, str]:
+    """(model, target, seed, outcome, first report line, CPU seconds, fingerprint) of one
+    seeded run; the fingerprint is its cycles, events and every request's tokens."""
     model, target_name, seed, unsafe = job
     t0 = time.process_time()
     prog, t = _compiled(model, target_name)
-    s = serve(prog, t, workload(SWEEP_REQUESTS), seed=seed, safe=not unsafe, check=not unsafe).summary()
+    res = serve(prog, t, workload(SWEEP_REQUESTS), seed=seed, safe=not unsafe, check=not unsafe)
+    s = res.summary()
     what = outcome(s, SWEEP_REQUESTS)
     first = s["reports"][0].splitlines()[0] if s["reports"] else ""
-    return model, target_name, seed, what, first, time.process_time() - t0
+    tokens = sorted((r.id, tuple(r.tokens)) for r in res.records)
+    fingerprint = repr((model, target_name, seed, res.sim.cycles, res.sim.events, tokens))
+    return model, target_name, seed, what, first, time.process_time() - t0, fingerprint
 
 
 def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: bool = False,
@@ -118,12 +126,14 @@ def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: 
     counts: dict[tuple[str, str], Counter] = {(m, t): Counter() for m in models for t in targets}
     first: dict[tuple[str, str, str], tuple[int, str]] = {}
     cpu, t0, done = 0.0, time.perf_counter(), 0
+    prints: list[str] = []
     pool = ProcessPoolExecutor(max_workers=jobs)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     interrupted = False
     try:
-        for model, tgt, seed, what, report, secs in pool.map(sweep_one, work, chunksize=4):
+        for model, tgt, seed, what, report, secs, fp in pool.map(sweep_one, work, chunksize=4):
             counts[model, tgt][what] += 1
+            prints.append(fp)
             cpu += secs
             if what != "match":
                 first.setdefault((model, tgt, what), (seed, report))
@@ -144,6 +154,10 @@ def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: 
         print(f"  {model:12} {tgt:8} " + " ".join(f"{c[o]:>10}" for o in OUTCOMES))
     for (model, tgt, what), (seed, report) in sorted(first.items()):
         print(f"  first {what} of {model} on {tgt}: seed {seed}: {report[:160]}")
+    # Two commits (or machines) that simulate alike give the same digest over the same seeds:
+    # what lets a sweep split over sessions show that the parts ran the same program.
+    digest = hashlib.sha256("\n".join(sorted(prints)).encode()).hexdigest()[:16]
+    print(f"  digest of the {done} runs (cycles, events, tokens): {digest}")
     failed = sum(c[o] for c in counts.values() for o in OUTCOMES if o != "match")
     if interrupted:
         return 1
