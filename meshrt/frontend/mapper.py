@@ -108,14 +108,15 @@ class Sizer:
     def band(self, kind: str, w: int, h: int) -> float:
         """Bytes per core of the kernel a band holds, by the kernel kind's own formula."""
         s, d, mb = self.shape, self.shape.dtype_bytes, self.micro_batch
+        q = s.linear_bytes  # the layers' projections (quantized or not)
         if kind == "qkv":
-            return self.matmul(s.hidden, s.qkv_width, d, w, h)
+            return self.matmul(s.hidden, s.qkv_width, q, w, h)
         if kind == "o":
-            return self.matmul(s.attn_width, s.hidden, d, w, h)
+            return self.matmul(s.attn_width, s.hidden, q, w, h)
         if kind == "up":
-            return self.matmul(s.hidden, 2 * s.ffn, d, w, h)
+            return self.matmul(s.hidden, 2 * s.ffn, q, w, h)
         if kind == "down":
-            return self.matmul(s.ffn, s.hidden, d, w, h)
+            return self.matmul(s.ffn, s.hidden, q, w, h)
         if kind == "gate":
             return self.matmul(s.hidden, s.experts, d, w, h)
         if kind == "lm_head":
@@ -132,7 +133,7 @@ class Sizer:
     def layer_gemvs(self, w: int, h: int) -> float:
         """Bytes per core of a dense layer's four GEMVs sharing one w x h region, in
         alternating orientations (qkv and up reduce down columns, o and down along rows)."""
-        s, d = self.shape, self.shape.dtype_bytes
+        s, d = self.shape, self.shape.linear_bytes
         return (self.matmul(s.hidden, s.qkv_width, d, w, h)
                 + GemvOp.footprint(s.attn_width, s.hidden, d, self.micro_batch, w, h, "row").total
                 + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
@@ -164,6 +165,12 @@ class Sizer:
         s = self.shape
         weights = ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, s.expert_dtype_bytes, 0, 1, 1).state
         return max(1, ceil_div(weights, self.usable))
+
+
+def _whole_kv_heads(w: int, kv_heads: int) -> int:
+    """The least width from `w` whose columns hold whole KV heads (the interpreter's
+    attention needs no dot products across columns), else `w` (head_dim split)."""
+    return next((d for d in range(w, kv_heads + 1) if kv_heads % d == 0), w)
 
 
 def _least(ok: Callable[[int], bool], most: int) -> int | None:
@@ -252,10 +259,7 @@ class Planner:
         sz = self.sizer
         w = _min_width(lambda w: sz.band(kind, w, h) + msg, sz.max_width(kind), sz.usable)
         if kind == "attn" and w is not None:
-            # Whole KV heads per column (the interpreter's attention needs no
-            # dot products across columns); wider bands split head_dim instead.
-            kv = sz.shape.kv_heads
-            w = next((d for d in range(w, kv + 1) if kv % d == 0), w)
+            w = _whole_kv_heads(w, sz.shape.kv_heads)
         return w
 
     def _expert_width(self, h: int) -> int | None:
@@ -297,10 +301,7 @@ class Planner:
         lo = _least(fits, max_w)
         if lo is None:
             return None
-        # Whole KV heads per column (the interpreter's attention needs no dot
-        # products across columns); wider layers split head_dim instead.
-        kv = s.kv_heads
-        w = next((d for d in range(lo, kv + 1) if kv % d == 0), lo)
+        w = _whole_kv_heads(lo, s.kv_heads)
         if scale > 1.0:
             w = min(max_w, max(w, round(w * scale)))
         return w if fits(w) else None
@@ -767,10 +768,11 @@ def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
     s, d = sizer.shape, sizer.shape.dtype_bytes
     if unit.kind in ("embed", "lm_head"):
         return s.vocab * s.hidden * d
-    attn = (s.hidden * s.qkv_width + s.attn_width * s.hidden) * d \
+    q = s.linear_bytes
+    attn = (s.hidden * s.qkv_width + s.attn_width * s.hidden) * q \
         + sizer.kv_slots * s.max_seq * s.kv_bytes_per_token()
     if unit.kind == "dense":
-        return attn + 3 * s.hidden * s.ffn * d
+        return attn + 3 * s.hidden * s.ffn * q
     return attn + s.hidden * s.experts * d + \
         (s.experts + s.shared_experts) * 3 * s.hidden * s.expert_ffn * s.expert_dtype_bytes
 

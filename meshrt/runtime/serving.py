@@ -256,14 +256,8 @@ def run_bytes(shape: ModelShape, kv_slots: int) -> int:
 
 def check_runnable(shape: ModelShape, kv_slots: int, where: Loc | str | None = None) -> None:
     """Refuse, before anything is allocated, a model the reference and the
-    interpreter cannot run: math they do not compute yet (`missing_math`), or
-    more memory than this machine has (`run_bytes`). FrontendError at `where`
-    (the missing math at the field that brought it in)."""
-    if shape.missing_math:
-        raise FrontendError(
-            f"{shape.name}: the NumPy reference and the interpreter do not compute "
-            f"{shape.missing_math} yet; `meshrt compile` and `meshrt bench` take it",
-            shape.locs.get("missing_math") or where)
+    interpreter cannot run: more memory than this machine has (`run_bytes`).
+    FrontendError at `where`."""
     check_memory(run_bytes(shape, kv_slots), f"the NumPy reference and interpreter of {shape.name}",
                  "use `meshrt bench` (the cost model) for a model this size", where)
 

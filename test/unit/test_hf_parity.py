@@ -117,6 +117,47 @@ def test_the_fixtures_exercise_each_feature(name, change, drop):
     assert np.max(np.abs(np.stack(rows) - want)) > 1e-3
 
 
+def _teacher_forced_error(d: Path, weights: ref.Weights) -> float:
+    model = ref.ReferenceModel(weights.shape, weights)
+    exp = json.loads((d / "expected.json").read_text())
+    rows = []
+    for p, t in zip(exp["prompts"], exp["tokens"]):
+        st = model.new_state()
+        rows += [model.forward([(st, [tok])])[0] for tok in p + t[:-1]]
+    return float(np.max(np.abs(np.stack(rows) - np.load(d / "logits.npy"))))
+
+
+@pytest.mark.parametrize("name, fmt", [("qwen3_fp8", "fp8"), ("qwen3_moe_fp8", "fp8"),
+                                       ("gpt_oss_mxfp4", "mxfp4")])
+@pytest.mark.parametrize("wrong", ["no scales", "nibbles swapped"])
+def test_the_quantized_fixtures_exercise_their_format(name, fmt, wrong):
+    """The stored codes read without their block scales, or mxfp4's two codes per byte
+    taken in the other order, are far from transformers: decoding is tested."""
+    from meshrt import quant
+
+    if wrong == "nibbles swapped" and fmt != "mxfp4":
+        pytest.skip("fp8 stores one code per byte")
+    d = DATA / name
+    shape = ref.RefShape.of(driver.load_spec(d).shape)
+    weights = load_checkpoint(d, shape)
+    assert {p.fmt for p in weights.packed.values()} == {fmt}
+    for key, p in weights.packed.items():
+        codes = p.codes
+        if wrong == "nibbles swapped":  # the even element is the low nibble
+            pairs = np.swapaxes(codes, -1, -2).reshape(*codes.shape[:-2], codes.shape[-1], -1, 2)
+            codes = np.swapaxes(pairs[..., ::-1].reshape(*pairs.shape[:-2], -1), -1, -2)
+            bad = dataclasses.replace(p, codes=np.ascontiguousarray(codes)).decode()
+        else:
+            bad = (quant.E2M1 if fmt == "mxfp4" else quant.E4M3)[codes]
+        weights.set_packed(key, p)
+        *path, last = key.split(".")
+        obj = weights
+        for part in path:
+            obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+        setattr(obj, last, bad)
+    assert _teacher_forced_error(d, weights) > 1e-3
+
+
 def _run(*args) -> tuple[int, list[str]]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
