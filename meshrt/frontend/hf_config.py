@@ -252,17 +252,18 @@ def _read_quant(cfg: _Config, mt: str, q: dict[str, Any], f: dict[str, Any]) -> 
         f["expert_quant"] = "mxfp4"
         cfg.locs["expert_quant"] = where
         return
+    if "quant_method" not in q:
+        raise FrontendError("quantization_config has no quant_method (mxfp4 or fp8)", where)
     if method != "fp8":
-        raise FrontendError(f"unsupported quant_method {json.dumps(method)}, expected mxfp4 or fp8",
-                            cfg.loc("quant_method") if "quant_method" in q else where)
+        raise FrontendError(f"unsupported quant_method '{method}', expected mxfp4 or fp8",
+                            cfg.loc("quant_method"))
     fmt = q.get("fmt", "e4m3")
     if fmt != "e4m3":
-        raise FrontendError(f"fp8 format {json.dumps(fmt)} is not supported, only e4m3",
-                            cfg.loc("fmt"))
+        raise FrontendError(f"fp8 format '{fmt}' is not supported, only e4m3", cfg.loc("fmt"))
     scheme = q.get("activation_scheme", "dynamic")
     if scheme != "dynamic":
-        raise FrontendError(f"activation_scheme {json.dumps(scheme)} (static activation scales) is "
-                            "not supported, only dynamic", cfg.loc("activation_scheme"))
+        raise FrontendError(f"activation_scheme '{scheme}' (static activation scales) is not "
+                            "supported, only dynamic", cfg.loc("activation_scheme"))
     block = q.get("weight_block_size")
     if block is not None:
         if (not isinstance(block, list) or len(block) != 2

@@ -920,17 +920,18 @@ class _Emitter:
             layer = b["layer"]
             b = {"qkv": layer, "attn": layer, "o": layer, "up": layer, "down": layer}
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
-        qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
+        q = s.linear_quant or None  # the projections' stored format
+        qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, weights=q, **kw))
         a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
                                    kv_heads=s.kv_heads, head_dim=s.head_dim,
                                    max_seq=s.max_seq, **kw))
-        o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden, **kw))
+        o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden, weights=q, **kw))
         h = self.add(g.AddOp(f"l{i}_add1", b["o"], x, o, **kw))
         if p.unit.kind == "dense":
             n2 = self.add(g.RMSNormOp(f"l{i}_norm2", b["up"], h, **kw))
-            up = self.add(g.MatmulOp(f"l{i}_up", b["up"], n2, 2 * s.ffn, **kw))
+            up = self.add(g.MatmulOp(f"l{i}_up", b["up"], n2, 2 * s.ffn, weights=q, **kw))
             act = self.add(g.ElementwiseOp(f"l{i}_act", b["up"], up, "silu_mul", **kw))
-            y = self.add(g.MatmulOp(f"l{i}_down", b["down"], act, s.hidden, **kw))
+            y = self.add(g.MatmulOp(f"l{i}_down", b["down"], act, s.hidden, weights=q, **kw))
             return self.add(g.AddOp(f"l{i}_add2", b["down"], h, y, **kw))
         return self.moe_tail(p, b, h, kw)
 
@@ -945,7 +946,8 @@ class _Emitter:
         y = self.add(g.MoEExpertsOp(
             f"l{i}_moe", b["relay"], n2, route, expert_ffn=s.expert_ffn,
             shared_experts=s.shared_experts, expert_regions=regions,
-            placement=[e // group for e in range(s.experts)], policy="contiguous", **kw))
+            placement=[e // group for e in range(s.experts)], policy="contiguous",
+            weights=s.expert_quant or None, **kw))
         return self.add(g.AddOp(f"l{i}_add2", b["relay"], h, y, **kw))
 
     def handoff(self, p: Placed, x, stage: int, to_stage: int, to_wafer: int) -> SSAValue:

@@ -100,6 +100,32 @@ def _fmac(b: ComputeBody) -> list[str]:
     ]
 
 
+def _dequant(b: ComputeBody) -> list[str]:
+    """Decode this core's packed tile (`wq`: one code per byte here, the scales of its
+    blocks after them) into the float tile the fmac reads (`w`)."""
+    fmt = b.param("weights")
+    n = max(1, b.e.work)
+    rows = 32 if fmt == "mxfp4" else max(1, b.param("block_in") or 1)
+    table = "E2M1" if fmt == "mxfp4" else "E4M3"
+    scale = ("math.ldexp(1.0, @as(i16, wq_scale[s]) - 127)" if fmt == "mxfp4"
+             else "@bitcast(f32, wq_scale32[s])")
+    b.w.uses_math = True
+    return [
+        f"// {fmt}: w[i] = {table}[code i] x scale of its block ({rows} input rows of a column)",
+        f"for (@range(u32, {n})) |i| {{",
+        f"  const s: u32 = i / {rows * max(1, b.w.ny // max(1, b.b))};",
+        f"  w[i] = @as({b.T}, {table}[wq[i]] * {scale});",
+        "}",
+    ]
+
+
+DEQUANT = {
+    "fp8": ComputeOp("dequant_fp8", "dequant_fp8", _dequant),
+    "mxfp4": ComputeOp("dequant_mxfp4", "dequant_mxfp4", _dequant),
+}
+"""Decode a packed weight tile where the kernel computes (`meshrt.quant`), by format."""
+
+
 def _add(b: ComputeBody) -> list[str]:
     n = b.reduce_n()
     src = b.src or "x"

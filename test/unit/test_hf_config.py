@@ -190,9 +190,9 @@ def test_fp8_quantizes_every_projection_and_the_experts_in_blocks():
 
 
 @pytest.mark.parametrize("qcfg, needle, key", [
-    ({"quant_method": "gptq"}, 'unsupported quant_method "gptq"', "quant_method"),
-    ({"bits": 4}, "unsupported quant_method null", "quantization_config"),
-    ({"quant_method": "fp8", "fmt": "e5m2"}, 'fp8 format "e5m2" is not supported', "fmt"),
+    ({"quant_method": "gptq"}, "unsupported quant_method 'gptq'", "quant_method"),
+    ({"bits": 4}, "quantization_config has no quant_method", "quantization_config"),
+    ({"quant_method": "fp8", "fmt": "e5m2"}, "fp8 format 'e5m2' is not supported", "fmt"),
     ({"quant_method": "fp8", "activation_scheme": "static"}, "static activation scales",
      "activation_scheme"),
     ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size must be two",
