@@ -208,6 +208,61 @@ def test_a_wrong_checkpoint_is_one_located_line(broken, edit, needle):
     assert lines[0].startswith(f"{where}: error: ") and needle in lines[0], lines[0]
 
 
+def _raw_tensors(f: Path) -> dict[str, tuple[dict, bytes]]:
+    """A safetensors file as {name: (header entry, bytes)} (F8 and BF16, which NumPy lacks)."""
+    data = f.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v, data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def _write_raw(f: Path, tensors: dict[str, tuple[dict, bytes]]) -> None:
+    header, blobs, offset = {}, [], 0
+    for name, (info, b) in sorted(tensors.items()):
+        header[name] = {**info, "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    head = json.dumps(header).encode()
+    f.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+Q = "model.layers.0.self_attn.q_proj"
+GU = "model.layers.1.mlp.experts.gate_up_proj"
+
+
+def _f32(shape) -> tuple[dict, bytes]:
+    return {"dtype": "F32", "shape": list(shape)}, np.ones(shape, "<f4").tobytes()
+
+
+@pytest.mark.parametrize("name, edit, needle", [
+    ("qwen3_fp8", lambda t: t.pop(f"{Q}.weight_scale_inv"),
+     f"checkpoint has no tensor '{Q}.weight_scale_inv'"),
+    ("qwen3_fp8", lambda t: t[f"{Q}.weight"][0].update(dtype="U8"),
+     f"tensor '{Q}.weight' is U8; fp8 codes are F8_E4M3"),
+    ("qwen3_fp8", lambda t: t.update({f"{Q}.weight_scale_inv": _f32((3, 2))}),
+     f"tensor '{Q}.weight_scale_inv': a 3 x 2 scale grid does not divide the 64 x 64 weight"),
+    ("qwen3_fp8", lambda t: t.update({f"{Q}.weight": ({"dtype": "F8_E4M3", "shape": [64, 64]},
+                                                       b"\0" * 100)}),
+     f"tensor '{Q}.weight' holds 100 bytes, not the (64, 64) its header gives"),
+    ("gpt_oss_mxfp4", lambda t: t.update({f"{GU}_scales": ({"dtype": "U8", "shape": [4, 64, 1]},
+                                                           bytes(256))}),
+     f"tensors '{GU}_blocks' / '{GU}_scales' have shapes (4, 64, 2, 16) / (4, 64, 1)"),
+])
+def test_a_wrong_quantized_checkpoint_is_one_located_line(tmp_path, name, edit, needle):
+    d = tmp_path / name
+    shutil.copytree(DATA / name, d)
+    f = d / "model.safetensors"
+    tensors = _raw_tensors(f)
+    edit(tensors)
+    _write_raw(f, tensors)
+    rc, lines = _run(d, "--requests", "1")
+    assert rc == 1 and len(lines) == 1, lines
+    where = d if "no tensor" in needle else f
+    assert lines[0].startswith(f"{where}: error: ") and needle in lines[0], lines[0]
+
+
 def test_a_missing_shard_and_seeded_weights_are_refused(tmp_path):
     d = tmp_path / "mixed"
     shutil.copytree(DATA / "qwen3_moe_mixed", d)
