@@ -3,6 +3,7 @@
     python bench/bench_interpreter.py                          # speed, side by side
     python bench/bench_interpreter.py --sweep                  # 1,000 seeds per model and target
     python bench/bench_interpreter.py --sweep 100 --jobs 2     # fewer seeds, 2 processes
+    python bench/bench_interpreter.py --sweep 300 --first-seed 700   # seeds 700..999 (a split sweep)
     python bench/bench_interpreter.py --sweep 50 --unsafe      # the ablation: must fail on some
     python bench/bench_interpreter.py --profile                # + where the time goes
 
@@ -21,13 +22,17 @@ bound or incomplete; the table gives the counts and the first seed of each
 failure. `--unsafe` drops the marker syncs and route handshakes (no NumPy
 check): the sweep then shows that the checks catch it on some seeds. Exit 1
 when a safe sweep fails or an unsafe one never does. Speed figures are
-skipped with --sweep (run them alone).
+skipped with --sweep (run them alone). The sweep ends with a digest of
+every run's cycles, events and tokens: a sweep split with --first-seed
+over sessions can show, by a short overlap run on both commits, that its
+parts simulated the same program.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import os
 import pstats
 import signal
@@ -95,31 +100,40 @@ def outcome(s: dict, requests: int) -> str:
     return "match"
 
 
-def sweep_one(job: tuple[str, str, int, bool]) -> tuple[str, str, int, str, str, float]:
-    """(model, target, seed, outcome, first report line, CPU seconds) of one seeded run."""
+def sweep_one(job: tuple[str, str, int, bool]) -> tuple[str, str, int, str, str, float, str]:
+    """(model, target, seed, outcome, first report line, CPU seconds, fingerprint) of one
+    seeded run; the fingerprint is its cycles, events and every request's tokens."""
     model, target_name, seed, unsafe = job
     t0 = time.process_time()
     prog, t = _compiled(model, target_name)
-    s = serve(prog, t, workload(SWEEP_REQUESTS), seed=seed, safe=not unsafe, check=not unsafe).summary()
+    res = serve(prog, t, workload(SWEEP_REQUESTS), seed=seed, safe=not unsafe, check=not unsafe)
+    s = res.summary()
     what = outcome(s, SWEEP_REQUESTS)
     first = s["reports"][0].splitlines()[0] if s["reports"] else ""
-    return model, target_name, seed, what, first, time.process_time() - t0
+    tokens = sorted((r.id, tuple(r.tokens)) for r in res.records)
+    fingerprint = repr((model, target_name, seed, res.sim.cycles, res.sim.events, tokens))
+    return model, target_name, seed, what, first, time.process_time() - t0, fingerprint
 
 
-def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: bool = False) -> int:
-    """Seeds 0..seeds-1 on every (model, target); prints the table, returns the exit code."""
+def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: bool = False,
+          first_seed: int = 0) -> int:
+    """Seeds first_seed..first_seed+seeds-1 on every (model, target); prints the table,
+    returns the exit code."""
     # seed by seed over the configurations, so an interrupted sweep (Ctrl-C, SIGTERM) still
     # covers them all evenly: it prints the table of the runs done
-    work = [(m, t, seed, unsafe) for seed in range(seeds) for m in models for t in targets]
+    work = [(m, t, seed, unsafe) for seed in range(first_seed, first_seed + seeds)
+            for m in models for t in targets]
     counts: dict[tuple[str, str], Counter] = {(m, t): Counter() for m in models for t in targets}
     first: dict[tuple[str, str, str], tuple[int, str]] = {}
     cpu, t0, done = 0.0, time.perf_counter(), 0
+    prints: list[str] = []
     pool = ProcessPoolExecutor(max_workers=jobs)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     interrupted = False
     try:
-        for model, tgt, seed, what, report, secs in pool.map(sweep_one, work, chunksize=4):
+        for model, tgt, seed, what, report, secs, fp in pool.map(sweep_one, work, chunksize=4):
             counts[model, tgt][what] += 1
+            prints.append(fp)
             cpu += secs
             if what != "match":
                 first.setdefault((model, tgt, what), (seed, report))
@@ -131,7 +145,8 @@ def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: 
     pool.shutdown(wait=not interrupted, cancel_futures=True)
     wall = time.perf_counter() - t0
     mode = "unsafe (no marker syncs or handshakes, no NumPy check)" if unsafe else "safe"
-    print(f"sweep, {mode}: {seeds} seeds x {len(counts)} (model, target), {done} of {len(work)} runs"
+    print(f"sweep, {mode}: {seeds} seeds ({first_seed}..{first_seed + seeds - 1}) x {len(counts)} "
+          f"(model, target), {done} of {len(work)} runs"
           f"{' (interrupted)' if interrupted else ''}, {jobs} process(es): wall {wall:.0f} s, "
           f"CPU {cpu:.0f} s in the runs")
     print(f"  {'model':12} {'target':8} " + " ".join(f"{o:>10}" for o in OUTCOMES))
@@ -139,6 +154,10 @@ def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: 
         print(f"  {model:12} {tgt:8} " + " ".join(f"{c[o]:>10}" for o in OUTCOMES))
     for (model, tgt, what), (seed, report) in sorted(first.items()):
         print(f"  first {what} of {model} on {tgt}: seed {seed}: {report[:160]}")
+    # Two commits (or machines) that simulate alike give the same digest over the same seeds:
+    # what lets a sweep split over sessions show that the parts ran the same program.
+    digest = hashlib.sha256("\n".join(sorted(prints)).encode()).hexdigest()[:16]
+    print(f"  digest of the {done} runs (cycles, events, tokens): {digest}")
     failed = sum(c[o] for c in counts.values() for o in OUTCOMES if o != "match")
     if interrupted:
         return 1
@@ -150,6 +169,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--sweep", type=int, nargs="?", const=1000, default=0, metavar="SEEDS",
                     help="asynchrony seeds per model and target (default 1000)")
+    ap.add_argument("--first-seed", type=int, default=0, metavar="S",
+                    help="the sweep's first seed (split a sweep over machines or sessions)")
     ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                     help="sweep processes")
     ap.add_argument("--unsafe", action="store_true", help="sweep the ablation: must fail on some seeds")
@@ -160,7 +181,10 @@ def main() -> int:
     if args.sweep:
         if args.jobs < 1:
             ap.error(f"--jobs must be at least 1, got {args.jobs}")
-        return sweep(args.models.split(","), args.targets.split(","), args.sweep, args.jobs, args.unsafe)
+        if args.first_seed < 0:
+            ap.error(f"--first-seed must be at least 0, got {args.first_seed}")
+        return sweep(args.models.split(","), args.targets.split(","), args.sweep, args.jobs,
+                     args.unsafe, args.first_seed)
     speed("tiny_moe", "test32", args.requests)
     speed("tiny_dense", "test32", args.requests)
     if args.profile:

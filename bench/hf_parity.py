@@ -90,6 +90,27 @@ FIXTURES: dict[str, tuple[str, dict, dict]] = {
         linear_value_head_dim=8, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 5e4, "partial_rotary_factor": 0.5}),
         {}),
+    # quantized checkpoints (QUANTIZED): transformers dequantizes them on the CPU
+    "qwen3_fp8": ("qwen3", dict(head_dim=8, rope_theta=1e6), {}),
+    "qwen3_moe_fp8": ("qwen3_moe", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        head_dim=8), {}),
+    "gpt_oss_mxfp4": ("gpt_oss", dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, head_dim=8,
+        num_key_value_heads=8,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=8, swiglu_limit=1.5), {}),
+}
+
+# fixture -> its quantization_config: fp8 every linear layer but lm_head (e4m3, a float32
+# scale per 32 x 32 block), mxfp4 gpt_oss's experts; the other tensors in bfloat16, as the
+# published checkpoints store them (transformers computes in float32 from their values)
+QUANTIZED: dict[str, dict] = {
+    "qwen3_fp8": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                  "weight_block_size": [32, 32], "modules_to_not_convert": ["lm_head"]},
+    "qwen3_moe_fp8": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                      "weight_block_size": [32, 32], "modules_to_not_convert": ["lm_head"]},
+    "gpt_oss_mxfp4": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
 }
 
 
@@ -152,6 +173,11 @@ def make(name: str, seed: int) -> dict:
     shutil.rmtree(d, ignore_errors=True)
     model.save_pretrained(d, **save)
     (d / "generation_config.json").unlink(missing_ok=True)
+    if name in QUANTIZED:  # the same weights stored quantized; transformers reads them back
+        _quantize_checkpoint(d, QUANTIZED[name])
+        model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+        model.config._attn_implementation = "eager"
+        model.eval()
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in PROMPT_LENS]
     eos = over.get("eos_token_id", BASE["eos_token_id"])
@@ -166,6 +192,50 @@ def make(name: str, seed: int) -> dict:
            "seed": seed, "prompts": prompts, "tokens": tokens, "eos": eos}
     (d / "expected.json").write_text(json.dumps(exp, indent=1) + "\n")
     return exp
+
+
+def _quantize_checkpoint(d: Path, qcfg: dict) -> None:
+    """Rewrite checkpoint `d` with its quantized weights stored as transformers reads them:
+    fp8 `weight` (float8_e4m3fn) + `weight_scale_inv` (float32 block grid), mxfp4
+    `*_blocks` (uint8, two E2M1 codes a byte, even element low) + `*_scales` (E8M0)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from meshrt import quant
+
+    fmt = qcfg["quant_method"]
+    saved = {}  # the hub's tensor names, as save_pretrained wrote them
+    for f in sorted(d.glob("*.safetensors")):
+        saved |= load_file(str(f))
+    out = {}
+    for name, p in saved.items():
+        a = p.detach().float().numpy()
+        if fmt == "fp8" and name.endswith(".weight") and a.ndim == 2 and (
+                "self_attn" in name or ".mlp." in name) and "norm" not in name and "gate.weight" not in name:
+            bo, bi = qcfg["weight_block_size"]
+            q = quant.pack(a.T, "fp8", (bi, bo))  # meshrt's (in, out) orientation
+            out[name] = torch.from_numpy(q.codes.T.copy()).view(torch.float8_e4m3fn)
+            grid = q.scales[:, ::bo].T  # (out blocks, in blocks): one per block, not per column
+            out[name.removesuffix(".weight") + ".weight_scale_inv"] = torch.from_numpy(grid.copy())
+        elif fmt == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            q = quant.pack(a, "mxfp4")  # gpt_oss keeps experts as (E, in, out)
+            codes = np.swapaxes(q.codes, -1, -2)  # (E, out, in)
+            e, n_out, n_in = codes.shape
+            blocks = codes.reshape(e, n_out, n_in // 32, 16, 2)
+            out[name + "_blocks"] = torch.from_numpy((blocks[..., 0] | (blocks[..., 1] << 4)).copy())
+            out[name + "_scales"] = torch.from_numpy(np.swapaxes(q.scales, -1, -2).copy())
+        else:
+            out[name] = p.detach().to(torch.bfloat16).contiguous()
+    for f in d.glob("*.safetensors"):
+        f.unlink()
+    save_file(out, str(d / "model.safetensors"), metadata={"format": "pt"})
+    # a sharded index from save_pretrained would name the files just removed
+    (d / "model.safetensors.index.json").unlink(missing_ok=True)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = qcfg
+    cfg["dtype"] = "bfloat16"
+    cfg.pop("torch_dtype", None)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 # -- checking meshrt against them (no torch) ----------------------------------------

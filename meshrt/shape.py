@@ -48,11 +48,12 @@ MATH_FLAGS = ("qkv_bias", "o_bias", "mlp_bias", "qk_norm", "norm_topk", "tie_emb
               "shared_expert_gate")
 # Gated DeltaNet (Qwen3.5's linear attention, on the layers in `linear_layers`)
 LINEAR_INTS = ("linear_k_heads", "linear_v_heads", "linear_k_dim", "linear_v_dim", "linear_conv")
-MATH_INTS = MATH_FLAGS + ("sliding_window", "rope_original_max") + LINEAR_INTS
+MATH_INTS = (MATH_FLAGS + ("sliding_window", "rope_original_max", "quant_block_in", "quant_block_out")
+             + LINEAR_INTS)
 MATH_FLOATS = ("rms_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
                "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor",
                "rope_partial", "swiglu_alpha", "swiglu_limit", "swiglu_shift")
-MATH_STRS = ("rope_type", "missing_math")
+MATH_STRS = ("rope_type", "linear_quant", "expert_quant")
 
 # Sanity bounds, far above any real model and far below what would hang the
 # mapper or overflow an i64 product: a larger number is a typo or garbage.
@@ -67,6 +68,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "eos_token": (-1, MAX_DIM), "kv_slots": (1, MAX_DIM), "experts_per_region": (0, MAX_EXPERTS),
     "sliding_window": (0, MAX_DIM), "rope_original_max": (0, MAX_DIM),
     **{k: (0, MAX_DIM) for k in LINEAR_INTS},
+    "quant_block_in": (0, MAX_DIM), "quant_block_out": (0, MAX_DIM),
     **{k: (0, 1) for k in MATH_FLAGS},
 }
 
@@ -83,10 +85,14 @@ def int_problem(key: str, v: Any) -> str | None:
     return None
 
 
+BYTES_QUANTUM = 4096  # byte sizes are multiples of 1/4096: 17/32 (mxfp4), fp8 with its scales
+
+
 def bytes_problem(key: str, v: Any) -> str | None:
-    """Why `v` is not a byte size (a positive multiple of 1/32 up to 8), or None."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 8 or (v * 32) % 1:
-        return f"{key} must be a positive multiple of 1/32 up to 8, got {v}"
+    """Why `v` is not a byte size (a positive multiple of 1/4096 up to 8), or None."""
+    if (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 8
+            or (v * BYTES_QUANTUM) % 1):
+        return f"{key} must be a positive multiple of 1/{BYTES_QUANTUM} up to 8, got {v}"
     return None
 
 
@@ -216,9 +222,14 @@ class ModelShape:
     linear_k_dim: int = 0
     linear_v_dim: int = 0
     linear_conv: int = 0  # the short causal conv's kernel size
-    # what the model type computes that the reference and the kernels do not yet
-    # (sized and costed, refused by `meshrt run`); "" when nothing
-    missing_math: str = ""
+    # quantized weights (`meshrt.quant`): the format of the attention and dense FFN
+    # projections and of the experts ("" = dtype_bytes floats; "fp8", "mxfp4"), and
+    # fp8's scale block (input rows x output columns of the (in, out) matrix; 0 x 0:
+    # one scale per tensor)
+    linear_quant: str = ""
+    expert_quant: str = ""
+    quant_block_in: int = 0
+    quant_block_out: int = 0
     name: str = "model"
     source: str = field(default="<model>", compare=False)
     locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -231,12 +242,29 @@ class ModelShape:
         if self.experts and not self.moe_layers:
             object.__setattr__(self, "moe_layers", tuple(range(self.layers)))
         if not self.expert_dtype_bytes:
-            object.__setattr__(self, "expert_dtype_bytes", self.dtype_bytes)
+            object.__setattr__(self, "expert_dtype_bytes",
+                               self.quant_bytes(self.expert_quant) or self.dtype_bytes)
         if not self.kv_bytes:
             object.__setattr__(self, "kv_bytes", kv_bytes_default(self.dtype_bytes))
         self._validate()
 
     # -- derived ---------------------------------------------------------
+    @property
+    def quant_block(self) -> tuple[int, int] | None:
+        """fp8's scale block (input rows, output columns), None for one per tensor."""
+        return (self.quant_block_in, self.quant_block_out) if self.quant_block_in else None
+
+    def quant_bytes(self, fmt: str) -> float:
+        """Stored bytes per weight of `fmt` with its scales; 0.0 for "" (unquantized)."""
+        from meshrt.quant import bytes_per_weight
+
+        return bytes_per_weight(fmt, self.quant_block) if fmt else 0.0
+
+    @property
+    def linear_bytes(self) -> float:
+        """Bytes per weight of the attention and dense FFN projections."""
+        return self.quant_bytes(self.linear_quant) or self.dtype_bytes
+
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
@@ -336,10 +364,18 @@ class ModelShape:
         experts += moe * self.experts * (2 * self.expert_ffn + h) * self.expert_bias
         return plain, experts
 
+    def projection_count(self) -> int:
+        """Elements of the attention and dense FFN projections (stored at `linear_bytes`)."""
+        h, moe = self.hidden, len(self.moe_layers) if self.is_moe else 0
+        return (self.layers * (h * self.qkv_width + self.attn_width * h)
+                + (self.layers - moe) * 3 * h * self.ffn)
+
     def weight_bytes(self) -> float:
-        """All weights (see `weight_counts`)."""
+        """All weights (see `weight_counts`), the projections at `linear_bytes`."""
         plain, experts = self.weight_counts()
-        return plain * self.dtype_bytes + experts * self.expert_dtype_bytes
+        proj = self.projection_count()
+        return ((plain - proj) * self.dtype_bytes + proj * self.linear_bytes
+                + experts * self.expert_dtype_bytes)
 
     # -- the IR's hparams ------------------------------------------------
     def to_hparams(self, kv_slots: int, experts_per_region: int) -> dict[str, Attribute]:
@@ -416,6 +452,14 @@ class ModelShape:
                 and math.isfinite(self.swiglu_shift)):
             raise err("swiglu", "swiglu_alpha must be positive and swiglu_limit not negative, got "
                                 f"{self.swiglu_alpha} and {self.swiglu_limit}")
+        from meshrt.quant import FORMATS
+
+        for key in ("linear_quant", "expert_quant"):
+            if getattr(self, key) not in ("", *FORMATS):
+                raise err(key, f"{key} must be one of {', '.join(FORMATS)}, got "
+                               f"'{getattr(self, key)}'")
+        if bool(self.quant_block_in) != bool(self.quant_block_out):
+            raise err("quant_block_in", "an fp8 scale block needs both its rows and its columns")
         if not (math.isfinite(self.rms_eps) and self.rms_eps > 0):
             raise err("rms_eps", f"rms_norm_eps must be a positive number, got {self.rms_eps}")
         problem = self.rope.problem()

@@ -27,6 +27,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import (
     Attribute,
     Dialect,
+    Operation,
     ParametrizedAttribute,
     TypeAttribute,
 )
@@ -155,6 +156,22 @@ class KernelOp(MappedKernelOp):
     """A graph-level kernel instance."""
 
 
+def weights_prop(fmt: str | None) -> dict[str, Attribute]:
+    """The optional `weights` property of a kernel whose matrices are stored quantized
+    (`meshrt.quant.FORMATS`); none for plain floats."""
+    return {"weights": StringAttr(fmt)} if fmt else {}
+
+
+def verify_weights(op: Operation) -> None:
+    """A `weights` property names a format `meshrt.quant` knows."""
+    from meshrt.quant import FORMATS
+
+    fmt = getattr(op, "weights", None)
+    if fmt is not None and fmt.data not in FORMATS:
+        raise VerifyException(f"kernel @{op.kernel_name}: weights '{fmt.data}' is not a stored "
+                              f"format (one of {', '.join(FORMATS)})")
+
+
 _int = int_value
 
 
@@ -213,16 +230,21 @@ class MatmulOp(KernelOp):
     """y = x W, W of shape (in, out) given by the operand and result types."""
 
     name = "graph.matmul"
+    weights = opt_prop_def(StringAttr)  # the stored format of W (`meshrt.quant`); none: floats
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = _UNARY
 
-    def __init__(self, name, region, input, out_features: int, *, layer, stage, wafer):
+    def __init__(self, name, region, input, out_features: int, *, layer, stage, wafer,
+                 weights: str | None = None):
         super().__init__(
             operands=[input],
-            properties=self.common_props(name, region, layer, stage, wafer),
+            properties=self.common_props(name, region, layer, stage, wafer) | weights_prop(weights),
             result_types=[ActType(out_features)],
         )
+
+    def verify_kernel(self) -> None:
+        verify_weights(self)
 
 
 @irdl_op_definition
@@ -341,6 +363,7 @@ class MoEExpertsOp(KernelOp):
     expert_regions = prop_def(ArrayAttr[CoreSetAttr])
     placement = prop_def(DenseArrayBase)
     placement_policy = opt_prop_def(StringAttr)
+    weights = opt_prop_def(StringAttr)  # the experts' stored format (`meshrt.quant`)
     input = operand_def(ActType)
     routing = operand_def(RoutingType)
     output = result_def(ActType)
@@ -351,8 +374,8 @@ class MoEExpertsOp(KernelOp):
 
     def __init__(self, name, region, input, routing, *, expert_ffn, shared_experts,
                  expert_regions: Sequence[CoreSetAttr], placement: Sequence[int],
-                 layer, stage, wafer, policy: str | None = None):
-        props = self.common_props(name, region, layer, stage, wafer)
+                 layer, stage, wafer, policy: str | None = None, weights: str | None = None):
+        props = self.common_props(name, region, layer, stage, wafer) | weights_prop(weights)
         props["expert_ffn"] = IntegerAttr(expert_ffn, i64)
         props["shared_experts"] = IntegerAttr(shared_experts, i64)
         props["expert_regions"] = ArrayAttr(expert_regions)
@@ -367,6 +390,7 @@ class MoEExpertsOp(KernelOp):
         return tuple(self.placement.get_values())
 
     def verify_kernel(self) -> None:
+        verify_weights(self)
         rt = self.routing.type
         assert isinstance(rt, RoutingType)
         experts = rt.experts.data

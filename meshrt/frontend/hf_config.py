@@ -21,9 +21,7 @@ really uses:
   Qwen3.5-35B-A3B).
 - gpt_oss: `num_local_experts`, `experts_per_token` (or
   `num_experts_per_tok`), experts of width `intermediate_size`, explicit
-  `head_dim`; `quantization_config.quant_method == "mxfp4"` stores the
-  expert weights in MXFP4 (17/32 bytes per weight) and the rest in
-  `torch_dtype`.
+  `head_dim`.
 
 The math beyond the dimensions (`_read_math`), as transformers' code for
 each type computes it, goes into the shape and so into the IR's hparams:
@@ -63,9 +61,11 @@ each type computes it, goes into the shape and so into the IR's hparams:
   and its shared expert scaled by sigmoid(x w_sg). `attention_bias` true is an
   error. The multi-token-prediction head (`mtp_*`) and the vision tower do not
   change greedy text tokens and are not read.
-- `quantization_config` (mxfp4, fp8) changes the byte sizes only: the shape
-  says its math is not computed (`missing_math`) and `meshrt run` refuses it
-  at the key.
+- `quantization_config` (`_read_quant`): mxfp4 stores gpt_oss's experts in
+  MXFP4 (17/32 bytes per weight), fp8 every attention and FFN projection
+  (and the experts) in e4m3 with a scale per `weight_block_size` block; the
+  embedding, lm_head and routers stay in `torch_dtype`. The reference and the
+  kernels compute with the dequantized weights (`meshrt.quant`).
 
 Dynamism defaults to continuous batching and micro-batch pipelining, plus
 MoE routing for MoE models; micro-batch 1; KV capacity per slot is
@@ -98,7 +98,6 @@ def base_type(model_type: str | None) -> str | None:
 
 DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "float16": 2.0, "half": 2.0, "bfloat16": 2.0,
                "float8_e4m3fn": 1.0, "float8_e5m2": 1.0}
-MXFP4_BYTES = 17 / 32  # 32 four-bit values + one shared 8-bit scale
 
 
 class _Config:
@@ -270,20 +269,67 @@ def _read_dtypes(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
     f["dtype_bytes"] = DTYPE_BYTES[name]
     f["kv_bytes"] = max(DTYPE_BYTES[name], 2.0)
     q = cfg.get("quantization_config", {}, kind=dict)
+    if q:
+        _read_quant(cfg, mt, q, f)
+
+
+# modules_to_not_convert entries that leave what meshrt quantizes as it is: the embedding and
+# lm_head are never quantized here, nor are routers (not linear layers in transformers)
+_UNCONVERTED_OK = re.compile(r"^(model\.)?(embed_tokens|lm_head|layers\.\*\.mlp\.(router|gate))$"
+                             r"|^lm_head$")
+
+
+def _read_quant(cfg: _Config, mt: str, q: dict[str, Any], f: dict[str, Any]) -> None:
+    """transformers' quantization_config: which weights are stored how (`meshrt.quant`).
+
+    mxfp4 (transformers' Mxfp4 quantizer) replaces gpt_oss's experts only; fp8
+    (FineGrainedFP8Config) every linear layer but lm_head: the attention and FFN
+    projections and the experts, e4m3 with a float32 scale per weight_block_size
+    block (or per tensor). Both compute with the dequantized weights, as
+    transformers does where it dequantizes (its CPU path); fp8's GPU kernels also
+    quantize activations per token group, which meshrt does not (16-bit activations)."""
+    where = cfg.loc("quantization_config")
     method = q.get("quant_method")
     if method == "mxfp4":
-        # gpt-oss keeps attention, router, embeddings and lm_head unquantized.
-        f["expert_dtype_bytes"] = MXFP4_BYTES
-        cfg.locs["expert_dtype_bytes"] = cfg.loc("quantization_config")
-    elif method == "fp8":
-        f["dtype_bytes"] = 1.0
-        cfg.locs["dtype_bytes"] = cfg.loc("quantization_config")
-    elif method is not None:
+        if mt != "gpt_oss":
+            raise FrontendError(f"mxfp4 quantizes gpt_oss's experts; a {mt} model has none it "
+                                "applies to", cfg.loc("quant_method"))
+        f["expert_quant"] = "mxfp4"
+        cfg.locs["expert_quant"] = where
+        return
+    if "quant_method" not in q:
+        raise FrontendError("quantization_config has no quant_method (mxfp4 or fp8)", where)
+    if method != "fp8":
         raise FrontendError(f"unsupported quant_method '{method}', expected mxfp4 or fp8",
                             cfg.loc("quant_method"))
-    if method is not None:  # sized (the bytes above), not computed
-        f["missing_math"] = f"{method} quantized weights (quantization_config)"
-        cfg.locs["missing_math"] = cfg.loc("quantization_config")
+    if mt.startswith("qwen3_5"):  # Qwen3.5's DeltaNet projections would be quantized too
+        raise FrontendError("fp8 weights of Gated DeltaNet layers are not computed yet (only "
+                            "attention's, the FFNs' and the experts')", cfg.loc("quant_method"))
+    fmt = q.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise FrontendError(f"fp8 format '{fmt}' is not supported, only e4m3", cfg.loc("fmt"))
+    scheme = q.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise FrontendError(f"activation_scheme '{scheme}' (static activation scales) is not "
+                            "supported, only dynamic", cfg.loc("activation_scheme"))
+    block = q.get("weight_block_size")
+    if block is not None:
+        if (not isinstance(block, list) or len(block) != 2
+                or any(isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= 1 << 16
+                       for b in block)):
+            raise FrontendError(f"weight_block_size must be two positive integers [rows, columns], "
+                                f"got {json.dumps(block)}", cfg.loc("weight_block_size"))
+        # transformers' block is (output rows, input columns) of the (out, in) weight
+        f["quant_block_out"], f["quant_block_in"] = block
+    for name in q.get("modules_to_not_convert") or ():
+        if not isinstance(name, str) or not _UNCONVERTED_OK.match(name):
+            raise FrontendError(f"modules_to_not_convert lists {json.dumps(name)}: meshrt quantizes "
+                                "every attention and FFN projection or none", cfg.loc("modules_to_not_convert"))
+    f["linear_quant"] = "fp8"
+    cfg.locs["linear_quant"] = where
+    if f.get("experts"):
+        f["expert_quant"] = "fp8"
+        cfg.locs["expert_quant"] = where
 
 
 # transformers' defaults per model type (its configuration classes)

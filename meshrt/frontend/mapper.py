@@ -141,14 +141,15 @@ class Sizer:
     def band(self, kind: str, w: int, h: int) -> float:
         """Bytes per core of the kernel a band holds, by the kernel kind's own formula."""
         s, d, mb = self.shape, self.shape.dtype_bytes, self.micro_batch
+        q = s.linear_bytes  # the layers' projections (quantized or not)
         if kind == "qkv":
-            return self.matmul(s.hidden, self.mixer_in, d, w, h)
+            return self.matmul(s.hidden, self.mixer_in, q, w, h)
         if kind == "o":
-            return self.matmul(self.mixer_out, s.hidden, d, w, h)
+            return self.matmul(self.mixer_out, s.hidden, q, w, h)
         if kind == "up":
-            return self.matmul(s.hidden, 2 * s.ffn, d, w, h)
+            return self.matmul(s.hidden, 2 * s.ffn, q, w, h)
         if kind == "down":
-            return self.matmul(s.ffn, s.hidden, d, w, h)
+            return self.matmul(s.ffn, s.hidden, q, w, h)
         if kind == "gate":
             return self.matmul(s.hidden, s.experts, d, w, h)
         if kind == "lm_head":
@@ -164,7 +165,7 @@ class Sizer:
     def layer_gemvs(self, w: int, h: int) -> float:
         """Bytes per core of a dense layer's four GEMVs sharing one w x h region, in
         alternating orientations (qkv and up reduce down columns, o and down along rows)."""
-        s, d = self.shape, self.shape.dtype_bytes
+        s, d = self.shape, self.shape.linear_bytes
         return (self.matmul(s.hidden, self.mixer_in, d, w, h)
                 + GemvOp.footprint(self.mixer_out, s.hidden, d, self.micro_batch, w, h, "row").total
                 + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
@@ -196,6 +197,12 @@ class Sizer:
         s = self.shape
         weights = ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, s.expert_dtype_bytes, 0, 1, 1).state
         return max(1, ceil_div(weights, self.usable))
+
+
+def _whole_kv_heads(w: int, kv_heads: int) -> int:
+    """The least width from `w` whose columns hold whole KV heads (the interpreter's
+    attention needs no dot products across columns), else `w` (head_dim split)."""
+    return next((d for d in range(w, kv_heads + 1) if kv_heads % d == 0), w)
 
 
 def _least(ok: Callable[[int], bool], most: int) -> int | None:
@@ -284,10 +291,7 @@ class Planner:
         sz = self.sizer
         w = _min_width(lambda w: sz.band(kind, w, h) + msg, sz.max_width(kind), sz.usable)
         if kind == "attn" and w is not None:
-            # Whole KV heads per column (the interpreter's attention needs no
-            # dot products across columns); wider bands split head_dim instead.
-            kv = sz.shape.kv_heads
-            w = next((d for d in range(w, kv + 1) if kv % d == 0), w)
+            w = _whole_kv_heads(w, sz.shape.kv_heads)
         return w
 
     def _expert_width(self, h: int) -> int | None:
@@ -314,9 +318,9 @@ class Planner:
         holds its tiles of the four GEMVs (alternating orientations, so each
         reads its input where the previous one left it) and its share of
         attention's KV cache (none on rows past max_seq). KV spread over every
-        row leaves each core a few positions of every slot,
-        so the scores, softmax and weighted sum take few cycles per core and
-        the partials merge along the column; the least width where both fit
+        row leaves each core a few positions of every slot, so the scores,
+        softmax and weighted sum take few cycles per core and the partials
+        merge along the column; the least width where both fit
         (square-ish at the heights the mapper tries), times `scale` when the
         mapping has room to spare (more cores per layer: less work per core).
         """
@@ -329,10 +333,7 @@ class Planner:
         lo = _least(fits, max_w)
         if lo is None:
             return None
-        # Whole KV heads per column (the interpreter's attention needs no dot
-        # products across columns); wider layers split head_dim instead.
-        kv = s.kv_heads
-        w = next((d for d in range(lo, kv + 1) if kv % d == 0), lo)
+        w = _whole_kv_heads(lo, s.kv_heads)
         if scale > 1.0:
             w = min(max_w, max(w, round(w * scale)))
         return w if fits(w) else None
@@ -799,13 +800,14 @@ def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
     s, d = sizer.shape, sizer.shape.dtype_bytes
     if unit.kind in ("embed", "lm_head"):
         return s.vocab * s.hidden * d
-    attn = (s.hidden * s.qkv_width + s.attn_width * s.hidden) * d \
+    q = s.linear_bytes
+    attn = (s.hidden * s.qkv_width + s.attn_width * s.hidden) * q \
         + sizer.kv_slots * s.max_seq * s.kv_bytes_per_token()
     if s.is_linear_layer(unit.layer):  # Gated DeltaNet: its recurrent and conv state per slot
         attn = (s.hidden * s.linear_in_width + s.linear_value_width * s.hidden) * d \
             + sizer.kv_slots * sum(s.linear_state_elements()) * s.kv_bytes
     if unit.kind == "dense":
-        return attn + 3 * s.hidden * s.ffn * d
+        return attn + 3 * s.hidden * s.ffn * q
     return attn + s.hidden * s.experts * d + \
         (s.experts + s.shared_experts) * 3 * s.hidden * s.expert_ffn * s.expert_dtype_bytes
 
@@ -953,6 +955,7 @@ class _Emitter:
             layer = b["layer"]
             b = {"qkv": layer, "attn": layer, "o": layer, "up": layer, "down": layer}
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
+        q = s.linear_quant or None  # attention's and the FFN's stored format (not DeltaNet's)
         if s.is_linear_layer(i):  # Gated DeltaNet on the region's first columns
             qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.linear_in_width, **kw))
             x0, y0, x1, y1 = b["attn"].extent
@@ -967,17 +970,18 @@ class _Emitter:
                                       v_heads=s.linear_v_heads, k_dim=s.linear_k_dim,
                                       v_dim=s.linear_v_dim, conv=s.linear_conv, **kw))
         else:
-            qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, **kw))
+            qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, weights=q, **kw))
             a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
                                        kv_heads=s.kv_heads, head_dim=s.head_dim,
                                        max_seq=s.max_seq, gated=s.attn_gate, **kw))
-        o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden, **kw))
+        o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden,
+                                weights=None if s.is_linear_layer(i) else q, **kw))
         h = self.add(g.AddOp(f"l{i}_add1", b["o"], x, o, **kw))
         if p.unit.kind == "dense":
             n2 = self.add(g.RMSNormOp(f"l{i}_norm2", b["up"], h, **kw))
-            up = self.add(g.MatmulOp(f"l{i}_up", b["up"], n2, 2 * s.ffn, **kw))
+            up = self.add(g.MatmulOp(f"l{i}_up", b["up"], n2, 2 * s.ffn, weights=q, **kw))
             act = self.add(g.ElementwiseOp(f"l{i}_act", b["up"], up, "silu_mul", **kw))
-            y = self.add(g.MatmulOp(f"l{i}_down", b["down"], act, s.hidden, **kw))
+            y = self.add(g.MatmulOp(f"l{i}_down", b["down"], act, s.hidden, weights=q, **kw))
             return self.add(g.AddOp(f"l{i}_add2", b["down"], h, y, **kw))
         return self.moe_tail(p, b, h, kw)
 
@@ -992,7 +996,8 @@ class _Emitter:
         y = self.add(g.MoEExpertsOp(
             f"l{i}_moe", b["relay"], n2, route, expert_ffn=s.expert_ffn,
             shared_experts=s.shared_experts, expert_regions=regions,
-            placement=[e // group for e in range(s.experts)], policy="contiguous", **kw))
+            placement=[e // group for e in range(s.experts)], policy="contiguous",
+            weights=s.expert_quant or None, **kw))
         return self.add(g.AddOp(f"l{i}_add2", b["relay"], h, y, **kw))
 
     def handoff(self, p: Placed, x, stage: int, to_stage: int, to_wafer: int) -> SSAValue:

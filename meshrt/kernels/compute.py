@@ -49,31 +49,67 @@ class ComputeOp:
         return work * float(costs[self.cost])
 
 
-def _fmac(b: ComputeBody) -> list[str]:
+def _tile(b: ComputeBody):
+    """(k input rows, m output columns, region, word offset, words) of this core's
+    resident tile as the fmac reads it (clamped to the region), or None."""
     w = b.w
     k = max(1, w.nx // b.b)
     m = max(1, min(b.e.work // max(1, b.b * k), w.ny // b.b))
     reg = w.region(b.sub)
     if reg is None:
-        return [f"// no resident weights recorded for @{b.sub.kernel}: y = x", *b.passthrough()]
+        return None
     arr, off, length = reg
     if k * m > length:
         m = max(1, length // k)
         k = min(k, length)
+    return k, m, arr, off, length
+
+
+# A packed tile in `wq` (16-bit words, meshrt.quant's formats): the codes row-major
+# (CODES_PER_WORD a word), then per tile row the index of its scale block among the tile's
+# blocks, then the blocks' scales per column (mxfp4: the E8M0 byte; fp8: float32 bits, two
+# words). A row's block index, not a fixed block height, so tiles that start inside a
+# block keep the whole matrix's scales.
+CODES_PER_WORD = {"mxfp4": 4, "fp8": 2}
+SCALE_WORDS = {"mxfp4": 1, "fp8": 2}
+
+
+def _packed_layout(fmt: str, k: int, m: int, off: int) -> tuple[int, int, int]:
+    """Word offsets in `wq` of a packed k x m tile's codes, row blocks and scales."""
+    codes = off
+    blocks = codes + -(-k * m // CODES_PER_WORD[fmt])
+    return codes, blocks, blocks + k
+
+
+def _fmac(b: ComputeBody) -> list[str]:
+    w = b.w
+    got = _tile(b)
+    if got is None:
+        return [f"// no resident weights recorded for @{b.sub.kernel}: y = x", *b.passthrough()]
+    k, m, arr, off, length = got
     routed = w.moe and b.kind.PLACES_EXPERTS  # only the tokens routed to this region
-    if arr == "wq":  # packed weights: dequantize on the fly
+    if arr == "wq":  # packed: each code decoded as it is read, times its block's scale
+        fmt = b.param("weights")
+        per = CODES_PER_WORD[fmt]
+        bits = 16 // per
+        codes, blocks, _ = _packed_layout(fmt, k, m, off)
+        table = "E2M1" if fmt == "mxfp4" else "E4M3"
+        w.tables.add(table)
         guard = "mine[j] != 0 and " if routed else ""
         return [
-            f"// y[b, {m}] = W[{k} x {m}]^T x[b, {k}]; W packed 4 bits per weight in wq",
+            f"// y[b, {m}] = W[{k} x {m}]^T x[b, {k}]; W as {fmt} codes in wq ({per} a word), "
+            f"w = {table}[code] x wscale (dequant_{fmt} decoded the scales)",
             f"for (@range(u16, {b.b})) |j| {{",
             f"  for (@range(u16, {m})) |o| {{",
             f"    y[j * {m} + o] = 0.0;",
             f"    if ({guard}true) {{",
             f"      var acc: {b.T} = 0.0;",
             f"      for (@range(u16, {k})) |i| {{",
-            f"        const idx: u32 = {off * 4} + @as(u32, i) * {m} + @as(u32, o);",
-            "        const nib = (wq[idx >> 2] >> @as(u16, (idx & 3) * 4)) & 0xf;",
-            f"        acc += (@as({b.T}, nib) - 8.0) * x[j * {k} + i];",
+            f"        const idx: u32 = @as(u32, i) * {m} + @as(u32, o);",
+            f"        const code = (wq[{codes} + idx / {per}] >> @as(u16, (idx % {per}) * {bits})) "
+            f"& {(1 << bits) - 1};",
+            f"        const s = wscale[@as(u32, wq[{blocks} + @as(u32, i)]) * {m} + @as(u32, o)];",
+            f"        acc += @as({b.T}, {table}[code] * s) * x[j * {k} + i];",
             "      }",
             f"      y[j * {m} + o] = acc;",
             "    }",
@@ -98,6 +134,37 @@ def _fmac(b: ComputeBody) -> list[str]:
         *inner,
         "}",
     ]
+
+
+def _dequant(b: ComputeBody) -> list[str]:
+    """The tile's block scales as float32 multipliers (`wscale`), for the fmac that
+    follows, which decodes each code through its format's table as it reads it."""
+    got = _tile(b)
+    if got is None or got[2] != "wq":
+        return [f"// @{b.sub.kernel}: no packed tile recorded; nothing to decode"]
+    k, m, _, off, length = got
+    fmt = b.param("weights")
+    _, blocks, scales = _packed_layout(fmt, k, m, off)
+    nb = max(1, min(k, (length - (scales - off)) // (SCALE_WORDS[fmt] * m)))
+    b.w.wscale = max(b.w.wscale, nb * m)
+    if fmt == "mxfp4":  # E8M0: 2^(e - 127) is the float32 with exponent field e
+        value = f"@bitcast(f32, @as(u32, wq[{scales} + s]) << 23)"
+    else:  # float32 bits in two words, low first
+        value = (f"@bitcast(f32, @as(u32, wq[{scales} + 2 * s]) | "
+                 f"(@as(u32, wq[{scales} + 2 * s + 1]) << 16))")
+    return [
+        f"// {fmt}: the scales of the tile's {nb} block(s) x {m} columns, as float32",
+        f"for (@range(u32, {nb * m})) |s| {{",
+        f"  wscale[s] = {value};",
+        "}",
+    ]
+
+
+DEQUANT = {
+    "fp8": ComputeOp("dequant_fp8", "dequant_fp8", _dequant),
+    "mxfp4": ComputeOp("dequant_mxfp4", "dequant_mxfp4", _dequant),
+}
+"""Decode a packed weight tile where the kernel computes (`meshrt.quant`), by format."""
 
 
 def _add(b: ComputeBody) -> list[str]:

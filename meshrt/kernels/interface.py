@@ -74,6 +74,14 @@ class KernelContext:
     stream: StreamCosts | None = None
     reduce_group: int = 0  # force reduction groups of this size (1: none); 0: the plan chooses
     reduce_tree: str = "chain"  # "chain": roots at the line's end; "tree": the plan may centre them
+    quant_block: tuple[int, int] | None = None  # fp8's scale block (the model's), None per tensor
+
+    def stored_bytes(self, fmt: str | None, plain: float) -> float:
+        """Bytes per weight of a kernel whose matrices are stored as `fmt` (its `weights`
+        property; None: `plain` floats)."""
+        from meshrt.quant import bytes_per_weight
+
+        return bytes_per_weight(fmt, self.quant_block) if fmt else plain
 
     @property
     def cf_bytes(self) -> int:

@@ -169,6 +169,13 @@ class CoreData:
             t = self.tiles[key] = np.asarray(make(), F64)
         return t
 
+    def packed_tile(self, key, make):
+        """This core's resident tile `key` as stored (a `meshrt.quant.Packed`), loaded once."""
+        t = self.tiles.get(key)
+        if t is None:
+            t = self.tiles[key] = make()
+        return t
+
 
 class _Where:
     """Names kernel and core in an error; formatted only when one is raised."""

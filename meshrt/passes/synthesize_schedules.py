@@ -80,6 +80,8 @@ def kernel_context(program: mk.ProgramOp, target: Target | None = None,
         stream=StreamCosts.of(target) if target is not None else None,
         reduce_group=reduce_group,
         reduce_tree=reduce_tree,
+        quant_block=(hp.int("quant_block_in"), hp.int("quant_block_out"))
+        if "quant_block_in" in hp and hp.int("quant_block_in") else None,
     )
 
 

@@ -11,6 +11,10 @@ everything downstream take either.
 `tensor_names` is the one place that says which tensor of which model type
 is which weight: Hugging Face stores a linear map as (out, in), meshrt as
 (in, out), so those are transposed; experts are stacked along a first axis.
+Quantized weights (`reference.weight_format`) are read as stored and kept
+packed (`meshrt.quant.Packed`): fp8 as an F8_E4M3 `weight` beside its float32
+`weight_scale_inv` grid (the block follows from the grid, as transformers
+derives it), gpt_oss's mxfp4 experts as `*_blocks` and `*_scales` bytes.
 A tensor that is missing, of another shape, of a dtype that is not a float,
 or left over (a bias or a norm the config does not announce) is a
 `FrontendError` naming the tensor, located at its file.
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meshrt import quant
 from meshrt.diagnostics import FrontendError
 from meshrt.frontend.hf_config import base_type
 from meshrt.runtime import reference as ref
@@ -34,6 +39,9 @@ __all__ = ["Checkpoint", "is_checkpoint", "load_checkpoint", "tensor_names"]
 
 INDEX = "model.safetensors.index.json"
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+# what each quantized format's stored tensors must be
+STORED_DTYPES = {"codes:fp8": "F8_E4M3", "scales:fp8": "F32", "codes:mxfp4": "U8",
+                 "scales:mxfp4": "U8"}
 # buffers some exports write beside the weights; they change no number we compute
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # Qwen3.5 hub checkpoints hold the vision tower and the multi-token-prediction head beside
@@ -62,6 +70,13 @@ class Source:
     head_half: tuple[int, int] | None = None
     offset: float = 0.0  # added to the tensor (Qwen3.5's RMSNorms scale by 1 + weight)
     squeeze: bool = False  # a depthwise conv's (channels, 1, taps) as (channels, taps)
+
+    @staticmethod
+    def stored(name: str, fmt: str) -> tuple[str, str]:
+        """(codes tensor, scales tensor) a weight `name` is stored as in `fmt`."""
+        if fmt == "mxfp4":
+            return f"{name}_blocks", f"{name}_scales"
+        return name, name.removesuffix(".weight") + ".weight_scale_inv"
 
     def theirs(self, expect: tuple[int, ...]) -> tuple[int, ...]:
         """The checkpoint's shape of a tensor meshrt holds as `expect`."""
@@ -240,13 +255,7 @@ class Checkpoint:
 
     def tensor(self, name: str, expect: tuple[int, ...], src: Source) -> np.ndarray:
         """Tensor `name` of `src` as float32, in meshrt's orientation, checked against `expect`."""
-        path = self.where.get(name)
-        if path is None:
-            raise FrontendError(f"checkpoint has no tensor '{name}'", str(self.dir))
-        info = self._header(path).get(name)
-        if info is None:
-            raise FrontendError(f"checkpoint has no tensor '{name}' (the index names this file)",
-                                str(path))
+        path, info = self._info(name)
         theirs = src.theirs(expect)
         if tuple(info.get("shape", ())) != theirs:
             raise FrontendError(f"tensor '{name}' has shape {tuple(info.get('shape', ()))}, the "
@@ -267,14 +276,82 @@ class Checkpoint:
                 raise FrontendError(f"cannot read tensor '{name}': {e}", str(path)) from None
         return src.convert(np.asarray(a, np.float32).reshape(theirs))
 
-    def _bf16(self, path: Path, info: dict) -> np.ndarray:
-        """bfloat16 widened to float32 from the file's bytes (NumPy has no bfloat16)."""
+    def _info(self, name: str) -> tuple[Path, dict]:
+        path = self.where.get(name)
+        if path is None:
+            raise FrontendError(f"checkpoint has no tensor '{name}'", str(self.dir))
+        info = self._header(path).get(name)
+        if info is None:
+            raise FrontendError(f"checkpoint has no tensor '{name}' (the index names this file)",
+                                str(path))
+        return path, info
+
+    def _stored(self, name: str, what: str, fmt: str) -> np.ndarray:
+        """Tensor `name` as stored (codes or scales of `fmt`), checked to be of its dtype."""
+        path, info = self._info(name)
+        want = STORED_DTYPES[f"{what}:{fmt}"]
+        if info.get("dtype") != want:
+            raise FrontendError(f"tensor '{name}' is {info.get('dtype')}; {fmt} {what} are {want}",
+                                str(path))
+        raw = self._raw(path, info)
+        shape = tuple(info.get("shape", ()))
+        dtype = np.dtype("<f4") if want == "F32" else np.dtype(np.uint8)
+        if len(raw) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+            raise FrontendError(f"tensor '{name}' holds {len(raw)} bytes, not the {shape} its "
+                                "header gives", str(path))
+        return np.frombuffer(raw, dtype).reshape(shape)
+
+    def packed(self, name: str, expect: tuple[int, ...], src: Source, fmt: str) -> quant.Packed:
+        """Quantized weight `name` of `src` in meshrt's orientation, still packed."""
+        codes_name, scales_name = Source.stored(name, fmt)
+        codes, scales = self._stored(codes_name, "codes", fmt), self._stored(scales_name, "scales", fmt)
+        path = self.where[codes_name]
+        theirs = src.theirs(expect)
+        if fmt == "mxfp4":  # (..., out, in / 32, 16) bytes and (..., out, in / 32) exponents
+            # gpt_oss's fused experts: meshrt's (in, out) orientation, the blocks along in
+            lead, n_in, n_out = theirs[:-2], theirs[-2], theirs[-1]
+            want_c = (*lead, n_out, -(-n_in // quant.MXFP4_BLOCK), quant.MXFP4_BLOCK // 2)
+            if codes.shape != want_c or scales.shape != want_c[:-1]:
+                raise FrontendError(f"tensors '{codes_name}' / '{scales_name}' have shapes "
+                                    f"{codes.shape} / {scales.shape}, the config makes them "
+                                    f"{want_c} / {want_c[:-1]}", str(path))
+            nib = np.stack([codes & 0x0F, codes >> 4], -1).reshape(*lead, n_out, -1)[..., :n_in]
+            p = quant.Packed("mxfp4", np.swapaxes(nib, -1, -2).copy(),
+                             np.swapaxes(scales, -1, -2).copy(), quant.MXFP4_BLOCK)
+        else:  # (out, in) e4m3 codes and a (ceil(out / bo), ceil(in / bi)) float32 grid
+            if codes.shape != theirs:
+                raise FrontendError(f"tensor '{codes_name}' has shape {codes.shape}, the config "
+                                    f"makes it {theirs}", str(path))
+            grid = scales.reshape(1, 1) if scales.size == 1 else scales
+            if grid.ndim != 2:
+                raise FrontendError(f"tensor '{scales_name}' must be a 2-D grid of block scales, "
+                                    f"got shape {scales.shape}", str(self.where[scales_name]))
+            n_out, n_in = codes.shape
+            (g_out, g_in) = grid.shape
+            if n_out % g_out or n_in % g_in:  # as transformers: the grid divides the matrix
+                raise FrontendError(f"tensor '{scales_name}': a {g_out} x {g_in} scale grid does "
+                                    f"not divide the {n_out} x {n_in} weight", str(self.where[scales_name]))
+            per_col = np.repeat(grid, n_out // g_out, axis=0)  # (out, g_in)
+            p = quant.Packed("fp8", codes.T.copy(), per_col.T.astype(np.float32).copy(), n_in // g_in)
+        if src.interleaved is not None:
+            p = p.columns(np.arange(src.interleaved, p.codes.shape[-1], 2))
+        return p
+
+    def _raw(self, path: Path, info: dict) -> bytes:
+        """A tensor's bytes as the file stores them."""
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             lo, hi = info["data_offsets"]
             f.seek(8 + n + lo)
             data = f.read(hi - lo)
-        if len(data) != hi - lo or len(data) % 2:
+        if len(data) != hi - lo:
+            raise FrontendError("tensor data is cut short", str(path))
+        return data
+
+    def _bf16(self, path: Path, info: dict) -> np.ndarray:
+        """bfloat16 widened to float32 from the file's bytes (NumPy has no bfloat16)."""
+        data = self._raw(path, info)
+        if len(data) % 2:
             raise FrontendError("bfloat16 tensor data is cut short", str(path))
         raw = np.frombuffer(data, "<u2")
         return (raw.astype(np.uint32) << 16).view(np.float32)
@@ -294,13 +371,22 @@ def load_checkpoint(directory: str | Path, shape) -> ref.Weights:
     names = tensor_names(model_type, s, _prefix(base_type(model_type), ckpt))
     expected = ref.Weights.expected(s)
     arrays: dict[str, np.ndarray] = {}
+    packed: dict[str, quant.Packed] = {}
+    used: set[str] = set()
     for mine, src in names.items():
         want = expected[mine]
-        if src.stacked:
+        fmt = ref.weight_format(s, mine)
+        if fmt:
+            parts = [ckpt.packed(n, want[1:] if src.stacked else want, src, fmt) for n in src.names]
+            packed[mine] = quant.Packed.stack(parts) if src.stacked else parts[0]
+            arrays[mine] = packed[mine].decode()
+            used.update(t for n in src.names for t in Source.stored(n, fmt))
+        elif src.stacked:
             arrays[mine] = np.stack([ckpt.tensor(n, want[1:], src) for n in src.names])
         else:
             arrays[mine] = ckpt.tensor(src.names[0], want, src)
-    used = {n for src in names.values() for n in src.names}
+        if not fmt:
+            used.update(src.names)
     if s.tie_embeddings:  # transformers ties it to the embedding whatever the file holds
         used.add("lm_head.weight")
     extra = sorted(n for n in ckpt.where if n not in used and not n.endswith(IGNORED_SUFFIXES)
@@ -310,7 +396,10 @@ def load_checkpoint(directory: str | Path, shape) -> ref.Weights:
                             + (f" (nor are {len(extra) - 1} more)" if len(extra) > 1 else "")
                             + ": a bias, norm or layer the config does not announce",
                             str(ckpt.where[extra[0]]))
-    return _weights(s, arrays)
+    w = _weights(s, arrays)
+    w.packed.update(packed)
+    w.validate()
+    return w
 
 
 def _weights(s: ref.RefShape, a: dict[str, np.ndarray]) -> ref.Weights:
@@ -339,6 +428,4 @@ def _weights(s: ref.RefShape, a: dict[str, np.ndarray]) -> ref.Weights:
                                        get("ffn_norm"), dense, moe, get("bq"), get("bk"), get("bv"),
                                        get("bo"), get("q_norm"), get("k_norm"), get("sinks"),
                                        get("wg"), linear))
-    w = ref.Weights(s, a["embed"], layers, a["final_norm"], a["lm_head"])
-    w.validate()
-    return w
+    return ref.Weights(s, a["embed"], layers, a["final_norm"], a["lm_head"])

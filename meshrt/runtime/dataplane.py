@@ -28,8 +28,11 @@ the payloads of the sends that the tables give metainfo bytes.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from meshrt import quant
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
 from meshrt.kernels.numerics import CoreData, DataLayoutError, KernelExec, Payload, Routing, SlotTable, Vec, block_order
@@ -120,33 +123,50 @@ class DataPlane:
         """The bias of gemv `name` laid out as its matrix's columns, or None (no bias)."""
         return self._gemv_array(name, layer, blocks, splits, bias=True)
 
-    def _gemv_array(self, name: str, layer: int, blocks, splits: int, *, bias: bool):
-        w = self.weights
+    def packed_matrix(self, name: str, layer: int, fmt: str, blocks=None,
+                      splits: int = 1) -> quant.Packed:
+        """Gemv `name`'s weight matrix as stored (`fmt` codes and block scales), laid out
+        as `matrix` lays out its values."""
+        parts = [self.weights.packed.get(n) for n in self._gemv_parts(name, layer, bias=False)]
+        if any(p is None or p.fmt != fmt for p in parts):
+            raise DataLayoutError(f"kernel @{name}: its weights are stored as {fmt}, the "
+                                  "model's are not")
+        p = quant.Packed.concat(parts)
+        return p.columns(block_order(tuple(blocks), splits)) if blocks else p
+
+    def _gemv_parts(self, name: str, layer: int, *, bias: bool) -> list[str]:
+        """The `Weights.named_arrays` names gemv `name` concatenates along its output."""
         if name == "lm_head":
-            a = None if bias else w.lm_head
+            return [] if bias else ["lm_head"]
+        lw, p = self.weights.layers[layer], f"layers.{layer}."
+        suffix = name.split("_", 1)[1]
+        if lw.linear is not None and suffix in ("qkv", "o"):  # a DeltaNet layer's projections
+            parts = [] if bias else (["linear.w_qkv", "linear.w_z", "linear.w_b", "linear.w_a"]
+                                     if suffix == "qkv" else ["linear.w_out"])
+        elif suffix == "qkv":  # Qwen3.5's output gate after q, k and v
+            parts = ["bq", "bk", "bv"] if bias else ["wq", "wk", "wv"] + (
+                [] if lw.wg is None else ["wg"])
+        elif suffix == "o":
+            parts = ["bo" if bias else "wo"]
+        elif suffix == "up" and lw.dense is not None:
+            parts = ["dense.b_gate", "dense.b_up"] if bias else ["dense.w_gate", "dense.w_up"]
+        elif suffix == "down" and lw.dense is not None:
+            parts = ["dense.b_down" if bias else "dense.w_down"]
         else:
-            lw = w.layers[layer]
-            suffix = name.split("_", 1)[1]
-            d = lw.dense
-            if lw.linear is not None and suffix in ("qkv", "o"):  # a DeltaNet layer's projections
-                ln = lw.linear
-                parts = () if bias else ((ln.w_qkv, ln.w_z, ln.w_b, ln.w_a) if suffix == "qkv"
-                                         else (ln.w_out,))
-            elif suffix == "qkv":  # Qwen3.5's output gate after q, k and v
-                parts = (lw.bq, lw.bk, lw.bv) if bias else (lw.wq, lw.wk, lw.wv) + (
-                    () if lw.wg is None else (lw.wg,))
-            elif suffix == "o":
-                parts = (lw.bo if bias else lw.wo,)
-            elif suffix == "up" and d is not None:
-                parts = (d.b_gate, d.b_up) if bias else (d.w_gate, d.w_up)
-            elif suffix == "down" and d is not None:
-                parts = (d.b_down if bias else d.w_down,)
-            else:
-                raise DataLayoutError(f"kernel @{name}: no weight matrix of that name")
-            a = None if not parts or parts[0] is None else np.concatenate(parts, axis=-1)
-        if a is None or not blocks:
-            return a
-        return a[..., block_order(tuple(blocks), splits)]
+            raise DataLayoutError(f"kernel @{name}: no weight matrix of that name")
+        return [p + n for n in parts]
+
+    def _gemv_array(self, name: str, layer: int, blocks, splits: int, *, bias: bool):
+        names = self._gemv_parts(name, layer, bias=bias)
+        arrays = self._named
+        if not names or arrays.get(names[0]) is None:
+            return None
+        a = np.concatenate([arrays[n] for n in names], axis=-1)
+        return a[..., block_order(tuple(blocks), splits)] if blocks else a
+
+    @functools.cached_property
+    def _named(self) -> dict[str, np.ndarray]:
+        return self.weights.named_arrays()
 
     # the reference's traced value (`reference.Trace`) each kernel's output is, by the
     # same naming; a reduction (`l0_qkv.reduce`) holds the value of its product
@@ -170,13 +190,7 @@ class DataPlane:
     def positions(self, name: str) -> np.ndarray | None:
         """Where kernel `name`'s value (a blocked GEMV's, or its reduction's) holds each entry
         of the plain concatenation of its blocks, or None if it is laid out plainly."""
-        gemv = self.kernels.get(name.partition(".")[0])
-        blocks = getattr(gemv, "blocks", None)
-        if not blocks:
-            return None
-        pos = np.empty(sum(blocks), np.int64)
-        pos[block_order(blocks, gemv.splits)] = np.arange(sum(blocks))
-        return pos
+        return getattr(self.kernels.get(name.partition(".")[0]), "positions", None)
 
     def in_reference_order(self, name: str, row: np.ndarray) -> np.ndarray:
         """One slot's entries of kernel `name`'s value in the reference's order."""
@@ -210,6 +224,15 @@ class DataPlane:
         if m is None or m.shared_gate.shape[0]:
             raise DataLayoutError(f"layer {layer}: only MoE layers without shared experts have numerics")
         return m
+
+    def packed_experts(self, layer: int, fmt: str) -> tuple[quant.Packed, quant.Packed, quant.Packed]:
+        """Layer's expert gate, up and down matrices as stored (`fmt` codes and scales)."""
+        got = tuple(self.weights.packed.get(f"layers.{layer}.moe.{n}")
+                    for n in ("w_gate", "w_up", "w_down"))
+        if any(p is None or p.fmt != fmt for p in got):
+            raise DataLayoutError(f"layer {layer}: its experts are stored as {fmt}, the "
+                                  "model's are not")
+        return got
 
     def count_routing(self, layer, ids, cd) -> None:
         """The gate root counts each live slot's choices once: the live activation

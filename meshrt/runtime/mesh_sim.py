@@ -136,8 +136,8 @@ core waits for: a recv on flow F from which senders, an output-queue slot
 held by messages parked at which core, markers waiting for which messages,
 the drain of its own messages, an install credit of which flow from which
 routers, or a route drain still missing end-of-flow messages from which
-senders); `max_cycles` bounds simulated time
-(`TimeBoundReport`).
+senders); `max_cycles` bounds simulated time and `max_seconds` the wall time
+of the run (both a `TimeBoundReport`).
 """
 
 from __future__ import annotations
@@ -244,8 +244,13 @@ class TimeBoundReport:
     cycle: int
     max_cycles: int
     steps_done: int
+    # set when the wall-time bound stopped the run (`max_seconds`), not simulated time
+    max_seconds: float | None = None
 
     def __str__(self) -> str:
+        if self.max_seconds is not None:
+            return (f"time bound: the run reached its wall-time limit of {self.max_seconds:g} s "
+                    f"at cycle {self.cycle:,} with {self.steps_done} decode step(s) complete")
         return (
             f"time bound: simulated time reached {self.max_cycles} cycles with "
             f"{self.steps_done} decode step(s) complete"
@@ -457,8 +462,8 @@ class MeshSim:
 
     def __init__(self, program: sg.ProgramOp, target, *, seed: int = 0, safe: bool = True,
                  jitter: float | None = None, queue_depth: int = 2, out_queue: int | None = None,
-                 max_cycles: int = 50_000_000, trace: bool = False,
-                 stop_on_corruption: bool = True,
+                 max_cycles: int = 50_000_000, max_seconds: float | None = None,
+                 trace: bool = False, stop_on_corruption: bool = True,
                  speed_scale: Callable[[tuple[int, int, int]], float] | None = None,
                  data=None, inflight: int = 1):
         self.program = program
@@ -477,6 +482,7 @@ class MeshSim:
         self.queue_depth = max(1, queue_depth)
         self.out_cap = max(1, out_queue if out_queue is not None else len(target.user_output_queues))
         self.max_cycles = max_cycles
+        self.max_seconds = max_seconds
         self.trace = trace
         self.stop_on_corruption = stop_on_corruption
         self.W, self.H = program.mesh_size
@@ -674,7 +680,7 @@ class MeshSim:
         n_events = 0
         t0 = _time.perf_counter()
         ncores = len(self.cores)
-        max_cycles = self.max_cycles
+        max_cycles, max_seconds = self.max_cycles, self.max_seconds
         advance = self._advance
         hop = self._hop
         deliver = self._deliver
@@ -700,8 +706,13 @@ class MeshSim:
                 advance(a, t)
             if self.stop or self.done == ncores:
                 break
-            if progress is not None and not n_events % PROGRESS_EVENTS:
-                progress(self)
+            if not n_events % PROGRESS_EVENTS:
+                if progress is not None:
+                    progress(self)
+                if max_seconds is not None and _time.perf_counter() - t0 > max_seconds:
+                    self.reports.append(TimeBoundReport(t, max_cycles, self._steps_done(),
+                                                        max_seconds))
+                    break
         wall = _time.perf_counter() - t0
         if not heap and self.done < ncores and not self.stop and not self.reports:
             self.reports.append(self._deadlock())

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,7 @@ import numpy as np
 
 from meshrt import rope as _rope
 from meshrt.diagnostics import FrontendError
+from meshrt import quant
 from meshrt.shape import MATH_FLOATS, MATH_INTS, MATH_STRS, ModelShape
 
 __all__ = [
@@ -269,15 +271,36 @@ def _map_arrays(obj: Any, fn) -> Any:
     return obj
 
 
+_PROJECTIONS = re.compile(r"layers\.\d+\.(wq|wk|wv|wo|dense\.w_(gate|up|down))$")
+_EXPERT_MATRICES = re.compile(r"layers\.\d+\.moe\.(w_gate|w_up|w_down|shared_gate|shared_up|shared_down)$")
+
+
+def weight_format(shape: ModelShape, name: str) -> str:
+    """The format (`meshrt.quant`) the weight array `name` (a `Weights.named_arrays` name)
+    is stored in: the shape's `linear_quant` for the attention and dense FFN
+    projections, `expert_quant` for the experts, "" (plain floats) for the rest."""
+    if _PROJECTIONS.match(name):
+        return shape.linear_quant
+    if _EXPERT_MATRICES.match(name):
+        return shape.expert_quant
+    return ""
+
+
 @dataclass
 class Weights:
-    """All model parameters, float32. ``x @ W`` convention (W is in x out)."""
+    """All model parameters, float32. ``x @ W`` convention (W is in x out).
+
+    Quantized arrays (`weight_format`) hold the values their stored codes stand
+    for, and `packed` holds the codes and scales themselves by `named_arrays`
+    name: the reference computes with the former, the interpreter's tiles hold
+    the latter and decode them where the kernel computes."""
 
     shape: RefShape
     embed: np.ndarray  # (vocab, hidden)
     layers: list[LayerWeights]
     final_norm: np.ndarray  # (hidden,)
     lm_head: np.ndarray  # (hidden, vocab)
+    packed: dict[str, quant.Packed] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def random(cls, shape: Any, seed: int) -> Weights:
@@ -360,7 +383,22 @@ class Weights:
             layers.append(lw)
         final_norm = gain()
         lm_head = embed.T.copy() if s.tie_embeddings else lin(s.hidden, s.vocab)
-        return cls(s, embed, layers, final_norm, lm_head)
+        w = cls(s, embed, layers, final_norm, lm_head)
+        # a quantized model's weights are drawn, then rounded to what their format holds
+        for name, a in w.named_arrays().items():
+            fmt = weight_format(s, name)
+            if fmt:
+                w.set_packed(name, quant.pack(a, fmt, s.quant_block))
+        return w
+
+    def set_packed(self, name: str, packed: quant.Packed) -> None:
+        """Array `name` stored as `packed`: the array becomes the values it decodes to."""
+        *path, last = name.split(".")
+        obj: Any = self
+        for part in path:
+            obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+        setattr(obj, last, packed.decode())
+        self.packed[name] = packed
 
     def astype(self, dtype) -> Weights:
         return _map_arrays(self, lambda a: a.astype(dtype))
@@ -463,6 +501,11 @@ class Weights:
         for name, shp in expect.items():
             if got[name].shape != shp:
                 raise ValueError(f"weight {name} has shape {got[name].shape}, expected {shp}")
+            fmt = weight_format(self.shape, name) if got[name].size else ""
+            p = self.packed.get(name)
+            if fmt and (p is None or p.fmt != fmt or p.codes.shape != shp):
+                raise ValueError(f"weight {name} must be stored as {fmt} "
+                                 f"({'absent' if p is None else p.fmt + ' ' + str(p.codes.shape)})")
 
 
 # --------------------------------------------------------------------------

@@ -256,20 +256,14 @@ def run_bytes(shape: ModelShape, kv_slots: int) -> int:
 
 def check_runnable(shape: ModelShape, kv_slots: int, where: Loc | str | None = None) -> None:
     """Refuse, before anything is allocated, a model the reference and the
-    interpreter cannot run: math they do not compute yet (`missing_math`, shared experts), or
-    more memory than this machine has (`run_bytes`). FrontendError at `where`
-    (the missing math at the field that brought it in)."""
+    interpreter cannot run: shared experts (not computed by the interpreter's MoE kernels
+    yet), or more memory than this machine has (`run_bytes`). FrontendError at `where`."""
     if shape.shared_experts:
         raise FrontendError(
             f"{shape.name}: the interpreter's MoE kernels do not compute shared experts yet "
             "(the lowering places no tokens on their regions; the NumPy reference computes "
             "them); `meshrt compile` and `meshrt bench` take it",
             shape.locs.get("shared_experts") or where)
-    if shape.missing_math:
-        raise FrontendError(
-            f"{shape.name}: the NumPy reference and the interpreter do not compute "
-            f"{shape.missing_math} yet; `meshrt compile` and `meshrt bench` take it",
-            shape.locs.get("missing_math") or where)
     check_memory(run_bytes(shape, kv_slots), f"the NumPy reference and interpreter of {shape.name}",
                  "use `meshrt bench` (the cost model) for a model this size", where)
 
@@ -347,7 +341,8 @@ class ServingResult:
 
 def serve(program, target, requests: list[Request], *, seed: int = 0, weight_seed: int = 0,
           weights: ref.Weights | None = None, queue_capacity: int = 16,
-          max_cycles: int = 200_000_000, check: bool = True, trace: bool = False,
+          max_cycles: int = 200_000_000, max_seconds: float | None = None,
+          check: bool = True, trace: bool = False,
           safe: bool = True, speed_scale=None, recalibrator=None,
           progress: Callable[[int, int], None] | None = None) -> ServingResult:
     """Serve `requests` on `program` (coloured segment IR) and compare with the reference.
@@ -355,7 +350,8 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
     `recalibrator` (a `meshrt.runtime.recalibration.Recalibrator` over the
     program's MoE layers) sees every step's routing and may re-place experts
     between decode steps; `ServingResult.replans` says when and what moved.
-    `progress(cycles, requests done)` is called now and then during the run.
+    `progress(cycles, requests done)` is called now and then during the run;
+    `max_seconds` bounds its wall time (a `TimeBoundReport`, like `max_cycles`).
     When tokens differ, `ServingResult.divergence` says where first (see
     `first_divergence`)."""
     if weights is None:
@@ -367,7 +363,8 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
               speed_scale=speed_scale)
     spare = copy.deepcopy(recalibrator) if check and recalibrator is not None else None
     result, host, plane = _interpret(program, target, requests, weights, trace=trace,
-                                     recalibrator=recalibrator, progress=progress, **kw)
+                                     recalibrator=recalibrator, progress=progress,
+                                     max_seconds=max_seconds, **kw)
     mismatches = []
     divergence = None
     if check:
@@ -379,6 +376,8 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
                 mismatches.append((r.id, r.tokens, want))
         if mismatches:
             def rerun(step: int) -> tuple[list[RequestRecord], DataPlane]:
+                # deterministic: it reaches the step the first run reached, whatever stopped
+                # that one (so no wall-time limit here)
                 _, again, watched = _interpret(program, target, requests, weights, watch=step,
                                                recalibrator=spare, **kw)
                 return again.records, watched
@@ -392,7 +391,7 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
 
 def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_cycles, safe,
                speed_scale, trace=False, recalibrator=None, watch: int | None = None,
-               progress: Callable[[int, int], None] | None = None):
+               max_seconds: float | None = None, progress: Callable[[int, int], None] | None = None):
     """One interpreted run: (its SimResult, the Host, the DataPlane); `watch`:
     keep the per-kernel values of that micro-batch step (`DataPlane.watched`)."""
     shape = weights.shape
@@ -407,8 +406,8 @@ def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_
     plane.watch = watch
     host.plane = plane
     host.recalibrator = recalibrator
-    sim = MeshSim(program, target, seed=seed, safe=safe, max_cycles=max_cycles, trace=trace,
-                  data=plane, inflight=groups, speed_scale=speed_scale)
+    sim = MeshSim(program, target, seed=seed, safe=safe, max_cycles=max_cycles,
+                  max_seconds=max_seconds, trace=trace, data=plane, inflight=groups, speed_scale=speed_scale)
     host.now = lambda: sim.now
 
     def done() -> None:

@@ -33,6 +33,8 @@ TARGET_DIR = Path(__file__).parent
 COST_KEYS: dict[str, str] = {
     "fmac": "cycles per multiply-accumulate element at the weight dtype (SIMD folded in)",
     "fmac_f32": "cycles per fp32 multiply-accumulate element",
+    "dequant_fp8": "cycles per weight to decode an fp8 (e4m3) code and apply its block scale",
+    "dequant_mxfp4": "cycles per weight to decode an mxfp4 (e2m1) code and apply its block's exponent",
     "add": "cycles per element of an add",
     "mul": "cycles per element of a multiply",
     "exp": "cycles per element of exp (software, on the CE)",

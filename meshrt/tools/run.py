@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cycles", type=int, default=200_000_000, metavar="N",
                    help="bound on simulated time in cycles: the run stops there with a time-bound "
                         "report (default 200,000,000)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="bound on the wall time of each simulated run: it stops there with a "
+                        "time-bound report, the requests not done counted unfinished (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome / Perfetto trace of the run")
     p.add_argument("--trace-by-class", action="store_true",
@@ -113,7 +116,8 @@ def _serve(args, static: bool):
     with _progress(len(reqs), args.max_cycles) as progress:
         return serve(program, target, reqs, seed=args.seed, weight_seed=args.weights_seed or 0,
                      weights=weights, queue_capacity=args.queue, max_cycles=args.max_cycles,
-                     trace=bool(args.trace), safe=not args.unsafe, progress=progress)
+                     max_seconds=args.time_limit, trace=bool(args.trace), safe=not args.unsafe,
+                     progress=progress)
 
 
 def _checkpoint_weights(args, program):
@@ -153,7 +157,8 @@ def check_flags(args: argparse.Namespace) -> None:
             ("--requests", args.requests, 1, None), ("--queue", args.queue, 1, None),
             ("--max-cycles", args.max_cycles, 1, 1 << 62), ("--rate", args.rate, 0, None),
             ("--seed", args.seed, 0, SEED_MAX), ("--workload-seed", args.workload_seed, 0, SEED_MAX),
-            ("--weights-seed", args.weights_seed or 0, 0, SEED_MAX)):
+            ("--weights-seed", args.weights_seed or 0, 0, SEED_MAX),
+            ("--time-limit", 1.0 if args.time_limit is None else args.time_limit, 0.001, None)):
         if not math.isfinite(v):
             raise UsageError(f"{me} {flag} must be a finite number, got {v}")
         if v < low:

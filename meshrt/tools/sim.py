@@ -9,6 +9,7 @@ racy program shows its corruption), IR of a higher level is lowered first.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 
@@ -28,10 +29,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--unsafe", action="store_true", help="ablation: no marker syncs, eager reconfigure")
-    ap.add_argument("--max-cycles", type=int, default=50_000_000)
+    ap.add_argument("--max-cycles", type=int, default=50_000_000, metavar="N",
+                    help="bound on simulated time in cycles (default 50,000,000)")
+    ap.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                    help="bound on the run's wall time (default: none)")
     ap.add_argument("--trace", metavar="FILE", help="write a Chrome / Perfetto trace")
     ap.add_argument("--by-class", action="store_true", help="one trace track per core class")
     args = ap.parse_args(argv)
+    for flag, v, low in (("--steps", args.steps, 1), ("--seed", args.seed, 0),
+                         ("--max-cycles", args.max_cycles, 1),
+                         ("--time-limit", 1.0 if args.time_limit is None else args.time_limit, 0.001)):
+        if not math.isfinite(v) or v < low:
+            print(f"{ap.prog}: error: {flag} must be a finite number of at least {low:g}, got {v}",
+                  file=sys.stderr)
+            return 1
 
     try:
         if driver.is_ir(args.model):
@@ -47,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 1
     res = MeshSim(program, target, seed=args.seed, safe=not args.unsafe,
-                  max_cycles=args.max_cycles, trace=bool(args.trace)).run(args.steps)
+                  max_cycles=args.max_cycles, max_seconds=args.time_limit,
+                  trace=bool(args.trace)).run(args.steps)
     print(res.summary())
     if args.trace:
         from meshrt.runtime.trace import write_trace

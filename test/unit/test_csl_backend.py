@@ -117,10 +117,27 @@ def test_examples_emit_lint_clean_csl(model, target, arch):
     assert f"--arch={arch}" in out.files["compile.sh"]
 
 
+# Known defects of the CSL backend's transport plans (streams.plan_flow), pinned so that
+# fixing one fails here: Qwen3.5-9B's o projection gathers the DeltaNet's output on the
+# whole layer region, whose senders are partly its receivers; Qwen3.5-35B-A3B's combine
+# gathers every expert region of the layer into one column, and no snake through the
+# senders ends where the multicast tree to that column leaves them.
+CSL_CANNOT_ROUTE = {
+    ("qwen3.5-9b", "wse2"): "l0_o.in0", ("qwen3.5-9b", "wse3"): "l0_o.in0",
+    ("qwen3.5-35b-a3b", "wse3"): "l0_moe.combine.in0",
+}
+
+
 @pytest.mark.parametrize("target", ["wse2", "wse3"])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: Path(p).stem)
 def test_configs_emit_lint_clean_csl(config, target):
     module = lowered(config, target)
+    flow = CSL_CANNOT_ROUTE.get((Path(config).stem, target))
+    if flow is not None:  # a located error naming the flow, not a traceback or bad CSL
+        with pytest.raises(MeshrtError, match=f"cannot route flow @{flow} exactly"):
+            emit_csl(module)
+        _LOWERED.pop((config, target), None)
+        return
     out = emit_csl(module)
     assert lint_all(out.files, parallel=True) == []
     assert agreement(module, out) == []

@@ -19,7 +19,6 @@ from meshrt.dialects.graph import Graph
 from meshrt.dialects.mesh import Mesh
 from meshrt.frontend.errors import FrontendError
 from meshrt.frontend.hf_config import (
-    MXFP4_BYTES,
     SUPPORTED_TYPES,
     hf_spec_from_dict,
     load_hf_config,
@@ -188,7 +187,7 @@ def test_gpt_oss_mxfp4():
     s = spec.shape
     assert (s.layers, s.hidden, s.heads, s.kv_heads, s.head_dim) == (24, 2880, 64, 8, 64)
     assert (s.experts, s.top_k, s.expert_ffn) == (32, 4, 2880)
-    assert s.expert_dtype_bytes == MXFP4_BYTES and s.dtype_bytes == 2
+    assert s.expert_quant == "mxfp4" and s.expert_dtype_bytes == 17 / 32 and s.dtype_bytes == 2
     assert s.name == "gpt-oss-20b"
     assert 12e9 < s.weight_bytes() < 15e9  # the published checkpoint is ~13 GB
 

@@ -168,10 +168,58 @@ def test_gpt_oss_math():
     assert s.window_layers == (0, 2) and s.qkv_bias and s.o_bias and s.rope_theta == 150000.0
     assert s.attn_sinks and s.router_bias and s.expert_bias and s.norm_topk
     assert (s.swiglu_alpha, s.swiglu_limit, s.swiglu_shift) == (1.702, 7.0, 1.0)
-    assert s.missing_math == ""
+    assert s.expert_quant == ""
     q = shape("gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=16,
               quantization_config={"quant_method": "mxfp4"})
-    assert q.missing_math == "mxfp4 quantized weights (quantization_config)"
+    # the experts in MXFP4, the rest as torch_dtype; computed, not only sized
+    assert (q.expert_quant, q.linear_quant) == ("mxfp4", "")
+    assert q.expert_dtype_bytes == 17 / 32 and q.linear_bytes == q.dtype_bytes == 4
+
+
+def test_fp8_quantizes_every_projection_and_the_experts_in_blocks():
+    q = shape("qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              head_dim=16, quantization_config={
+                  "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                  "weight_block_size": [128, 64], "modules_to_not_convert": ["lm_head"]})
+    assert (q.linear_quant, q.expert_quant) == ("fp8", "fp8")
+    assert q.quant_block == (64, 128)  # (input rows, output columns) of meshrt's (in, out)
+    assert q.linear_bytes == q.expert_dtype_bytes == 1 + 2 / 4096  # a 4-byte scale per 8,192
+    assert q.dtype_bytes == 4  # the embedding and lm_head stay as torch_dtype (float32 here)
+    per_tensor = shape("llama", quantization_config={"quant_method": "fp8"})
+    assert per_tensor.quant_block is None and per_tensor.linear_bytes == 1.0
+    hp = q.to_hparams(kv_slots=2, experts_per_region=0)
+    back = ModelShape.from_hparams(hp)
+    assert (back.linear_quant, back.expert_quant, back.quant_block) == ("fp8", "fp8", (64, 128))
+
+
+@pytest.mark.parametrize("qcfg, needle, key", [
+    ({"quant_method": "gptq"}, "unsupported quant_method 'gptq'", "quant_method"),
+    ({"bits": 4}, "quantization_config has no quant_method", "quantization_config"),
+    ({"quant_method": "fp8", "fmt": "e5m2"}, "fp8 format 'e5m2' is not supported", "fmt"),
+    ({"quant_method": "fp8", "activation_scheme": "static"}, "static activation scales",
+     "activation_scheme"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size must be two",
+     "weight_block_size"),
+    ({"quant_method": "fp8", "weight_block_size": [0, 128]}, "weight_block_size must be two",
+     "weight_block_size"),
+    ({"quant_method": "fp8", "modules_to_not_convert": ["model.layers.0.mlp"]},
+     "quantizes every attention and FFN projection or none", "modules_to_not_convert"),
+    ({"quant_method": "mxfp4"}, "mxfp4 quantizes gpt_oss's experts", "quant_method"),
+])
+def test_fp8_deltanet_layers_are_refused():
+    with pytest.raises(FrontendError, match="fp8 weights of Gated DeltaNet layers"):
+        hf_spec_from_dict({**BASE, "model_type": "qwen3_5_text", "head_dim": 16,
+                           "quantization_config": {"quant_method": "fp8"}})
+
+
+def test_a_quantization_config_meshrt_cannot_compute_is_an_error_at_its_key(qcfg, needle, key):
+    over = {"quantization_config": qcfg}
+    with pytest.raises(FrontendError) as e:
+        shape("llama", **over)
+    assert needle in e.value.message
+    text = json.dumps({**BASE, "model_type": "llama", **over}, indent=2)
+    assert e.value.loc.line == next(i for i, line in enumerate(text.splitlines(), 1)
+                                    if f'"{key}"' in line)
 
 
 def test_an_eos_list_ends_requests_at_any_of_its_tokens():

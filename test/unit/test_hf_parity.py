@@ -126,6 +126,47 @@ def test_the_fixtures_exercise_each_feature(name, change, drop):
     assert np.max(np.abs(np.stack(rows) - want)) > 1e-3
 
 
+def _teacher_forced_error(d: Path, weights: ref.Weights) -> float:
+    model = ref.ReferenceModel(weights.shape, weights)
+    exp = json.loads((d / "expected.json").read_text())
+    rows = []
+    for p, t in zip(exp["prompts"], exp["tokens"]):
+        st = model.new_state()
+        rows += [model.forward([(st, [tok])])[0] for tok in p + t[:-1]]
+    return float(np.max(np.abs(np.stack(rows) - np.load(d / "logits.npy"))))
+
+
+@pytest.mark.parametrize("name, fmt", [("qwen3_fp8", "fp8"), ("qwen3_moe_fp8", "fp8"),
+                                       ("gpt_oss_mxfp4", "mxfp4")])
+@pytest.mark.parametrize("wrong", ["no scales", "nibbles swapped"])
+def test_the_quantized_fixtures_exercise_their_format(name, fmt, wrong):
+    """The stored codes read without their block scales, or mxfp4's two codes per byte
+    taken in the other order, are far from transformers: decoding is tested."""
+    from meshrt import quant
+
+    if wrong == "nibbles swapped" and fmt != "mxfp4":
+        pytest.skip("fp8 stores one code per byte")
+    d = DATA / name
+    shape = ref.RefShape.of(driver.load_spec(d).shape)
+    weights = load_checkpoint(d, shape)
+    assert {p.fmt for p in weights.packed.values()} == {fmt}
+    for key, p in weights.packed.items():
+        codes = p.codes
+        if wrong == "nibbles swapped":  # the even element is the low nibble
+            pairs = np.swapaxes(codes, -1, -2).reshape(*codes.shape[:-2], codes.shape[-1], -1, 2)
+            codes = np.swapaxes(pairs[..., ::-1].reshape(*pairs.shape[:-2], -1), -1, -2)
+            bad = dataclasses.replace(p, codes=np.ascontiguousarray(codes)).decode()
+        else:
+            bad = (quant.E2M1 if fmt == "mxfp4" else quant.E4M3)[codes]
+        weights.set_packed(key, p)
+        *path, last = key.split(".")
+        obj = weights
+        for part in path:
+            obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+        setattr(obj, last, bad)
+    assert _teacher_forced_error(d, weights) > 1e-3
+
+
 def _run(*args) -> tuple[int, list[str]]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -177,6 +218,61 @@ def broken(tmp_path):
 ])
 def test_a_wrong_checkpoint_is_one_located_line(broken, edit, needle):
     d, f = broken(edit)
+    rc, lines = _run(d, "--requests", "1")
+    assert rc == 1 and len(lines) == 1, lines
+    where = d if "no tensor" in needle else f
+    assert lines[0].startswith(f"{where}: error: ") and needle in lines[0], lines[0]
+
+
+def _raw_tensors(f: Path) -> dict[str, tuple[dict, bytes]]:
+    """A safetensors file as {name: (header entry, bytes)} (F8 and BF16, which NumPy lacks)."""
+    data = f.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v, data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def _write_raw(f: Path, tensors: dict[str, tuple[dict, bytes]]) -> None:
+    header, blobs, offset = {}, [], 0
+    for name, (info, b) in sorted(tensors.items()):
+        header[name] = {**info, "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    head = json.dumps(header).encode()
+    f.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+Q = "model.layers.0.self_attn.q_proj"
+GU = "model.layers.1.mlp.experts.gate_up_proj"
+
+
+def _f32(shape) -> tuple[dict, bytes]:
+    return {"dtype": "F32", "shape": list(shape)}, np.ones(shape, "<f4").tobytes()
+
+
+@pytest.mark.parametrize("name, edit, needle", [
+    ("qwen3_fp8", lambda t: t.pop(f"{Q}.weight_scale_inv"),
+     f"checkpoint has no tensor '{Q}.weight_scale_inv'"),
+    ("qwen3_fp8", lambda t: t[f"{Q}.weight"][0].update(dtype="U8"),
+     f"tensor '{Q}.weight' is U8; fp8 codes are F8_E4M3"),
+    ("qwen3_fp8", lambda t: t.update({f"{Q}.weight_scale_inv": _f32((3, 2))}),
+     f"tensor '{Q}.weight_scale_inv': a 3 x 2 scale grid does not divide the 64 x 64 weight"),
+    ("qwen3_fp8", lambda t: t.update({f"{Q}.weight": ({"dtype": "F8_E4M3", "shape": [64, 64]},
+                                                       b"\0" * 100)}),
+     f"tensor '{Q}.weight' holds 100 bytes, not the (64, 64) its header gives"),
+    ("gpt_oss_mxfp4", lambda t: t.update({f"{GU}_scales": ({"dtype": "U8", "shape": [4, 64, 1]},
+                                                           bytes(256))}),
+     f"tensors '{GU}_blocks' / '{GU}_scales' have shapes (4, 64, 2, 16) / (4, 64, 1)"),
+])
+def test_a_wrong_quantized_checkpoint_is_one_located_line(tmp_path, name, edit, needle):
+    d = tmp_path / name
+    shutil.copytree(DATA / name, d)
+    f = d / "model.safetensors"
+    tensors = _raw_tensors(f)
+    edit(tensors)
+    _write_raw(f, tensors)
     rc, lines = _run(d, "--requests", "1")
     assert rc == 1 and len(lines) == 1, lines
     where = d if "no tensor" in needle else f

@@ -359,6 +359,15 @@ def test_time_bound_stops_a_run_that_never_ends(test32):
     assert isinstance(tb, TimeBoundReport) and tb.max_cycles == 20_000 and tb.steps_done > 0
 
 
+def test_wall_time_bound_stops_a_run_that_never_ends(test32):
+    # no cycle bound to speak of: only the wall-time limit can end this run
+    res = MeshSim(program_of(parse_ir(SPIN)), test32, max_cycles=1 << 62, max_seconds=0.2).run(10**9)
+    assert not res.completed
+    (tb,) = res.reports
+    assert isinstance(tb, TimeBoundReport) and tb.max_seconds == 0.2 and tb.steps_done > 0
+    assert 0 < tb.cycle < 1 << 62 and f"{tb.cycle:,}" in str(tb) and "wall-time limit of 0.2 s" in str(tb)
+
+
 @pytest.mark.parametrize("by_class", [False, True])
 def test_trace_export(tmp_path, test32, by_class):
     res = MeshSim(program_of(parse_ir(RACE)), test32, trace=True).run(1)

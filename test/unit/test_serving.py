@@ -102,6 +102,15 @@ def test_time_bound_stops_the_run():
     assert "time bound" in s["reports"][0]
 
 
+def test_wall_time_bound_stops_the_run_and_counts_what_is_left():
+    reqs = requests(SMALL * 4)
+    res = serve(program("tiny_dense"), load_target("test32"), reqs, max_seconds=0.01)
+    s = res.summary()
+    assert s["time_bound"] and "wall-time limit" in s["reports"][0]
+    assert s["requests_completed"] + s["requests_rejected"] + s["requests_unfinished"] == len(reqs)
+    assert s["requests_unfinished"] > 0
+
+
 def test_unsafe_ablation_is_caught_and_safe_never_is():
     t = load_target("test32")
     bad = 0
@@ -174,6 +183,8 @@ def test_cli_run_restarts_from_printed_ir(level, tmp_path, capsys):
     (["run", "examples/tiny_dense.mrt", "--static", "--target", "test32", "--max-cycles", "0"],
      "--max-cycles must be at least 1"),
     (["run", "examples/tiny_dense.mrt", "--requests", "0"], "--requests must be at least 1"),
+    (["run", "examples/tiny_dense.mrt", "--time-limit", "0"], "--time-limit must be at least 0.001"),
+    (["run", "examples/tiny_dense.mrt", "--time-limit", "inf"], "--time-limit must be a finite"),
     (["run", "examples/tiny_dense.mrt", "--workload", "nope"], "unknown workload"),
     (["run", "examples/tiny_dense.mrt", "--target", "nowhere"], "nowhere"),
 ])

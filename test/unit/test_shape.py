@@ -102,7 +102,7 @@ def test_hparams_defaults_for_partial_ir():
     ({"kv_heads": 3}, "kv_heads", "heads 4 is not a multiple of kv_heads 3"),
     ({"head_dim": 7}, "head_dim", "head_dim must be even for rotary embeddings, got 7"),
     ({"dtype_bytes": 0.3}, "dtype_bytes",
-     "dtype_bytes must be a positive multiple of 1/32 up to 8, got 0.3"),
+     "dtype_bytes must be a positive multiple of 1/4096 up to 8, got 0.3"),
     ({"eos_token": 64}, "eos_token", "eos_token 64 is outside the vocabulary 0..63"),
     ({"top_k": 1}, "top_k", "top_k is set but the model has no experts (experts = 0)"),
     ({"ffn": 0}, "ffn", "a dense model needs ffn of at least 1 (or experts for MoE)"),

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from meshrt import quant
 from meshrt.backend.csl import handshakes as hsk
 from meshrt.backend.csl import percore, streams
 from meshrt.backend.csl.alloc import ClassAlloc, Limits, format_table, report_rows
@@ -106,6 +107,8 @@ class ProgramWriter:
         self.resident: list[tuple[str, int, int, str]] = []  # (array, offset, length, kernel)
         self.exports: list[tuple[str, str, str]] = []  # (symbol, csl var, layout type)
         self.uses_math = False
+        self.tables: set[str] = set()  # decode tables packed weights need (E2M1, E4M3)
+        self.wscale = 0  # float32 block scales of the largest packed tile (dequant_*)
         self.uses_ctrl = alloc.marker_task is not None
         self.plans = streams.plans(self.p)
         self.lp_used = False  # the loop counter of multi-message transfers
@@ -194,8 +197,7 @@ class ProgramWriter:
             for sub in seg.subs:
                 if sub.state_bytes <= 0 or id(sub) in self.sub_region:
                     continue
-                dtype = self.p.hp(self.p.kind_of(sub).STATE_DTYPE, 2)
-                if dtype < 2:  # packed (e.g. 4-bit) weights: 16-bit words, dequantized on use
+                if self.p.record(sub).param("weights"):  # quantized: codes and scales, 16-bit words
                     n = -(-sub.state_bytes // 2)
                     self.sub_region[id(sub)] = ("wq", wq_off, n)
                     wq_off += n
@@ -1115,12 +1117,27 @@ class ProgramWriter:
         for k in xw_in:
             mine.setdefault(f"xin_{k}_ready", "fn()void")
         text = "\n".join(out) + "\n"
+        # Decode tables and scale buffers of packed weights (known once the bodies are written).
+        decls = [*(_DECODE_TABLES[t] for t in sorted(self.tables))]
+        if self.wscale:
+            decls.append(f"var wscale = @zeros([{self.wscale}]f32); // block scales of the packed tile")
+        if decls:
+            anchor = "// ---- buffers: kernel input x, output y, chain partner p; resident state w\n"
+            text = text.replace(anchor, anchor + "\n".join(decls) + "\n", 1)
         # Imports used by code emitted after the header was written.
         if self.uses_math and '@import_module("<math>")' not in text:
             text = text.replace('const sys_mod = @import_module("<memcpy/memcpy>", memcpy_params);',
                                 'const sys_mod = @import_module("<memcpy/memcpy>", memcpy_params);\n'
                                 'const math = @import_module("<math>");', 1)
         return text
+
+
+def _table(name: str, values) -> str:
+    body = ", ".join(f"{0.0 if v != v else float(v)!r}" for v in values)  # NaN codes: never stored
+    return f"const {name} = [{len(values)}]f32 {{ {body} }}; // value of each code (meshrt.quant)"
+
+
+_DECODE_TABLES = {"E2M1": _table("E2M1", quant.E2M1.tolist()), "E4M3": _table("E4M3", quant.E4M3.tolist())}
 
 
 def write_program(cls: CoreClass, alloc: ClassAlloc, sh: Shared) -> str:

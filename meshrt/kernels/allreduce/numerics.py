@@ -13,6 +13,10 @@ class AllReduce(KernelExec):
 
     OPS = frozenset({"add"})
 
+    def __init__(self, info, plane):
+        super().__init__(info, plane)
+        self.along_row = info.param("axis") == "row"
+
     def _own(self, cd):
         tag, c0, c1, partial = cd.values[self.inputs[0]]
         return c0, c1, partial
@@ -37,7 +41,7 @@ class AllReduce(KernelExec):
         if self.inputs[0] not in cd.values:
             return None
         _, _, _, w, h = self.grid_pos(cd)
-        return self._output(cd) if (w if self.info.param("axis") == "row" else h) == 1 else None
+        return self._output(cd) if (w if self.along_row else h) == 1 else None
 
     def _output(self, cd):
         """The rounded sum, on the core that holds it: the root rounds what it added

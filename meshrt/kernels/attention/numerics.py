@@ -33,7 +33,9 @@ class Attention(KernelExec):
         self.rope, self.eps, self.window = shape.rope, shape.rms_eps, shape.window(self.layer)
         self.q_gain, self.k_gain = plane.qk_gains(self.layer)
         self.sinks = plane.sinks(self.layer)
-        self.blocked = info.param("qkv_in_place") is not None
+        # the blocks of its input when it reads a blocked q | k | v in place, else None
+        self.blocks = (qkv_blocks(self.heads, self.kvh, self.d, self.gated)
+                       if info.param("qkv_in_place") is not None else None)
         _, _, w, _ = self.tiles[0]
         if self.kvh % w:
             raise DataLayoutError(
@@ -61,8 +63,8 @@ class Attention(KernelExec):
                                       f"table, holds {got}")
             hq, hk = self.heads // w, self.kvh // w
             nq, nk = hq * self.d, hk * self.d
-            if self.blocked:  # this column's q | k | v (| gate) slice of the blocked vector, in place
-                lo, hi = block_range(qkv_blocks(self.heads, self.kvh, self.d, self.gated), w, i)
+            if self.blocks:  # this column's q | k | v (| gate) slice of the blocked vector, in place
+                lo, hi = block_range(self.blocks, w, i)
                 x = self.input(cd).need(lo, hi, where)
                 q, k, v = x[:, :nq], x[:, nq:nq + nk], x[:, nq + nk:nq + 2 * nk]
                 gate = x[:, nq + 2 * nk:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshrt import quant
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, part
 from meshrt.runtime import reference as ref
@@ -12,11 +13,15 @@ from meshrt.runtime import reference as ref
 class ExpertFFN(RoutesTokens):
     """See ExpertFFNOp.roles (meshrt.kernels.expert_ffn.op) for the layout."""
 
-    OPS = frozenset({"fmac", "add", "silu_mul"})
+    OPS = frozenset({"fmac", "add", "silu_mul", "dequant_fp8", "dequant_mxfp4"})
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.moe = plane.moe(self.layer)
+        # stored quantized: each core keeps its tiles' codes and scales and decodes the
+        # tiles of the experts with tokens, before the fmac that reads them
+        self.fmt = info.param("weights")
+        self.packed = None if self.fmt is None else plane.packed_experts(self.layer, self.fmt)
         self.placement = info.param("placement")
         self.f = info.param("expert_ffn")
         self.dynamic = plane.moe_routing
@@ -46,11 +51,47 @@ class ExpertFFN(RoutesTokens):
             object.__setattr__(route, "by_expert", by_expert)
         return by_expert.get(e, [])
 
+    def _tile(self, cd, e: int, which: str, r0: int, r1: int, f0: int, f1: int) -> np.ndarray:
+        """Expert e's gate|up (rows r0:r1 of the input, FFN slice f0:f1) or down tile:
+        the floats, or the tile the preceding dequant decoded."""
+        if self.packed is not None:
+            got = cd.acc.get((self.name, "w", e, which))
+            if got is None:
+                raise DataLayoutError(f"{self.where(cd)}: fmac before the {self.fmt} tiles of "
+                                      f"expert {e} are decoded")
+            return got
+        if which == "gate_up":
+            return cd.tile((self.name, e, which), lambda: np.concatenate(
+                [self.moe.w_gate[e, r0:r1, f0:f1], self.moe.w_up[e, r0:r1, f0:f1]], axis=1))
+        return cd.tile((self.name, e, which), lambda: self.moe.w_down[e, f0:f1, r0:r1])
+
+    def _decode(self, cd, op, which: str, r0: int, r1: int, f0: int, f1: int) -> None:
+        """dequant_*: decode this core's packed tiles of the experts with tokens this step."""
+        if self.packed is None or op != f"dequant_{self.fmt}":
+            raise DataLayoutError(f"{self.where(cd)}: {op} on experts stored as "
+                                  f"{self.fmt or 'floats'}")
+        t = self.grid_pos(cd)[0]
+        gate, up, down = self.packed
+        for e in self._experts(cd, t):
+            if not self._tokens(cd, e):
+                continue
+            if which == "gate_up":
+                tile = cd.packed_tile((self.name, e, which), lambda e=e: quant.Packed.concat(
+                    [gate[e].slice(r0, r1, f0, f1), up[e].slice(r0, r1, f0, f1)]))
+            else:
+                tile = cd.packed_tile((self.name, e, which), lambda e=e: down[e].slice(f0, f1, r0, r1))
+            cd.acc[self.name, "w", e, which] = tile.decode()
+
     def compute(self, cd, op):
         t, i, j, w, h = self.grid_pos(cd)
         where = self.where(cd)
         hidden = self.moe.w_gate.shape[1]
         f0, f1 = part(self.f, w, i)
+        if op.startswith("dequant_"):  # before phase 1's fmac (gate|up) or phase 2's (down)
+            r0, r1 = part(hidden, h, j)
+            self._decode(cd, op, "down" if self.name + ".a" in cd.acc else "gate_up",
+                         r0, r1, f0, f1)
+            return None
         if op == "fmac" and self.name + ".a" not in cd.acc:  # phase 1: x . W_gate|up
             r0, r1 = part(hidden, h, j)
             x = self.input(cd).need(r0, r1, where).astype(F64)
@@ -60,9 +101,7 @@ class ExpertFFN(RoutesTokens):
                 if not rows:  # no token routed here this step: nothing to compute or send
                     parts[e] = (rows, np.zeros((0, 2 * (f1 - f0))))
                     continue
-                w13 = cd.tile((self.name, e, "gate_up"), lambda: np.concatenate(
-                    [self.moe.w_gate[e, r0:r1, f0:f1], self.moe.w_up[e, r0:r1, f0:f1]], axis=1))
-                y = x[rows] @ w13
+                y = x[rows] @ self._tile(cd, e, "gate_up", r0, r1, f0, f1)
                 if self.moe.b_gate is not None and r0 == 0:  # the first input rows add the biases
                     y += np.concatenate([self.moe.b_gate[e, f0:f1], self.moe.b_up[e, f0:f1]])
                 parts[e] = (rows, y)
@@ -85,10 +124,12 @@ class ExpertFFN(RoutesTokens):
             r0, r1 = part(hidden, h, j)
             down = self.moe.b_down if f0 == 0 else None  # the first FFN slice adds the bias
             cd.acc[self.name] = {
-                e: (rows, r0, act.astype(F64) @ cd.tile((self.name, e, "down"),
-                                                        lambda e=e: self.moe.w_down[e, f0:f1, r0:r1])
+                e: (rows, r0, (act.astype(F64) @ self._tile(cd, e, "down", r0, r1, f0, f1)
+                               if rows else np.zeros((0, r1 - r0)))
                     + (0.0 if down is None else down[e, r0:r1]))
                 for e, (rows, act) in a.items()}
+            for key in [k for k in cd.acc if k[:2] == (self.name, "w")]:
+                del cd.acc[key]  # this step's decoded tiles
 
     def send(self, cd, role):
         if role is FlowRole.UP:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, ArrayAttr, DenseArrayBase, IntegerAttr
-from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def
+from xdsl.dialects.builtin import I64, ArrayAttr, DenseArrayBase, IntegerAttr, StringAttr
+from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, result_def
 
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
-from meshrt.dialects.graph import ActType, RoutingType
+from meshrt.dialects.graph import ActType, RoutingType, verify_weights
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.kernels.combine.op import CombineOp
-from meshrt.kernels.compute import ADD, FMAC, SILU_MUL
+from meshrt.kernels.compute import ADD, DEQUANT, FMAC, SILU_MUL
 from meshrt.kernels.dispatch.op import DispatchOp
 from meshrt.kernels.expert_ffn.numerics import ExpertFFN
 from meshrt.kernels.interface import (
@@ -49,6 +49,7 @@ class ExpertFFNOp(KernelOp):
     expert_regions = prop_def(ArrayAttr[CoreSetAttr])
     placement = prop_def(DenseArrayBase)
     expert_ffn = prop_def(IntegerAttr[I64])
+    weights = opt_prop_def(StringAttr)  # the experts stored quantized (`meshrt.quant`)
     input = operand_def(ActType)
     routing = operand_def(RoutingType)
     output = result_def(ActType)
@@ -56,7 +57,7 @@ class ExpertFFNOp(KernelOp):
 
     VIZ_COLOR: ClassVar[str] = "#4daf4a"
     VIZ_RANK: ClassVar[int] = 0
-    COMPUTE: ClassVar[tuple] = (FMAC, ADD, SILU_MUL)
+    COMPUTE: ClassVar[tuple] = (FMAC, ADD, SILU_MUL, *DEQUANT.values())
     NUMERICS: ClassVar[type] = ExpertFFN
     LOWERS: ClassVar[tuple] = (graph.MoEExpertsOp,)
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
@@ -79,6 +80,7 @@ class ExpertFFNOp(KernelOp):
         return max(counts)
 
     def verify_kernel(self) -> None:
+        verify_weights(self)
         rt = self.routing.type
         assert isinstance(rt, RoutingType)
         place = self.expert_placement
@@ -123,13 +125,20 @@ class ExpertFFNOp(KernelOp):
         # With routing a region sees only the tokens routed to it; without it
         # (the static build) every expert computes every token.
         tokens = b * min(n, kctx.top_k) if "moe_routing" in kctx.dynamism else b * n
-        state = self.footprint(n, hidden, f, kctx.expert_weight_bytes, tokens, w, h).state
-        up = [("compute", "fmac", tokens * hj * 2 * fi)]
+        fmt = self.weights.data if self.weights is not None else None
+        state = self.footprint(n, hidden, f, kctx.stored_bytes(fmt, kctx.expert_weight_bytes),
+                               tokens, w, h).state
+        # quantized: each expert a token visits has its tiles decoded where they are used
+        visited = min(n, tokens)
+        decode_up = [("compute", DEQUANT[fmt].name, visited * hj * 2 * fi)] if fmt else []
+        decode_down = [("compute", DEQUANT[fmt].name, visited * fi * hj)] if fmt else []
+        up = [*decode_up, ("compute", "fmac", tokens * hj * 2 * fi)]
         roles, flows = chain(self, up, "add", tokens * 2 * fi * ACT_BYTES,
                              [("compute", "silu_mul", tokens * fi)], int(state), outputs_from_root=False,
                              kctx=kctx)
         for r in roles:
-            r.events = [e for e in r.events if e != OUTPUTS] + [("compute", "fmac", tokens * fi * hj), OUTPUTS]
+            r.events = [e for e in r.events if e != OUTPUTS] + [
+                *decode_down, ("compute", "fmac", tokens * fi * hj), OUTPUTS]
             r.sends_output = True
             r.ctrl = b * kctx.top_k * ROUTE_BYTES_PER_CHOICE  # which tokens are ours
         return roles, flows
@@ -157,7 +166,8 @@ class ExpertFFNOp(KernelOp):
         experts = make(cls, op, [dispatch.results[0], routing], rt,
                        name=f"{op.kernel_name}.experts", region=union,
                        expert_regions=op.expert_regions, placement=op.placement,
-                       expert_ffn=op.expert_ffn)
+                       expert_ffn=op.expert_ffn,
+                       **({"weights": op.weights} if op.weights is not None else {}))
         combine = make(CombineOp, op, [experts.results[0], routing], rt,
                        name=f"{op.kernel_name}.combine")
         return [dispatch, experts, combine], combine.results[0]

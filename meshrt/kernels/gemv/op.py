@@ -19,7 +19,8 @@ from meshrt.dialects.graph import ActType
 from meshrt.dialects.base import int_value
 from meshrt.kernels.allreduce.op import AllReduceOp
 from meshrt.kernels.attention.op import qkv_blocks, reads_qkv_in_place
-from meshrt.kernels.compute import FMAC
+from meshrt.dialects.graph import verify_weights
+from meshrt.kernels.compute import DEQUANT, FMAC
 from meshrt.kernels.gemv.numerics import Gemv
 from meshrt.kernels.interface import (
     ACT_BYTES,
@@ -53,13 +54,14 @@ class GemvOp(KernelOp):
     # the output laid out blocked per column (`numerics.block_order`): q | k | v for an
     # attention on the same columns, which then reads it in place
     blocks = opt_prop_def(DenseArrayBase)
+    weights = opt_prop_def(StringAttr)  # W stored quantized (`meshrt.quant`): decoded per tile
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = UNARY_FORMAT
 
     VIZ_COLOR: ClassVar[str] = "#377eb8"
     VIZ_RANK: ClassVar[int] = 2
-    COMPUTE: ClassVar[tuple] = (FMAC,)
+    COMPUTE: ClassVar[tuple] = (FMAC, *DEQUANT.values())
     NUMERICS: ClassVar[type] = Gemv
     LOWERS: ClassVar[tuple] = (graph.MatmulOp,)
 
@@ -72,7 +74,12 @@ class GemvOp(KernelOp):
         _, _, w, h = self.grid()
         return _splits(w, h, self.reduce_axis)
 
+    @property
+    def weight_format(self) -> str | None:
+        return self.weights.data if self.weights is not None else None
+
     def verify_kernel(self) -> None:
+        verify_weights(self)
         if self.reduce_axis not in ("row", "col"):
             raise self.fail(f"axis must be 'row' or 'col', got '{self.reduce_axis}'")
         across_in, across_out = self.splits()
@@ -98,10 +105,15 @@ class GemvOp(KernelOp):
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()
         n_in, n_out = self.input.type.width.data, self.output.type.width.data
-        state = self.footprint(n_in, n_out, kctx.weight_bytes, kctx.micro_batch, w, h, self.reduce_axis).state
+        fmt = self.weight_format
+        state = self.footprint(n_in, n_out, kctx.stored_bytes(fmt, kctx.weight_bytes),
+                               kctx.micro_batch, w, h, self.reduce_axis).state
         across_in, across_out = self.splits()
-        work = kctx.micro_batch * ceil_div(n_in, across_in) * ceil_div(n_out, across_out)
-        return [Role("tile", self.region, [INPUTS, ("compute", "fmac", work)], int(state))], []
+        tile = ceil_div(n_in, across_in) * ceil_div(n_out, across_out)
+        # a quantized tile is decoded where the kernel computes, once per step
+        decode = [("compute", DEQUANT[fmt].name, tile)] if fmt else []
+        events = [INPUTS, *decode, ("compute", "fmac", kctx.micro_batch * tile)]
+        return [Role("tile", self.region, events, int(state))], []
 
     def input_share(self, width: int) -> int:
         return ceil_div(width, self.splits()[0])
@@ -127,6 +139,8 @@ class GemvOp(KernelOp):
             x0, _, x1, _ = op.region.extent
             transposed = x0 <= px0 and px1 <= x1
         props = {"axis": StringAttr("row")} if transposed else {}
+        if op.weights is not None:
+            props["weights"] = op.weights
         for use in () if transposed else op.results[0].uses:
             attn = use.operation
             if isinstance(attn, graph.AttentionOp) and reads_qkv_in_place(attn, op.region):

@@ -23,3 +23,12 @@ graph.model @m target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dyna
   %y = graph.matmul @l0.up(%x) on <(4, 0, 2, 16)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<8> -> !graph.act<64>
 }
 // CHECK: error: 'mesh_kernel.gemv' op kernel @l0.up: a 2 x 16 grid is too large for a 8 x 64 matrix: every core needs at least one row and column
+
+// -----
+
+// A stored format meshrt.quant does not know.
+graph.model @m target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %y = graph.matmul @l0.o(%x) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, weights = "int4"} : !graph.act<32> -> !graph.act<32>
+}
+// CHECK: error: 'graph.matmul' op kernel @l0.o: weights 'int4' is not a stored format (one of mxfp4, fp8)

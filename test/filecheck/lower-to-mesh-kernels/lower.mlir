@@ -86,3 +86,17 @@ graph.model @in_place target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 // CHECK:       mesh_kernel.gemv @l1.qkv({{.*}}) on <(4, 0, 2, 4)> {layer = 1 : i64, stage = 0 : i64, wafer = 0 : i64} :
 // CHECK:       mesh_kernel.attention @l1.attn
 // CHECK-NOT:   qkv_in_place
+
+// -----
+
+// Weights stored quantized: the GEMV keeps its matmul's stored format, the reduction
+// that completes it does not have one.
+graph.model @fp8 target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {linear_quant = "fp8"} {
+  %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %y = graph.matmul @l0.o(%x) on <(4, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, weights = "fp8"} : !graph.act<32> -> !graph.act<32>
+}
+// CHECK-LABEL: mesh_kernel.program @fp8
+// CHECK:       mesh_kernel.gemv @l0.o(%{{.*}}) on <(4, 0, 2, 4)> {{{.*}}weights = "fp8"{{.*}}}
+// CHECK-NEXT:  mesh_kernel.allreduce @l0.o.reduce
+// CHECK-NOT:   weights
+// CHECK:       }
