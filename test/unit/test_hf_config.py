@@ -192,6 +192,12 @@ def test_fp8_quantizes_every_projection_and_the_experts_in_blocks():
     assert (back.linear_quant, back.expert_quant, back.quant_block) == ("fp8", "fp8", (64, 128))
 
 
+def test_fp8_deltanet_layers_are_refused():
+    with pytest.raises(FrontendError, match="fp8 weights of Gated DeltaNet layers"):
+        hf_spec_from_dict({**BASE, "model_type": "qwen3_5_text", "head_dim": 16,
+                           "quantization_config": {"quant_method": "fp8"}})
+
+
 @pytest.mark.parametrize("qcfg, needle, key", [
     ({"quant_method": "gptq"}, "unsupported quant_method 'gptq'", "quant_method"),
     ({"bits": 4}, "quantization_config has no quant_method", "quantization_config"),
@@ -206,12 +212,6 @@ def test_fp8_quantizes_every_projection_and_the_experts_in_blocks():
      "quantizes every attention and FFN projection or none", "modules_to_not_convert"),
     ({"quant_method": "mxfp4"}, "mxfp4 quantizes gpt_oss's experts", "quant_method"),
 ])
-def test_fp8_deltanet_layers_are_refused():
-    with pytest.raises(FrontendError, match="fp8 weights of Gated DeltaNet layers"):
-        hf_spec_from_dict({**BASE, "model_type": "qwen3_5_text", "head_dim": 16,
-                           "quantization_config": {"quant_method": "fp8"}})
-
-
 def test_a_quantization_config_meshrt_cannot_compute_is_an_error_at_its_key(qcfg, needle, key):
     over = {"quantization_config": qcfg}
     with pytest.raises(FrontendError) as e:
