@@ -263,7 +263,7 @@ class Checkpoint:
         dtype = info.get("dtype")
         if dtype not in FLOAT_DTYPES:
             raise FrontendError(f"tensor '{name}' is {dtype}; meshrt loads {', '.join(FLOAT_DTYPES)} "
-                                "(quantized checkpoints are not loaded yet)", str(path))
+                                "(quantized weights need the config's quantization_config)", str(path))
         if dtype == "BF16":
             a = self._bf16(path, info)
         else:
