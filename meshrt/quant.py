@@ -58,36 +58,41 @@ def decode_e4m3(codes: np.ndarray) -> np.ndarray:
     return E4M3[np.asarray(codes, np.uint8)]
 
 
-def encode_e4m3(x: np.ndarray) -> np.ndarray:
-    """The nearest E4M3 code of each value (ties to the even code; saturating at 448, as
-    quantizers clamp before the cast)."""
+def _nearest_code(x: np.ndarray, values: np.ndarray, codes: np.ndarray, sign: int) -> np.ndarray:
+    """The code of the nearest of the ascending non-negative `values` to |x| (ties to the
+    even code, saturating at the largest), with the `sign` bit set for negative x."""
     x = np.asarray(x, np.float32)
-    a = np.minimum(np.abs(x), E4M3_MAX)
-    hi = np.clip(np.searchsorted(_E4M3_POS, a), 1, len(_E4M3_POS) - 1)
+    a = np.minimum(np.abs(x), values[-1])
+    hi = np.clip(np.searchsorted(values, a), 1, len(values) - 1)
     lo = hi - 1
-    dlo, dhi = a - _E4M3_POS[lo], _E4M3_POS[hi] - a
-    take_hi = (dhi < dlo) | ((dhi == dlo) & (_E4M3_FINITE[hi] % 2 == 0))
-    code = np.where(take_hi, _E4M3_FINITE[hi], _E4M3_FINITE[lo]).astype(np.uint8)
-    return code | np.where(np.signbit(x) & (code != 0), 0x80, 0).astype(np.uint8)
+    dlo, dhi = a - values[lo], values[hi] - a
+    take_hi = (dhi < dlo) | ((dhi == dlo) & (codes[hi] % 2 == 0))
+    code = np.where(take_hi, codes[hi], codes[lo]).astype(np.uint8)
+    return code | np.where(np.signbit(x) & (code != 0), sign, 0).astype(np.uint8)
+
+
+def encode_e4m3(x: np.ndarray) -> np.ndarray:
+    """The nearest E4M3 code of each value (saturating at 448, as quantizers clamp before
+    the cast)."""
+    return _nearest_code(x, _E4M3_POS, _E4M3_FINITE, 0x80)
 
 
 def encode_e2m1(x: np.ndarray) -> np.ndarray:
-    """The nearest E2M1 code of each value (ties to the even code, saturating at 6)."""
-    x = np.asarray(x, np.float32)
-    pos = E2M1[:8]
-    a = np.minimum(np.abs(x), 6.0)
-    hi = np.clip(np.searchsorted(pos, a), 1, 7)
-    lo = hi - 1
-    dlo, dhi = a - pos[lo], pos[hi] - a
-    code = np.where((dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0)), hi, lo).astype(np.uint8)
-    return code | np.where(np.signbit(x) & (code != 0), 8, 0).astype(np.uint8)
+    """The nearest E2M1 code of each value (saturating at 6)."""
+    return _nearest_code(x, E2M1[:8], np.arange(8), 8)
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Two 4-bit codes per byte, the even element in the low nibble, along the last axis."""
+    packed = np.asarray(packed, np.uint8)
+    return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
 
 
 def decode_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """A checkpoint's `*_blocks` (uint8, (..., G, 16): two codes per byte, the even element
     in the low nibble) and `*_scales` (uint8, (..., G): E8M0) as float32 (..., G * 32)."""
     blocks, scales = np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8)
-    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], -1)
+    codes = unpack_nibbles(blocks)
     vals = np.ldexp(E2M1[codes], scales.astype(np.int32)[..., None] - 127)
     return vals.reshape(*blocks.shape[:-2], -1).astype(np.float32)
 
@@ -138,20 +143,24 @@ class Packed:
         return Packed(self.fmt, self.codes[..., order], self.scales[..., order], self.rows, self.first)
 
     @staticmethod
-    def concat(parts: "list[Packed]") -> "Packed":
-        """Matrices of one input side by side (q | k | v): the same format and row blocks."""
+    def _alike(parts: "list[Packed]") -> "Packed":
+        """The first of `parts`, which must share format and row blocking to be combined."""
         first = parts[0]
         if any((p.fmt, p.rows, p.first) != (first.fmt, first.rows, first.first) for p in parts):
-            raise ValueError("only weights of one format and row blocking concatenate")
+            raise ValueError("only weights of one format and row blocking combine")
+        return first
+
+    @staticmethod
+    def concat(parts: "list[Packed]") -> "Packed":
+        """Matrices of one input side by side (q | k | v): the same format and row blocks."""
+        first = Packed._alike(parts)
         return Packed(first.fmt, np.concatenate([p.codes for p in parts], -1),
                       np.concatenate([p.scales for p in parts], -1), first.rows, first.first)
 
     @staticmethod
     def stack(parts: "list[Packed]") -> "Packed":
         """Matrices of one shape and blocking stacked along a new first axis (experts)."""
-        first = parts[0]
-        if any((p.fmt, p.rows, p.first) != (first.fmt, first.rows, first.first) for p in parts):
-            raise ValueError("only weights of one format and row blocking stack")
+        first = Packed._alike(parts)
         return Packed(first.fmt, np.stack([p.codes for p in parts]),
                       np.stack([p.scales for p in parts]), first.rows, first.first)
 

@@ -315,7 +315,7 @@ class Checkpoint:
                 raise FrontendError(f"tensors '{codes_name}' / '{scales_name}' have shapes "
                                     f"{codes.shape} / {scales.shape}, the config makes them "
                                     f"{want_c} / {want_c[:-1]}", str(path))
-            nib = np.stack([codes & 0x0F, codes >> 4], -1).reshape(*lead, n_out, -1)[..., :n_in]
+            nib = quant.unpack_nibbles(codes).reshape(*lead, n_out, -1)[..., :n_in]
             p = quant.Packed("mxfp4", np.swapaxes(nib, -1, -2).copy(),
                              np.swapaxes(scales, -1, -2).copy(), quant.MXFP4_BLOCK)
         else:  # (out, in) e4m3 codes and a (ceil(out / bo), ceil(in / bi)) float32 grid

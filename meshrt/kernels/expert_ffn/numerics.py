@@ -55,7 +55,7 @@ class ExpertFFN(RoutesTokens):
         """Expert e's gate|up (rows r0:r1 of the input, FFN slice f0:f1) or down tile:
         the floats, or the tile the preceding dequant decoded."""
         if self.packed is not None:
-            got = cd.acc.get((self.name, "w", e, which))
+            got = cd.acc.get((self.name, "w"), {}).get((e, which))
             if got is None:
                 raise DataLayoutError(f"{self.where(cd)}: fmac before the {self.fmt} tiles of "
                                       f"expert {e} are decoded")
@@ -65,12 +65,11 @@ class ExpertFFN(RoutesTokens):
                 [self.moe.w_gate[e, r0:r1, f0:f1], self.moe.w_up[e, r0:r1, f0:f1]], axis=1))
         return cd.tile((self.name, e, which), lambda: self.moe.w_down[e, f0:f1, r0:r1])
 
-    def _decode(self, cd, op, which: str, r0: int, r1: int, f0: int, f1: int) -> None:
+    def _decode(self, cd, op, t: int, which: str, r0: int, r1: int, f0: int, f1: int) -> None:
         """dequant_*: decode this core's packed tiles of the experts with tokens this step."""
         if self.packed is None or op != f"dequant_{self.fmt}":
             raise DataLayoutError(f"{self.where(cd)}: {op} on experts stored as "
                                   f"{self.fmt or 'floats'}")
-        t = self.grid_pos(cd)[0]
         gate, up, down = self.packed
         for e in self._experts(cd, t):
             if not self._tokens(cd, e):
@@ -80,7 +79,7 @@ class ExpertFFN(RoutesTokens):
                     [gate[e].slice(r0, r1, f0, f1), up[e].slice(r0, r1, f0, f1)]))
             else:
                 tile = cd.packed_tile((self.name, e, which), lambda e=e: down[e].slice(f0, f1, r0, r1))
-            cd.acc[self.name, "w", e, which] = tile.decode()
+            cd.acc.setdefault((self.name, "w"), {})[e, which] = tile.decode()
 
     def compute(self, cd, op):
         t, i, j, w, h = self.grid_pos(cd)
@@ -89,7 +88,7 @@ class ExpertFFN(RoutesTokens):
         f0, f1 = part(self.f, w, i)
         if op.startswith("dequant_"):  # before phase 1's fmac (gate|up) or phase 2's (down)
             r0, r1 = part(hidden, h, j)
-            self._decode(cd, op, "down" if self.name + ".a" in cd.acc else "gate_up",
+            self._decode(cd, op, t, "down" if self.name + ".a" in cd.acc else "gate_up",
                          r0, r1, f0, f1)
             return None
         if op == "fmac" and self.name + ".a" not in cd.acc:  # phase 1: x . W_gate|up
@@ -128,8 +127,7 @@ class ExpertFFN(RoutesTokens):
                                if rows else np.zeros((0, r1 - r0)))
                     + (0.0 if down is None else down[e, r0:r1]))
                 for e, (rows, act) in a.items()}
-            for key in [k for k in cd.acc if k[:2] == (self.name, "w")]:
-                del cd.acc[key]  # this step's decoded tiles
+            cd.acc.pop((self.name, "w"), None)  # this step's decoded tiles
 
     def send(self, cd, role):
         if role is FlowRole.UP:
