@@ -274,10 +274,11 @@ class UnitShape:
 
 
 class Planner:
-    """Unit widths for one (model, target, micro-batch, kv_slots, group)."""
+    """Unit widths for one (model, target, micro-batch, kv_slots, group); units wider than
+    `max_width` (the target's) do not fit."""
 
-    def __init__(self, sizer: Sizer, group: int):
-        self.sizer, self.group = sizer, group
+    def __init__(self, sizer: Sizer, group: int, max_width: int | None = None):
+        self.sizer, self.group, self.max_width = sizer, group, max_width
         s = sizer.shape
         self.regions = (s.experts // group + s.shared_experts) if s.is_moe else 0
         self.band_width = functools.lru_cache(maxsize=None)(self._band_width)
@@ -299,7 +300,17 @@ class Planner:
         return _min_width(lambda w: sz.expert(self.group, w, h),
                           max(s.hidden, 2 * s.expert_ffn), sz.usable)
 
-    def grid(self, height: int) -> ExpertGrid | None:
+    def grid(self, height: int, beside: int = 0) -> ExpertGrid | None:
+        """The expert regions of an MoE unit `height` rows high beside `beside` columns of
+        bands: one row of full-height regions where that fits the target's width (each
+        region's rows then line up with the relay corridor's, so combine takes each
+        expert's output along the rows: one message per routed region and row, no gather),
+        else the narrowest stacking (squarest on ties)."""
+        w = self.expert_width(height)
+        if w is not None:
+            full = ExpertGrid(self.regions, 1, w, height)
+            if self.max_width is None or beside + full.width <= self.max_width:
+                return full
         best: ExpertGrid | None = None
         for rows in range(1, min(self.regions, height) + 1):
             h = height // rows
@@ -356,7 +367,7 @@ class Planner:
             widths.append(w)
         grid = None
         if kind == "moe" and with_experts:
-            grid = self.grid(height)
+            grid = self.grid(height, sum(widths))
             if grid is None:
                 return None
         # the attention band splits head_dim where its columns do not hold whole KV heads
@@ -523,7 +534,8 @@ class _Mapper:
         return int(self.target.usable_sram_bytes * (1 - SRAM_HEADROOM))
 
     def planner(self, stages: int) -> Planner:
-        return Planner(Sizer(self.shape, self.mb, self.kv_slots(stages), self.usable), self.group)
+        return Planner(Sizer(self.shape, self.mb, self.kv_slots(stages), self.usable), self.group,
+                       self.target.width)
 
     # -- what every layout must fit ------------------------------------------
     def max_stages(self) -> int:

@@ -179,6 +179,7 @@ class KernelOp(MappedKernelOp):
     TOKEN_SOURCE: ClassVar[bool] = False  # sends the sampled tokens back to the first stage
     TOKEN_SINK: ClassVar[bool] = False  # receives them
     PLACES_EXPERTS: ClassVar[bool] = False  # has an expert -> region placement
+    TILES_HOLD_OWN_VALUES: ClassVar[bool] = False  # each tile holds a value of its own (an expert's)
     STATE_DTYPE: ClassVar[str] = "dtype_bytes"  # hparam: bytes per element of its resident state
 
     @classmethod
@@ -254,6 +255,18 @@ class KernelOp(MappedKernelOp):
         return {}
 
 
+def region_tiles(op: KernelOp, regions: ArrayAttr) -> list[tuple[int, int, int, int]]:
+    """(x, y, w, h) of every expert region of `op`, each one dense rectangle."""
+    out = []
+    for cores in regions.data:
+        rects = cores.rects.data
+        if len(rects) != 1 or not rects[0].is_unit_step():
+            raise op.fail(f"needs one dense rectangle per tile, got {cores}")
+        r = rects[0]
+        out.append((r.x.data, r.y.data, r.w.data, r.h.data))
+    return out
+
+
 def effective_layout(layout: str, w: int, h: int) -> str:
     """`layout` on a w x h grid as the simplest layout that says the same: a split over
     one line is the whole vector, a flat split of one column is a split over its rows."""
@@ -289,7 +302,8 @@ def holds_input(producer: KernelOp, consumer: KernelOp) -> bool:
 def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
           finish: list[Event], state: int, outputs_from_root: bool = True, axis: str = "col",
           tiles: list[tuple[int, int, int, int]] | None = None, relay_back: bool = True,
-          kctx: KernelContext | None = None) -> tuple[list[Role], list[FlowSpec]]:
+          kctx: KernelContext | None = None, root: int | None = None
+          ) -> tuple[list[Role], list[FlowSpec]]:
     """Roles and flows of a streaming reduction down each column (or along each row) of the tiles.
 
     Every core runs `local`; partials stream toward the root at the centre of
@@ -305,7 +319,9 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     `_r`. A kernel with several same-shaped tiles (the expert regions of a
     layer) repeats the pattern in each, with one role set for all of them;
     `tiles` restricts the chain to part of the kernel's region. `kctx`
-    brings the target's stream costs and a forced group size, if any.
+    brings the target's stream costs and a forced group size, if any; `root`
+    puts the root at that end of the line (0 or n - 1: one chain toward the
+    cores the result goes to next) instead of where the plan would.
     """
     from meshrt.kernels.reduce_tree import ReduceTree
 
@@ -342,8 +358,13 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     if stream is not None:  # the reduce op's cycles per wavelet (its work is one element per wavelet)
         key = next(c.cost for c in type(kernel).COMPUTE if c.name == reduce_op)
         op_cost = stream.op_costs.get(key)
-    tree = ReduceTree.plan(n, wavelets, stream, kctx.reduce_group if kctx is not None else 0, op_cost,
-                           centre=kctx is not None and kctx.reduce_tree == "tree")
+    if root is not None:
+        if root not in (0, n - 1):
+            raise ValueError(f"a forced root sits at an end of the line (0 or {n - 1}), not {root}")
+        tree = ReduceTree(n, root)
+    else:
+        tree = ReduceTree.plan(n, wavelets, stream, kctx.reduce_group if kctx is not None else 0,
+                               op_cost, centre=kctx is not None and kctx.reduce_tree == "tree")
     c = tree.root
     # a multicast along the line reaches only this tile's cores unless tiles share lines
     spans = sorted((t[1], t[1] + t[3]) if along_row else (t[0], t[0] + t[2]) for t in tiles)

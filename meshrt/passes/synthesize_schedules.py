@@ -156,8 +156,9 @@ def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAt
     multicasts its slice along its row (column) to exactly the receivers that
     need it: one message per receiver. Otherwise every receiver gathers the
     replica's slices (an `all` flow from that one line). A value every core
-    holds whole is sent by one core. Across wafers every flow is `all` (the
-    wafer link carries it).
+    holds whole is sent by one core. A kernel whose tiles each hold a value of
+    their own (the expert regions' outputs) sends from every tile. Across
+    wafers every flow is `all` (the wafer link carries it).
     """
     op = producer.op
     px, py, pw, ph = op.tiles()[0]
@@ -165,6 +166,13 @@ def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAt
     held = kr.effective_layout(op.output_layout(), pw, ph)
     need = kr.effective_layout(consumer.input_layout(), cw, ch)
     out = RectSet.from_cores(src)
+    tiles = op.tiles()
+    if op.TILES_HOLD_OWN_VALUES and len(tiles) > 1:
+        # every tile holds a value of its own (an expert's output): all of them send;
+        # along their rows when each tile's rows are the consumer's
+        aligned = (held == "rows" and need == "rows" and not cross_wafer
+                   and all((ty, th) == (cy, ch) for _, ty, _, th in tiles))
+        return src, "row" if aligned else "all"
     if held not in ("rows", "cols", "full") or not producer.resident_cores.covers(src):
         return src, "all"
     x0, y0, x1, y1 = dst.extent

@@ -9,20 +9,20 @@ from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, 
 
 
 class Combine(KernelExec):
-    """Corridor cores each sum their flat slice of the weighted expert outputs
-    and pass the slices on to the head."""
+    """Each corridor core sums its flat slice of the weighted expert outputs."""
 
     OPS = frozenset({"combine"})
-    RAW_INPUTS = True  # the experts' partial outputs
+    RAW_INPUTS = True  # the experts' outputs: {expert: (slots, first row, float64 rows)}
 
     def compute(self, cd, op):
         if op != "combine":
             return
         _, i, j, w, h = self.grid_pos(cd)
-        items = cd.inbox.pop((self.name, FlowRole.INPUT), [])  # the experts' partial outputs
+        items = cd.inbox.pop((self.name, FlowRole.INPUT), [])
         hidden = self.plane.shape.hidden
         lo, hi = part(hidden, w * h, j * w + i)
-        # per expert and slot: the sum of its cores' partial outputs, rounded once
+        # per expert and slot: its output on this slice (the root columns send whole
+        # expert outputs of their rows; a slice may span two region rows)
         per_expert: dict[int, dict[int, np.ndarray]] = {}
         for parts in items:
             for e, (rows, r0, y) in parts.items():
@@ -45,18 +45,4 @@ class Combine(KernelExec):
                 if y is None:
                     raise DataLayoutError(f"{self.where(cd)}: no output of expert {e} for slot {s}")
                 out[s] += F64(route.weights[s, k]) * y.astype(F32).astype(F64)
-        v = cd.values.get(self.name)
-        mine = Vec.of(out.astype(F32), lo, hidden)
-        if v is None:
-            cd.values[self.name] = mine
-        else:
-            v.merge(mine, self.where(cd))
-
-    def send(self, cd, role):
-        return cd.values[self.name]
-
-    def recv(self, cd, role, items):
-        if role is FlowRole.HOP:
-            cd.values[self.name] = items[0]
-        else:
-            cd.inbox[self.name, role] = items
+        cd.values[self.name] = Vec.of(out.astype(F32), lo, hidden)

@@ -1,4 +1,4 @@
-"""Carries expert outputs back and sums them with their gate weights."""
+"""Sums the expert outputs with their gate weights, each corridor core its slice."""
 
 from __future__ import annotations
 
@@ -10,15 +10,24 @@ from meshrt.dialects.graph import ActType, RoutingType
 from meshrt.kernels.combine import csl
 from meshrt.kernels.combine.numerics import Combine
 from meshrt.kernels.compute import ComputeOp
-from meshrt.kernels.dispatch.relay import RelayOp
+from meshrt.kernels.interface import INPUTS, OUTPUTS, KernelContext, KernelOp, Role, ceil_div
 
 COMBINE = ComputeOp("combine", "fmac", csl.combine)
 """y += expert result x its gate weight."""
 
 
 @irdl_op_definition
-class CombineOp(RelayOp):
-    """Carries expert outputs back and sums them with their gate weights."""
+class CombineOp(KernelOp):
+    """Sums the expert outputs with their gate weights, each corridor core its slice.
+
+    Its region is the corridor the tokens left by; each core holds its flat
+    slice of the result (a one-column corridor: a split over its rows, where
+    the residual add reads it in place). Every core receives the slices of
+    the expert outputs it needs from the expert regions' root columns
+    (`expert_reduce`): along its row when the regions' rows line up with the
+    corridor's, else gathered from every root. The routing metainfo riding
+    them says which experts a token chose and with what weight.
+    """
 
     name = "mesh_kernel.combine"
     inputs = var_operand_def(ActType)
@@ -33,11 +42,27 @@ class CombineOp(RelayOp):
     VIZ_RANK: ClassVar[int] = 7
     COMPUTE: ClassVar[tuple] = (COMBINE,)
     NUMERICS: ClassVar[type] = Combine
-    BACKWARDS: ClassVar[bool] = True  # expert results and their metainfo travel back to the head
+    RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
+    ROUTED_INPUTS: ClassVar[bool] = True  # the tokens' routing metainfo rides the expert outputs
 
     def verify_kernel(self) -> None:
         if not self.inputs:
             raise self.fail("combine needs at least one expert output")
+        self.grid()
+
+    def roles(self, kctx: KernelContext):
+        _, _, w, h = self.grid()
+        share = ceil_div(self.output.type.width.data, w * h)
+        work = kctx.micro_batch * max(kctx.top_k, 1) * share  # one fmac per chosen expert
+        return [Role("slice", self.region, [INPUTS, ("compute", "combine", work), OUTPUTS], 0,
+                     ctrl=kctx.route_bytes, sends_output=True)], []
+
+    def input_share(self, width: int) -> int:
+        _, _, w, h = self.grid()
+        return ceil_div(width, w * h)
+
+    def input_layout(self) -> str:
+        return "flat"
 
     def output_layout(self) -> str:
-        return "full"  # at the head of the corridor
+        return "flat"

@@ -1,4 +1,4 @@
-"""Roles of a relay corridor: dispatch runs it forwards, combine backwards."""
+"""Roles of a relay corridor: dispatch carries tokens from the gate past the expert regions."""
 
 from __future__ import annotations
 
@@ -19,19 +19,18 @@ from meshrt.kernels.interface import (
 
 
 class RelayOp(KernelOp):
-    """A relay corridor (dispatch, combine): what both answer alike.
+    """A relay corridor (dispatch).
 
     Every relay role resolves the routing metainfo riding its messages, and
     each core carries its slice of every token (the corridor split flat).
     """
 
-    BACKWARDS: ClassVar[bool] = False  # combine runs the corridor from tail to head
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
     ROUTED_INPUTS: ClassVar[bool] = True  # the tokens' routing metainfo rides the inputs
     HOLDS_RESULT_AT_OUTPUTS: ClassVar[bool] = True  # the result leaves where it is sent
 
     def roles(self, kctx: KernelContext):
-        return relay_roles(self, kctx, backwards=self.BACKWARDS)
+        return relay_roles(self, kctx)
 
     def input_share(self, width: int) -> int:
         _, _, w, h = self.tiles()[0]
@@ -46,13 +45,12 @@ def relay_footprint(top_k: int, hidden: int, micro_batch: int, w: int, h: int) -
     return Footprint(0, 2 * micro_batch * top_k * ceil_div(hidden, h * w) * ACT_BYTES)
 
 
-def relay_roles(kernel: KernelOp, kctx: KernelContext, backwards: bool,
-                ) -> tuple[list[Role], list[FlowSpec]]:
-    """Dispatch / combine relays along the corridor's long axis.
+def relay_roles(kernel: KernelOp, kctx: KernelContext) -> tuple[list[Role], list[FlowSpec]]:
+    """Dispatch relays along the corridor's long axis.
 
     Tokens enter at the head, and every relay core reads the routing
     metainfo to pick a direction: onward along the corridor, or across into
-    the expert regions (dispatch); combine runs the same corridor backwards.
+    the expert regions.
     """
     x, y, w, h = kernel.grid()
     k = kernel.kernel_name
@@ -66,25 +64,11 @@ def relay_roles(kernel: KernelOp, kctx: KernelContext, backwards: bool,
     def cell(i: int, n: int = 1) -> CoreSetAttr:
         return CoreSetAttr.of(x, y + i, w, n) if along_y else CoreSetAttr.of(x + i, y, n, h)
 
-    if length == 1:  # one core: dispatch only routes, combine still sums the expert outputs
-        work = ("compute", "combine", b * hidden) if backwards else ("compute", "route", b * kctx.top_k)
-        return [Role("head", kernel.region, [INPUTS, work, OUTPUTS],
+    if length == 1:  # one core: it only routes
+        return [Role("head", kernel.region, [INPUTS, ("compute", "route", b * kctx.top_k), OUTPUTS],
                      0, ctrl=kctx.route_bytes, switches=2, sends_output=True)], []
-    step = -1 if backwards else 1
-    dx, dy = (0, step) if along_y else (step, 0)
+    dx, dy = (0, 1) if along_y else (1, 0)
     hop = f"{k}.hop"
-    if backwards:  # combine: expert results enter all along, leave at the head (index 0)
-        src, dst = cell(1, length - 1), cell(0, length - 1)
-        head, body, tail = cell(0), cell(1, length - 2) if length > 2 else None, cell(length - 1)
-        flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy, role=FlowRole.HOP)]
-        roles = [Role("tail", tail, [INPUTS, ("compute", "combine", b * hidden), ("send", hop, msg, meta)],
-                      0, ctrl=kctx.route_bytes, switches=2)]
-        if body is not None:
-            roles.append(Role("relay", body, [INPUTS, ("recv", hop, msg, meta), ("compute", "combine", b * hidden),
-                                               ("send", hop, msg, meta)], 0, ctrl=kctx.route_bytes, switches=2))
-        roles.append(Role("head", head, [INPUTS, ("recv", hop, msg, meta), ("compute", "combine", b * hidden),
-                                         OUTPUTS], 0, ctrl=kctx.route_bytes, switches=2, sends_output=True))
-        return roles, flows
     src, dst = cell(0, length - 1), cell(1, length - 1)
     flows = [FlowSpec(hop, src, dst, "shift", msg, dx, dy, role=FlowRole.HOP)]
     roles = [Role("head", cell(0), [INPUTS, ("compute", "route", b * kctx.top_k), ("send", hop, msg, meta), OUTPUTS],

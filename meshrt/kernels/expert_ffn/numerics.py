@@ -122,7 +122,7 @@ class ExpertFFN(RoutesTokens):
             a = cd.acc.pop(self.name + ".a")
             r0, r1 = part(hidden, h, j)
             down = self.moe.b_down if f0 == 0 else None  # the first FFN slice adds the bias
-            cd.acc[self.name] = {
+            cd.values[self.name] = {
                 e: (rows, r0, (act.astype(F64) @ self._tile(cd, e, "down", r0, r1, f0, f1)
                                if rows else np.zeros((0, r1 - r0)))
                     + (0.0 if down is None else down[e, r0:r1]))
@@ -132,7 +132,9 @@ class ExpertFFN(RoutesTokens):
     def send(self, cd, role):
         if role is FlowRole.UP:
             return cd.acc[self.name + ".a"]
-        return cd.acc.pop(self.name)  # down partials, or this core's output partial
+        if role is FlowRole.DOWN:
+            return cd.acc.pop(self.name)
+        return cd.values[self.name]  # this core's output partial
 
     def relayed(self, cd, value):
         cd.acc[self.name + ".a"] = value

@@ -15,6 +15,7 @@ from meshrt.kernels.combine.op import CombineOp
 from meshrt.kernels.compute import ADD, DEQUANT, FMAC, SILU_MUL
 from meshrt.kernels.dispatch.op import DispatchOp
 from meshrt.kernels.expert_ffn.numerics import ExpertFFN
+from meshrt.kernels.expert_reduce.op import ExpertReduceOp, expert_tokens
 from meshrt.kernels.interface import (
     ACT_BYTES,
     OUTPUTS,
@@ -25,15 +26,16 @@ from meshrt.kernels.interface import (
     KernelOp,
     ceil_div,
     chain,
+    region_tiles,
 )
 
 
-def _single_rect(op: KernelOp, cores: CoreSetAttr) -> tuple[int, int, int, int]:
-    rects = cores.rects.data
-    if len(rects) != 1 or not rects[0].is_unit_step():
-        raise op.fail(f"needs one dense rectangle per tile, got {cores}")
-    r = rects[0]
-    return r.x.data, r.y.data, r.w.data, r.h.data
+def root_facing(corridor: CoreSetAttr, tiles: list[tuple[int, int, int, int]]) -> int:
+    """Column of each w-wide expert region on the side facing `corridor`: w - 1 if the
+    corridor lies east of the regions' middle, else 0."""
+    x0, _, x1, _ = corridor.extent
+    lo, hi = min(t[0] for t in tiles), max(t[0] + t[2] for t in tiles)
+    return tiles[0][2] - 1 if x0 + x1 >= lo + hi else 0
 
 
 @irdl_op_definition
@@ -63,6 +65,7 @@ class ExpertFFNOp(KernelOp):
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
     ROUTED_INPUTS: ClassVar[bool] = True  # tokens turn from the corridor into the expert regions
     PLACES_EXPERTS: ClassVar[bool] = True
+    TILES_HOLD_OWN_VALUES: ClassVar[bool] = True
     STATE_DTYPE: ClassVar[str] = "expert_dtype_bytes"
 
     @property
@@ -71,7 +74,7 @@ class ExpertFFNOp(KernelOp):
 
     def tiles(self) -> list[tuple[int, int, int, int]]:
         """(x, y, w, h) of every expert region, all of one shape."""
-        return [_single_rect(self, r) for r in self.expert_regions.data]
+        return region_tiles(self, self.expert_regions)
 
     def experts_per_region(self) -> int:
         counts = [0] * len(self.expert_regions.data)
@@ -112,10 +115,9 @@ class ExpertFFNOp(KernelOp):
 
         Phase 1 sums x . W_gate|up down each column; the root applies
         silu(gate) * up and relays a[f_i] back up. Phase 2 is local:
-        a[f_i] . W_down[f_i, rows j] is this core's partial of output rows j.
-        Every core sends its partial on; combine, which sums the weighted
-        expert outputs anyway, sums the columns too, so no core needs a
-        fourth queue for a reduction along the rows.
+        a[f_i] . W_down[f_i, rows j] is this core's partial of output rows j,
+        which `expert_reduce` (the next kernel, on the same cores) sums along
+        the rows.
         """
         _, _, w, h = self.tiles()[0]
         hidden, f = self.input.type.width.data, int_value(self.expert_ffn)
@@ -124,7 +126,7 @@ class ExpertFFNOp(KernelOp):
         fi, hj = ceil_div(f, w), ceil_div(hidden, h)
         # With routing a region sees only the tokens routed to it; without it
         # (the static build) every expert computes every token.
-        tokens = b * min(n, kctx.top_k) if "moe_routing" in kctx.dynamism else b * n
+        tokens = expert_tokens(kctx, n)
         fmt = self.weights.data if self.weights is not None else None
         state = self.footprint(n, hidden, f, kctx.stored_bytes(fmt, kctx.expert_weight_bytes),
                                tokens, w, h).state
@@ -139,7 +141,6 @@ class ExpertFFNOp(KernelOp):
         for r in roles:
             r.events = [e for e in r.events if e != OUTPUTS] + [
                 *decode_down, ("compute", "fmac", tokens * fi * hj), OUTPUTS]
-            r.sends_output = True
             r.ctrl = b * kctx.top_k * ROUTE_BYTES_PER_CHOICE  # which tokens are ours
         return roles, flows
 
@@ -157,7 +158,8 @@ class ExpertFFNOp(KernelOp):
 
     @classmethod
     def lower(cls, op, operands, make):
-        """graph.moe_experts -> dispatch + expert_ffn (all expert regions) + combine."""
+        """graph.moe_experts -> dispatch + expert_ffn (all expert regions) + expert_reduce
+        (each region's rows into the column facing the corridor) + combine."""
         act, routing = operands
         rt = op.results[0].type
         dispatch = make(DispatchOp, op, [act, routing], rt, name=f"{op.kernel_name}.dispatch",
@@ -168,6 +170,9 @@ class ExpertFFNOp(KernelOp):
                        expert_regions=op.expert_regions, placement=op.placement,
                        expert_ffn=op.expert_ffn,
                        **({"weights": op.weights} if op.weights is not None else {}))
-        combine = make(CombineOp, op, [experts.results[0], routing], rt,
+        root = root_facing(op.region, region_tiles(op, op.expert_regions))
+        reduce = make(ExpertReduceOp, op, [experts.results[0]], rt, name=f"{op.kernel_name}.reduce",
+                      region=union, expert_regions=op.expert_regions, root=IntegerAttr(root, 64))
+        combine = make(CombineOp, op, [reduce.results[0], routing], rt,
                        name=f"{op.kernel_name}.combine")
-        return [dispatch, experts, combine], combine.results[0]
+        return [dispatch, experts, reduce, combine], combine.results[0]

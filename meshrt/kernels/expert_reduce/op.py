@@ -1,0 +1,93 @@
+"""Sums each expert region's output partials along its rows, into the column facing combine."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import I64, ArrayAttr, IntegerAttr
+from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def
+
+from meshrt.dialects.base import int_value
+from meshrt.dialects.graph import ActType
+from meshrt.dialects.mesh import CoreSetAttr
+from meshrt.kernels.compute import ADD
+from meshrt.kernels.expert_reduce.numerics import ExpertReduce
+from meshrt.kernels.interface import (
+    ACT_BYTES,
+    UNARY_FORMAT,
+    KernelContext,
+    KernelOp,
+    ceil_div,
+    chain,
+    region_tiles,
+)
+
+
+def expert_tokens(kctx: KernelContext, experts_per_region: int) -> int:
+    """(token, expert) pairs one expert region computes per step: with routing only the
+    tokens routed to it (a token visits an expert once), without it every token on
+    every expert of the region (the static build)."""
+    b, n = kctx.micro_batch, experts_per_region
+    return b * min(n, kctx.top_k) if "moe_routing" in kctx.dynamism else b * n
+
+
+@irdl_op_definition
+class ExpertReduceOp(KernelOp):
+    """Sums each expert region's output partials along its rows, into one column.
+
+    expert_ffn leaves core (i, j) of a w x h region the partial of output
+    rows j from its slice i of the expert width; this kernel streams them
+    along each row (one chain per row, every region at once) into column
+    `root` (0 or w - 1: the side facing the combine corridor). The root
+    column then holds the region's expert outputs split over its rows, and
+    only it sends them on: combine receives h messages per routed region,
+    not one per expert core.
+    """
+
+    name = "mesh_kernel.expert_reduce"
+    expert_regions = prop_def(ArrayAttr[CoreSetAttr])
+    root = prop_def(IntegerAttr[I64])
+    input = operand_def(ActType)
+    output = result_def(ActType)
+    assembly_format = UNARY_FORMAT
+
+    VIZ_COLOR: ClassVar[str] = "#74c476"
+    VIZ_RANK: ClassVar[int] = 1
+    COMPUTE: ClassVar[tuple] = (ADD,)
+    NUMERICS: ClassVar[type] = ExpertReduce
+    HOLDS_RESULT_AT_OUTPUTS: ClassVar[bool] = True  # only the root column keeps the sums
+    TILES_HOLD_OWN_VALUES: ClassVar[bool] = True
+
+    def tiles(self) -> list[tuple[int, int, int, int]]:
+        return region_tiles(self, self.expert_regions)
+
+    def verify_kernel(self) -> None:
+        w = self.tiles()[0][2]
+        if int_value(self.root) not in (0, w - 1):
+            raise self.fail(f"root must be column 0 or {w - 1} of the {w}-wide expert regions, "
+                            f"got {int_value(self.root)}")
+        if self.region.count != sum(r.count for r in self.expert_regions.data):
+            raise self.fail("region must be the union of the expert regions")
+
+    def experts_per_region(self) -> int:
+        producer = self.input.owner
+        return producer.experts_per_region() if getattr(producer, "PLACES_EXPERTS", False) else 1
+
+    def roles(self, kctx: KernelContext):
+        _, _, w, h = self.tiles()[0]
+        rows = ceil_div(self.output.type.width.data, h)
+        msg = expert_tokens(kctx, self.experts_per_region()) * rows * ACT_BYTES
+        return chain(self, [], "add", msg, [], 0, axis="row", relay_back=False, kctx=kctx,
+                     root=int_value(self.root))
+
+    def input_share(self, width: int) -> int:
+        return width
+
+    def input_layout(self) -> str:
+        return "partial"
+
+    def output_layout(self) -> str:
+        return "rows"
+
+    def is_collective(self) -> bool:
+        return True
