@@ -220,6 +220,11 @@ class KernelOp(MappedKernelOp):
         """Completion is all-or-nothing (a reduction tree every core joins)."""
         return False
 
+    def tile_value_bytes(self, kctx: KernelContext) -> int:
+        """Bytes each sending core of a TILES_HOLD_OWN_VALUES kind sends: its own value,
+        whatever the receiver's share (the receivers of its tiles' values gather them)."""
+        raise NotImplementedError(f"kernel kind {self.kernel_kind()} does not define the bytes of its tiles' values")
+
     def receives_dynamism(self, role: str, kctx: KernelContext, stage_entry: bool) -> tuple[str, ...]:
         """Kinds of runtime dynamism `role` must resolve before it runs.
 

@@ -277,6 +277,8 @@ class Synthesizer:
                 continue  # routing metainfo rides the token data, never a flow of its own
             producer = self.plans[producer_op]
             data = act_bytes * op.input_share(value.type.width.data)
+            if producer.op.TILES_HOLD_OWN_VALUES and len(producer.op.tiles()) > 1:
+                data = producer.op.tile_value_bytes(self.kctx)  # each sends its own value whole
             src = producer.output_cores
             name = f"{op.kernel_name}.in{i}"
             if op.INPUT_FROM_ROUTING_PRODUCER:

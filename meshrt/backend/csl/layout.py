@@ -300,7 +300,11 @@ def _flow_routes(program: Program, f: Flow, holders: list[CoreClass], idle: Rect
             if notes:
                 lines[0] += "  // " + "; ".join(notes)
             out.extend(lines)
-    if plan.scheme in (streams.CHAIN, streams.RELAY) and plan.chain is not None:
+    if plan.per_line is not None:
+        (x0, y0, x1, y1, _, _), (hx0, hy0, hx1, hy1, _, _) = plan.firsts[0], plan.heads[0]
+        out.insert(0, f"  // {plan.chain.count} senders switch-chained, {plan.per_line} per line: "
+                      f"firsts ({x0}..{x1 - 1}, {y0}..{y1 - 1}), heads ({hx0}..{hx1 - 1}, {hy0}..{hy1 - 1})")
+    elif plan.scheme in (streams.CHAIN, streams.RELAY) and plan.chain is not None:
         out.insert(0, f"  // {plan.chain.count} senders switch-chained: first ({plan.first[0]}, {plan.first[1]}), "
                       f"head ({plan.head[0]}, {plan.head[1]})")
     if plan.scheme == streams.RELAY:

@@ -605,7 +605,7 @@ class ProgramWriter:
             self.primed_state(e, flow, prime + prime_meta, body, False, note, last=True)
             return
         plan = self.plan(flow)
-        msgs = plan.senders if plan is not None and plan.scheme == CHAIN else 1
+        msgs = plan.messages if plan is not None else 1
         if e.primed and (msgs > 1 or self.relay_here(flow)):
             raise MeshrtError(f"core class @{self.cls.name}: the loop-carried flow @{flow.name} has {msgs} "
                               "senders; the CSL backend primes (host-loads) single-sender flows only", self.cls.op)

@@ -200,6 +200,11 @@ class FlowPlan:
     chain: RectSet | None = None  # chain routers
     relay: Relay | None = None
     order: list[tuple[Box, str, tuple[int, int]]] = field(default_factory=list)  # chain snakes
+    # line chains (a `row` / `col` flow with several senders per line): every line's
+    # first senders and heads, and the messages each receiver takes per receive
+    firsts: list[SBox] = field(default_factory=list)
+    heads: list[SBox] = field(default_factory=list)
+    per_line: int | None = None
 
     @property
     def switched(self) -> bool:
@@ -207,10 +212,10 @@ class FlowPlan:
 
     def roles(self) -> list[tuple[SBox, int]]:
         """Chain role per sender core (ROLE_MIDDLE elsewhere)."""
-        out = []
-        if self.first is not None and self.chain is not None:
+        out = [(b, ROLE_FIRST) for b in self.firsts] + [(b, ROLE_HEAD) for b in self.heads]
+        if self.first is not None and self.chain is not None and not self.firsts:
             out.append((sbox((self.first[0], self.first[1], self.first[0] + 1, self.first[1] + 1)), ROLE_FIRST))
-        if self.head is not None and self.head != self.first:
+        if self.head is not None and self.head != self.first and not self.heads:
             out.append((sbox((self.head[0], self.head[1], self.head[0] + 1, self.head[1] + 1)), ROLE_HEAD))
         return out
 
@@ -237,7 +242,14 @@ class FlowPlan:
 
     def recv_counts(self) -> list[tuple[SBox, int]] | int:
         """Messages each receiver takes per receive event (relay: see `Relay`)."""
-        return self.senders if self.scheme == CHAIN else 1
+        return self.messages
+
+    @property
+    def messages(self) -> int:
+        """Messages each receiver takes per receive event: a chain's senders (of its line)."""
+        if self.scheme != CHAIN:
+            return 1
+        return self.per_line if self.per_line is not None else self.senders
 
 
 RELAY_PHASES = ("fwd_recv", "fwd_send", "bwd_recv", "bwd_send")
@@ -675,17 +687,80 @@ def plan_flow(flow, width: int, height: int) -> FlowPlan:
         return FlowPlan(flow.name, TREE, _tree_cells(flow.configs(width, height)), n, flow.color,
                         first=senders.first_core() if n else None)
     if pattern in ("row", "col"):
-        lines = {b[1] for b in senders.boxes} if pattern == "row" else {b[0] for b in senders.boxes}
-        multi = any((b[2] - b[0] if pattern == "row" else b[3] - b[1]) > 1 for b in senders.boxes)
-        if multi or len(lines) != len(senders.boxes):
-            _fail(flow, f"pattern {pattern} with several senders on one {pattern} "
-                  "(only 'all' gathers are serialised)")
-        # One sender per row / column: the trees are disjoint.
-        return FlowPlan(flow.name, TREE, _tree_cells(flow.configs(width, height)), n, flow.color)
+        if _one_sender_per_line(senders, pattern):  # the trees are disjoint
+            return FlowPlan(flow.name, TREE, _tree_cells(flow.configs(width, height)), n, flow.color)
+        return _plan_line_chains(flow, senders, receivers, pattern)
     overlap = senders & receivers
     if not overlap:
         return _plan_chain(flow, senders, receivers, width, height)
     return _plan_relay(flow, senders, receivers, overlap, width, height)
+
+
+def _one_sender_per_line(senders: RectSet, pattern: str) -> bool:
+    """Whether no two senders of a `row` (`col`) flow share a row (column)."""
+    lines = [y for b in senders.boxes for y in range(b[1], b[3])] if pattern == "row" else \
+        [x for b in senders.boxes for x in range(b[0], b[2])]
+    return len(lines) == len(set(lines)) == senders.count
+
+
+def _plan_line_chains(flow, senders: RectSet, receivers: RectSet, pattern: str) -> FlowPlan:
+    """A `row` (`col`) flow with several senders per line: one switch chain per line.
+
+    The expert regions' root columns sending into a combine corridor: every
+    row holds the same senders (one per region) and its receivers on one side
+    of them. Along each row the senders are serialised as in `_plan_chain`:
+    the farthest from the receivers injects first, every further sender's
+    router forwards the stream from upstream (position 0) and takes its own
+    ramp after the upstream sender's advance (position 1), and the nearest
+    (the head) forwards the row's messages on to the receivers. The routers
+    between senders forward statically: they are not switch routers, so they
+    pop no switch command and the advance behind a message reaches the next
+    sender's router. Every line is alike, so a router column's configuration
+    is one box over all rows.
+    """
+    along = 0 if pattern == "row" else 1  # the axis the line runs along
+
+    def lines_of(rs: RectSet) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for b in rs.boxes:
+            for c in range(b[1 - along], b[3 - along]):
+                out.setdefault(c, []).extend(range(b[along], b[2 + along]))
+        return {c: sorted(v) for c, v in out.items()}
+
+    sent, got = lines_of(senders), lines_of(receivers)
+    shapes = {tuple(v) for v in sent.values()}
+    if len(shapes) != 1 or set(sent) != set(got) or len({tuple(v) for v in got.values()}) != 1:
+        _fail(flow, f"pattern {pattern} with several senders per {pattern}: every {pattern} must "
+              "hold the same senders and receivers to be switch-chained")
+    lo, hi = min(sent), max(sent) + 1
+    if set(sent) != set(range(lo, hi)):
+        _fail(flow, f"pattern {pattern} with several senders per {pattern}: its {pattern}s are "
+              "not contiguous")
+    xs, rs = list(next(iter(shapes))), next(iter(got.values()))
+    if set(xs) & set(rs) or (min(rs) < max(xs) and max(rs) > min(xs)):
+        _fail(flow, f"pattern {pattern} with several senders per {pattern}: its receivers are not "
+              "all on one side of the senders (the switch chain runs toward them)")
+    fwd = min(rs) > max(xs)  # the stream runs toward increasing positions
+    order = xs if fwd else xs[::-1]  # first sender .. head
+    last = max(rs) if fwd else min(rs)
+    span = range(order[0], last + 1) if fwd else range(order[0], last - 1, -1)
+    d = (EAST if fwd else WEST) if pattern == "row" else (SOUTH if fwd else NORTH)
+
+    def box(p: int) -> Box:
+        return (p, lo, p + 1, hi) if pattern == "row" else (lo, p, hi, p + 1)
+
+    chain_at, recv_at = set(xs), set(rs)
+    cells = []
+    for p in span:
+        rx = RAMP if p == order[0] else OPPOSITE[d]
+        if p in recv_at:
+            tx = (RAMP,) if p == last else (RAMP, d)
+        else:
+            tx = (d,)
+        cells.append((norm(sbox(box(p))), Cfg((("static", (rx,), tx),), switch=p in chain_at)))
+    firsts, heads = [norm(sbox(box(order[0])))], [norm(sbox(box(order[-1])))]
+    return FlowPlan(flow.name, CHAIN, cells, senders.count, flow.color,
+                    chain=senders, firsts=firsts, heads=heads, per_line=len(xs))
 
 
 def _plan_chain(flow, senders: RectSet, receivers: RectSet, width: int, height: int) -> FlowPlan:

@@ -15,7 +15,7 @@ from meshrt.kernels.combine.op import CombineOp
 from meshrt.kernels.compute import ADD, DEQUANT, FMAC, SILU_MUL
 from meshrt.kernels.dispatch.op import DispatchOp
 from meshrt.kernels.expert_ffn.numerics import ExpertFFN
-from meshrt.kernels.expert_reduce.op import ExpertReduceOp, expert_tokens
+from meshrt.kernels.expert_reduce.op import ExpertReduceOp, expert_output_bytes, expert_tokens
 from meshrt.kernels.interface import (
     ACT_BYTES,
     OUTPUTS,
@@ -143,6 +143,10 @@ class ExpertFFNOp(KernelOp):
                 *decode_down, ("compute", "fmac", tokens * fi * hj), OUTPUTS]
             r.ctrl = b * kctx.top_k * ROUTE_BYTES_PER_CHOICE  # which tokens are ours
         return roles, flows
+
+    def tile_value_bytes(self, kctx: KernelContext) -> int:
+        h = self.tiles()[0][3]
+        return expert_output_bytes(kctx, self.experts_per_region(), self.input.type.width.data, h)
 
     def input_share(self, width: int) -> int:
         return ceil_div(width, self.tiles()[0][3])

@@ -31,6 +31,12 @@ def expert_tokens(kctx: KernelContext, experts_per_region: int) -> int:
     return b * min(n, kctx.top_k) if "moe_routing" in kctx.dynamism else b * n
 
 
+def expert_output_bytes(kctx: KernelContext, experts_per_region: int, hidden: int, h: int) -> int:
+    """Bytes of one core's expert outputs (or partials) for its rows of an h-row region:
+    a vector of its rows per (token, expert) pair of the step."""
+    return expert_tokens(kctx, experts_per_region) * ceil_div(hidden, h) * ACT_BYTES
+
+
 @irdl_op_definition
 class ExpertReduceOp(KernelOp):
     """Sums each expert region's output partials along its rows, into one column.
@@ -73,10 +79,12 @@ class ExpertReduceOp(KernelOp):
         producer = self.input.owner
         return producer.experts_per_region() if getattr(producer, "PLACES_EXPERTS", False) else 1
 
+    def tile_value_bytes(self, kctx: KernelContext) -> int:
+        h = self.tiles()[0][3]
+        return expert_output_bytes(kctx, self.experts_per_region(), self.output.type.width.data, h)
+
     def roles(self, kctx: KernelContext):
-        _, _, w, h = self.tiles()[0]
-        rows = ceil_div(self.output.type.width.data, h)
-        msg = expert_tokens(kctx, self.experts_per_region()) * rows * ACT_BYTES
+        msg = self.tile_value_bytes(kctx)
         return chain(self, [], "add", msg, [], 0, axis="row", relay_back=False, kctx=kctx,
                      root=int_value(self.root))
 

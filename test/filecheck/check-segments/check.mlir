@@ -67,13 +67,13 @@ segment.program @m target "test32" mesh 8 x 2 wafers 1 stages 1 micro_batch 1 dy
 // WSE2:      segment.program
 // WSE2:      segment.reconfigure 0 to 1 release [@l0_norm1.in0] install [@l0_o.reduce.down, @l0_o.reduce.up]
 
-// On a WSE-2, a class of tiny_moe's layers (as the mapper packs them by
-// modelled step time) receives on more flows than the four input queues left
-// beside memcpy: the MoE flows are released for a second segment and
-// installed back.
+// On a WSE-2 every class of tiny_moe's layers fits the four input queues
+// left beside memcpy: the corridor's cores receive the dispatch hops and the
+// expert outputs of their row (combine has no relay of its own), so no class
+// needs a second segment.
 // WSE2MOE:      segment.program
-// WSE2MOE:      segment.reconfigure 0 to 1 release [@l0_moe.dispatch.hop, @l0_moe.dispatch.in0, @l0_moe.experts.in0, @l0_moe.combine.hop, @l0_moe.combine.in0] install []
-// WSE2MOE:      segment.reconfigure 1 to 0 release [] install [@l0_moe.dispatch.hop, @l0_moe.dispatch.in0, @l0_moe.experts.in0, @l0_moe.combine.hop, @l0_moe.combine.in0]
+// WSE2MOE-NOT:  segment.reconfigure
+// WSE2MOE:      segment.route
 
 // ROOMY:      segment.program
 // ROOMY-NOT:  segment.reconfigure

@@ -94,7 +94,7 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
 event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   event.kernel @k "conv2d" on <(0, 0, 2, 1)> inputs [] params {}
 }
-// CHECK: error: 'event.kernel' op kernel @k: unknown kernel kind "conv2d", expected one of allreduce, attention, combine, deltanet, dispatch, elementwise, embed, expert_ffn, gemv, handoff, sample, topk_gate
+// CHECK: error: 'event.kernel' op kernel @k: unknown kernel kind "conv2d", expected one of allreduce, attention, combine, deltanet, dispatch, elementwise, embed, expert_ffn, expert_reduce, gemv, handoff, sample, topk_gate
 
 // -----
 

@@ -49,8 +49,10 @@ graph.model @alternating target "test32" mesh 32 x 32 wafers 1 stages 1 micro_ba
 
 // -----
 
-// An MoE layer becomes dispatch relays, one expert_ffn kernel over all expert
-// regions (placement kept), and combine relays; attention gets its KV slots
+// An MoE layer becomes the dispatch relay, one expert_ffn kernel over all
+// expert regions (placement kept), the expert_reduce that sums each region's
+// rows into its column facing the corridor (root 0: the corridor is west of
+// the regions) and combine on the corridor; attention gets its KV slots
 // (micro-batch 2 x 2 stages with pipelining).
 graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 2 micro_batch 2 dynamism [#mesh.dyn<moe_routing>, #mesh.dyn<micro_batch_pipeline>] hparams {} {
   %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
@@ -64,8 +66,20 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 2 micro_batch 2 dy
 // CHECK-NEXT:   %[[G:.*]] = mesh_kernel.topk_gate @l0.gate
 // CHECK-NEXT:   %[[D:.*]] = mesh_kernel.dispatch @l0.moe.dispatch(%{{.*}}, %[[G]]) on <(9, 0, 1, 4)> {{{.*}}expert_regions = [#mesh.cores<(10, 0, 2, 2)>, #mesh.cores<(10, 2, 2, 2)>]{{.*}}}
 // CHECK-NEXT:   %[[E:.*]] = mesh_kernel.expert_ffn @l0.moe.experts(%[[D]], %[[G]]) on <(10, 0, 2, 2), (10, 2, 2, 2)> {{{.*}}placement = array<i64: 1, 0, 1, 0>{{.*}}}
-// CHECK-NEXT:   mesh_kernel.combine @l0.moe.combine(%[[G]], %[[E]]) on <(9, 0, 1, 4)>
+// CHECK-NEXT:   %[[R:.*]] = mesh_kernel.expert_reduce @l0.moe.reduce(%[[E]]) on <(10, 0, 2, 2), (10, 2, 2, 2)> {{{.*}}root = 0 : i64}
+// CHECK-NEXT:   mesh_kernel.combine @l0.moe.combine(%[[G]], %[[R]]) on <(9, 0, 1, 4)>
 // CHECK-NEXT: }
+
+// -----
+
+// A corridor east of full-height expert regions (three columns wide): each
+// region's rows reduce into its east column (root 2).
+graph.model @moe_east target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [#mesh.dyn<moe_routing>] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 1, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %g = graph.gate_topk @l0.gate(%x) on <(8, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.routing<2, 1>
+  %e = graph.moe_experts @l0.moe(%x, %g) on <(7, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_ffn = 16 : i64, shared_experts = 0 : i64, expert_regions = [#mesh.cores<(1, 0, 3, 4)>, #mesh.cores<(4, 0, 3, 4)>], placement = array<i64: 0, 1>} : !graph.act<32>, !graph.routing<2, 1> -> !graph.act<32>
+}
+// CHECK:      mesh_kernel.expert_reduce @l0.moe.reduce(%{{.*}}) on <(1, 0, 3, 4), (4, 0, 3, 4)> {{{.*}}root = 2 : i64}
 
 // -----
 

@@ -2,8 +2,8 @@
 // RUN: meshrt-opt %s -p lower-to-mesh-kernels,synthesize-schedules | filecheck %s --check-prefix=ROLES
 
 // MoE routing: the gate's root produces routing metainfo ahead of the token
-// data it sends into the dispatch corridor; every relay role (dispatch and
-// combine) and every expert role resolves it; nothing else touches it.
+// data it sends into the dispatch corridor; every dispatch relay, expert and
+// combine role resolves it; nothing else touches it.
 graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [#mesh.dyn<moe_routing>] hparams {dtype_bytes = 4 : i64, top_k = 2 : i64} {
   %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
   %g = graph.gate_topk @l0.gate(%x) on <(2, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.routing<4, 2>
@@ -13,15 +13,22 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK-NOT:  "continuous_batching"
 // CHECK:      event.sub @l0.moe.dispatch "head" after [@embed.reduce, @l0.gate]
 // CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.dispatch.in0 bytes 16
-// CHECK:      event.sub @l0.moe.combine "head" after [@l0.moe.experts, @l0.gate]
+// CHECK:      event.sub @l0.moe.combine "slice" after [@l0.moe.reduce, @l0.gate]
 // CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
-// CHECK:      event.core_class @l0.moe.experts.edge wafer 0 cores <(4, 0, 2, 1), (4, 2, 2, 1)> {
+// CHECK-NEXT:   event.recv @l0.moe.combine.in0 bytes 256 meta 16
+// CHECK:      event.core_class @l0.moe.reduce.root wafer 0 cores <(4, 0, 1, 1), (4, 2, 1, 1)> {
 // CHECK-NEXT:   event.sub @l0.moe.experts "edge" after [@l0.moe.dispatch, @l0.gate] demand <{{.*}}> collective {
 // CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.experts.in0 bytes 16
-// CHECK:      event.core_class @l0.moe.experts.root wafer 0 cores <(4, 1, 2, 1), (4, 3, 2, 1)> {
-// CHECK-NEXT:   event.sub @l0.moe.experts "root"
-// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.experts.in0 bytes 16
-// CHECK:          event.send @l0.moe.combine.in0 bytes {{[0-9]+}} meta 16
+// The expert outputs leave each region's root column, not every expert core,
+// with the routing metainfo the experts resolved; expert_reduce itself resolves nothing.
+// CHECK:        event.sub @l0.moe.reduce "root" after [@l0.moe.experts] demand <{{.*}}> collective {
+// CHECK-NEXT:     event.recv @l0.moe.reduce.down_r bytes 256 meta 0
+// CHECK-NEXT:     event.compute "add" work 64
+// CHECK-NEXT:     event.send @l0.moe.combine.in0 bytes 256 meta 16
+// CHECK-NEXT:   }
+// CHECK:      event.core_class @l0.moe.reduce.edge_r wafer 0 cores <(5, 0, 1, 1), (5, 2, 1, 1)> {
+// CHECK:        event.sub @l0.moe.reduce "edge_r" after [@l0.moe.experts]
+// CHECK-NEXT:     event.send @l0.moe.reduce.down_r bytes 256 meta 0
 // CHECK:      event.sub @l0.gate "root"
 // CHECK:        event.compute "topk" work 8
 // CHECK-NEXT:   event.send @l0.gate.up
@@ -29,8 +36,6 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK-NEXT:   event.send @l0.moe.dispatch.in0 bytes {{[0-9]+}} meta 16
 // CHECK:      event.sub @l0.moe.dispatch "tail"
 // CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.dispatch.hop bytes 16
-// CHECK:      event.sub @l0.moe.combine "tail"
-// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
 // CHECK-NOT:  event.meta_produce
 
 
@@ -46,5 +51,7 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // ROLES-NEXT: event.flow @l0.moe.experts.down kernel @l0.moe.experts role "down" wafer 0
 // ROLES-NEXT: event.flow @l0.moe.experts.up kernel @l0.moe.experts role "up" wafer 0
 // ROLES-NEXT: event.flow @l0.moe.experts.in0 kernel @l0.moe.experts role "input" operand 0 wafer 0
-// ROLES-NEXT: event.flow @l0.moe.combine.hop kernel @l0.moe.combine role "hop" wafer 0
-// ROLES-NEXT: event.flow @l0.moe.combine.in0 kernel @l0.moe.combine role "input" operand 0 wafer 0
+// ROLES-NEXT: event.flow @l0.moe.reduce.down_r kernel @l0.moe.reduce role "down" wafer 0
+// The expert regions are stacked, so their rows are not the corridor's: every
+// root column's outputs go to every corridor core (an `all` gather of 4 cores).
+// ROLES-NEXT: event.flow @l0.moe.combine.in0 kernel @l0.moe.combine role "input" operand 0 wafer 0 from <(4, 0, 1, 2), (4, 2, 1, 2)> to <(3, 0, 1, 4)> pattern "all" bytes 256
