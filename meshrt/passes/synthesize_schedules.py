@@ -196,6 +196,18 @@ def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAt
     return line, "col" if aligned else "all"
 
 
+def _forwarded(gate: mk.KernelOp, consumer: mk.KernelOp, cross_wafer: bool) -> str:
+    """The pattern of the tokens a routing producer forwards (its input, as it received it):
+    along the rows when a one-column gate holds them split over the rows the consumer
+    needs them split over, else every consumer core gathers them."""
+    gx, gy, gw, gh = gate.tiles()[0]
+    cx, cy, cw, ch = consumer.tiles()[0]
+    held = kr.effective_layout(gate.input_layout(), gw, gh)
+    need = kr.effective_layout(consumer.input_layout(), cw, ch)
+    aligned = gw == 1 and held == need == "rows" and (gy, gh) == (cy, ch) and not cross_wafer
+    return "row" if aligned else "all"
+
+
 def _split_senders(plan: _KernelPlan) -> None:
     """Split every sending role of `plan` whose cores only partly send one of its output flows,
     so that each role either sends a flow on all its cores or on none."""
@@ -244,7 +256,8 @@ class Synthesizer:
         if offset is not None and offset != (0, 0) and in_place:
             spec = kr.FlowSpec(name, src, dst, "shift", data, *offset, role=ev.FlowRole.INPUT, operand=operand)
         elif consumer.INPUT_FROM_ROUTING_PRODUCER:  # the gate forwards its input, not its output
-            spec = kr.FlowSpec(name, src, dst, "all", data, role=ev.FlowRole.INPUT, operand=operand)
+            spec = kr.FlowSpec(name, src, dst, _forwarded(producer.op, consumer, cross), data,
+                               role=ev.FlowRole.INPUT, operand=operand)
         else:
             src, pattern = _redistribution(producer, consumer, src, dst, cross)
             spec = kr.FlowSpec(name, src, dst, pattern, data, role=ev.FlowRole.INPUT, operand=operand)

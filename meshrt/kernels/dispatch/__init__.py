@@ -1,4 +1,4 @@
-"""dispatch: the relay corridor that carries routed tokens from the gate to the expert regions."""
+"""dispatch: the corridor cores that hand routed tokens from the gate to the expert regions."""
 
 from meshrt.kernels.dispatch.op import DispatchOp as OP
 

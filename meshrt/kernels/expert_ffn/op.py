@@ -152,7 +152,7 @@ class ExpertFFNOp(KernelOp):
         return ceil_div(width, self.tiles()[0][3])
 
     def input_layout(self) -> str:
-        return "full"  # read in place only from a producer holding it whole; else a flow brings input_share
+        return "rows"  # core (i, j) reads input rows j: along its row from a corridor split the same way
 
     def output_layout(self) -> str:
         return "partial"  # rows j of the output, one partial per column

@@ -1,14 +1,19 @@
 // RUN: meshrt-opt %s -p lower-to-mesh-kernels,synthesize-schedules | filecheck %s
 
-// Full-height expert regions beside the corridor: each region's output rows
-// are the corridor's rows, so combine takes them along the rows. Only the
-// root column of every region (the one facing the corridor) sends, one
-// message per region and row, multicast along its row; no gather remains.
+// Full-height expert regions beside the corridor, whose rows are the gate
+// column's: every move of the layer's tokens runs along the rows. Each
+// corridor core takes its slice from the gate core of its row and multicasts
+// it along its row into the expert regions; the regions' outputs come back
+// the same way: only the root column of every region (the one facing the
+// corridor) sends, one message per region and row; no gather remains.
 graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [#mesh.dyn<moe_routing>] hparams {dtype_bytes = 4 : i64, top_k = 2 : i64} {
   %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
   %g = graph.gate_topk @l0.gate(%x) on <(2, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.routing<4, 2>
   %e = graph.moe_experts @l0.moe(%x, %g) on <(3, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_ffn = 16 : i64, shared_experts = 0 : i64, expert_regions = [#mesh.cores<(4, 0, 2, 4)>, #mesh.cores<(6, 0, 2, 4)>], placement = array<i64: 0, 0, 1, 1>} : !graph.act<32>, !graph.routing<4, 2> -> !graph.act<32>
 }
+
+// CHECK:      event.flow @l0.moe.dispatch.in0 kernel @l0.moe.dispatch role "input" operand 0 wafer 0 from <(2, 1, 1, 2), (2, 0, 1, 1), (2, 3, 1, 1)> to <(3, 0, 1, 4)> pattern "row" bytes 64
+// CHECK:      event.flow @l0.moe.experts.in0 kernel @l0.moe.experts role "input" operand 0 wafer 0 from <(3, 0, 1, 4)> to <{{.*}}> pattern "row" bytes 64
 
 // The reduction streams west along each row of both regions at once; a
 // region holds two experts, so a core's message is 2 slots x 2 experts x

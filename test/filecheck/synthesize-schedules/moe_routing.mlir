@@ -11,8 +11,14 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 }
 
 // CHECK-NOT:  "continuous_batching"
-// CHECK:      event.sub @l0.moe.dispatch "head" after [@embed.reduce, @l0.gate]
-// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.dispatch.in0 bytes 16
+// Every corridor core takes its slice of the gated tokens from the gate core
+// of its row (no relay along the corridor) and resolves the routing riding it.
+// CHECK:      event.core_class @l0.moe.combine.slice wafer 0 cores <(3, 0, 1, 4)> {
+// CHECK-NEXT:   event.sub @l0.moe.dispatch "slice" after [@embed.reduce, @l0.gate]
+// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.dispatch.in0 bytes 16
+// CHECK-NEXT:     event.recv @l0.moe.dispatch.in0 bytes 64 meta 16
+// CHECK-NEXT:     event.compute "route" work 4
+// CHECK-NEXT:     event.send @l0.moe.experts.in0 bytes 128 meta 16
 // CHECK:      event.sub @l0.moe.combine "slice" after [@l0.moe.reduce, @l0.gate]
 // CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
 // CHECK-NEXT:   event.recv @l0.moe.combine.in0 bytes 256 meta 16
@@ -34,20 +40,16 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK-NEXT:   event.send @l0.gate.up
 // CHECK-NEXT:   event.meta_produce "moe_routing" onto @l0.moe.dispatch.in0 bytes 16
 // CHECK-NEXT:   event.send @l0.moe.dispatch.in0 bytes {{[0-9]+}} meta 16
-// CHECK:      event.sub @l0.moe.dispatch "tail"
-// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.dispatch.hop bytes 16
 // CHECK-NOT:  event.meta_produce
 
 
 // Every flow says what it carries: a chain's partials and its result
 // (multicast from the root; relayed back where tiles share columns, as the
-// expert regions here do),
-// a corridor's hops, or another kernel's value and the operand it feeds.
+// expert regions here do), or another kernel's value and the operand it feeds.
 // ROLES:      event.flow @l0.gate.down kernel @l0.gate role "down" wafer 0
 // ROLES-NEXT: event.flow @l0.gate.up kernel @l0.gate role "up" wafer 0
 // ROLES-NEXT: event.flow @l0.gate.in0 kernel @l0.gate role "input" operand 0 wafer 0
-// ROLES-NEXT: event.flow @l0.moe.dispatch.hop kernel @l0.moe.dispatch role "hop" wafer 0
-// ROLES-NEXT: event.flow @l0.moe.dispatch.in0 kernel @l0.moe.dispatch role "input" operand 0 wafer 0
+// ROLES-NEXT: event.flow @l0.moe.dispatch.in0 kernel @l0.moe.dispatch role "input" operand 0 wafer 0 from <(2, 1, 1, 2), (2, 0, 1, 1), (2, 3, 1, 1)> to <(3, 0, 1, 4)> pattern "row" bytes 64
 // ROLES-NEXT: event.flow @l0.moe.experts.down kernel @l0.moe.experts role "down" wafer 0
 // ROLES-NEXT: event.flow @l0.moe.experts.up kernel @l0.moe.experts role "up" wafer 0
 // ROLES-NEXT: event.flow @l0.moe.experts.in0 kernel @l0.moe.experts role "input" operand 0 wafer 0
