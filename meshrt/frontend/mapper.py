@@ -300,16 +300,18 @@ class Planner:
         return _min_width(lambda w: sz.expert(self.group, w, h),
                           max(s.hidden, 2 * s.expert_ffn), sz.usable)
 
-    def grid(self, height: int, beside: int = 0) -> ExpertGrid | None:
+    def grid(self, height: int, beside: int = 0, room: int | None = None) -> ExpertGrid | None:
         """The expert regions of an MoE unit `height` rows high beside `beside` columns of
-        bands: one row of full-height regions where that fits the target's width (each
+        bands: one row of full-height regions where that fits `room` columns (the target's
+        width unless given; each
         region's rows then line up with the relay corridor's, so combine takes each
         expert's output along the rows: one message per routed region and row, no gather),
         else the narrowest stacking (squarest on ties)."""
         w = self.expert_width(height)
         if w is not None:
             full = ExpertGrid(self.regions, 1, w, height)
-            if self.max_width is None or beside + full.width <= self.max_width:
+            room = room if room is not None else self.max_width
+            if room is None or beside + full.width <= room:
                 return full
         best: ExpertGrid | None = None
         for rows in range(1, min(self.regions, height) + 1):
@@ -350,9 +352,10 @@ class Planner:
         return w if fits(w) else None
 
     def _unit_shape(self, kind: str, height: int, with_experts: bool = True, scale: float = 1.0,
-                    msg: int = 0) -> UnitShape | None:
+                    msg: int = 0, room: int | None = None) -> UnitShape | None:
         """The shape of a `kind` unit `height` rows high: `scale` widens the units that widen
-        (WIDENS) past their least width; `msg` is the largest message an embedding core sends."""
+        (WIDENS) past their least width; `msg` is the largest message an embedding core sends;
+        `room` the columns it may take (an explicit region's; default the target's)."""
         if kind == "dense":
             w = self.stack(height, scale)
             return None if w is None else UnitShape((w,), None, w > self.sizer.shape.kv_heads)
@@ -367,7 +370,7 @@ class Planner:
             widths.append(w)
         grid = None
         if kind == "moe" and with_experts:
-            grid = self.grid(height, sum(widths))
+            grid = self.grid(height, sum(widths), room)
             if grid is None:
                 return None
         # the attention band splits head_dim where its columns do not hold whole KV heads
@@ -757,7 +760,7 @@ class _Mapper:
         for unit, r in zip(self.units, rects):
             explicit_experts = unit.layer in m.experts
             shape = planner.unit_shape(unit.kind, r.h, not explicit_experts, 1.0,
-                                       msg if unit.kind == "embed" else 0)
+                                       msg if unit.kind == "embed" else 0, r.w)
             if shape is None or shape.width > r.w:
                 fit = (f"a region at least {shape.width} cores wide at height {r.h}" if shape
                        else f"more than {r.h} rows")

@@ -96,8 +96,10 @@ def test_kernel_scale_agrees_with_interpreter_slowdown():
     program, tg = program_of(lower_to(module, "segments")), load_target("test32")
     experts = kernels_of_kind(program, "expert_ffn")
     k = program.hparam("top_k")
+    # the expert cores: they run the experts and the reduction of their outputs
+    on_experts = experts | kernels_of_kind(program, "expert_reduce")
     slow = {(c.wafer_index, x, y) for c in program.core_classes()
-            if {sub.kernel_name for s in c.segments() for sub in s.subs()} <= experts
+            if {sub.kernel_name for s in c.segments() for sub in s.subs()} <= on_experts
             for x, y in c.cores.cores()}
     assert experts and slow
     base = CostModel(program, tg).estimate(1).cycles_per_step

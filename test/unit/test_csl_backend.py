@@ -609,6 +609,116 @@ def handoffs(draw):
     return srcs, [RectAttr(*line)], w, h, draw(st.randoms(use_true_random=False))
 
 
+def _run_chain(plan, senders, steps, rng):
+    """Every sender injects `steps` messages, each followed by its switch commands (the
+    chain head: its own advance only) and, on a chain's first sender, the teardown;
+    then the fabric runs until idle."""
+    from meshrt.backend.csl import streams
+
+    roles = {c: v for s, v in plan.roles() for c in streams.sbox_cells(s)}
+    fab = _Fabric(plan, rng)
+    for c in senders:
+        for s in range(steps):
+            seq = _message(c, s)
+            seq.append(("ctrl", ("ADV",) if roles.get(c) == streams.ROLE_HEAD else ("ADV", "ADV")))
+            if roles.get(c) == streams.ROLE_FIRST:
+                seq.append(("td",))
+            fab.inject(c, seq)
+    while not fab.idle():
+        movable = fab.movable()
+        assert movable, "the fabric stalls with wavelets queued"
+        fab.move(rng.choice(movable))
+    return fab
+
+
+def _check_deliveries(fab, receivers, expect, steps):
+    for r in receivers:
+        got = _runs(fab.ce[r])
+        assert sorted(got) == sorted((c, s) for c in expect(r) for s in range(steps)), r
+        assert [g[1] for g in got] == sorted(g[1] for g in got), "a step overtook the previous one"
+
+
+@st.composite
+def line_gathers(draw):
+    """Full-height expert regions' root columns (one per region, every row alike) and a
+    corridor column beside them: a `row` flow with several senders per row."""
+    w, h = 12, 5
+    k = draw(st.integers(2, 4))
+    gap = draw(st.integers(1, 2))
+    east = draw(st.booleans())
+    y0 = draw(st.integers(0, 2))
+    y1 = draw(st.integers(y0 + 1, h))
+    xs = [1 + i * gap for i in range(k)] if east else [w - 2 - i * gap for i in range(k)]
+    rx = (max(xs) + draw(st.integers(1, 2))) if east else (min(xs) - draw(st.integers(1, 2)))
+    rx = min(max(rx, 0), w - 1)
+    if rx in xs:
+        rx = w - 1 if east else 0
+    return xs, rx, y0, y1, w, h, draw(st.randoms(use_true_random=False))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(line_gathers())
+def test_line_chains_serialise_each_row_on_the_fabric_model(case):
+    """A `row` flow with several senders per row: one switch chain per row; every
+    receiver gets each sender of its row's messages whole, step after step, and
+    nothing of other rows; the static routers between senders take no command."""
+    from meshrt.backend.csl import streams
+
+    xs, rx, y0, y1, w, h, rng = case
+    src = CoreSetAttr([RectAttr(x, y0, 1, y1 - y0) for x in sorted(xs)])
+    dst = CoreSetAttr([RectAttr(rx, y0, 1, y1 - y0)])
+    plan = streams.plan_flow(_PlanFlow("row", src, dst), w, h)
+    assert plan.scheme == streams.CHAIN and plan.messages == len(xs)
+    senders = [c for r in src.rects.data for c in r.cores()]
+    fab = _run_chain(plan, senders, 2, rng)
+    _check_deliveries(fab, [(rx, y) for y in range(y0, y1)],
+                      lambda r: [(x, r[1]) for x in xs], 2)
+    for c in senders:
+        assert not fab.ce[c], "a sender received a message"
+    assert set(fab.td.values()) == {2}, "one end-of-flow teardown per step at every router"
+
+
+@st.composite
+def column_gathers(draw):
+    """Stacked expert regions' root columns (separate columns of one height) gathered
+    by every core of a corridor column beside them: an `all` flow."""
+    w, h = 12, 6
+    k = draw(st.integers(4, 6))
+    gap = draw(st.integers(1, 2))
+    y0 = draw(st.integers(0, 2))
+    y1 = draw(st.integers(y0 + 1, h))
+    xs = [i * gap for i in range(k)]
+    rx = max(xs) + draw(st.integers(1, w - 1 - max(xs)))
+    ry0 = draw(st.integers(0, h - 1))
+    ry1 = draw(st.integers(ry0 + 1, h))
+    if draw(st.booleans()):  # mirrored: the corridor west of the columns
+        xs, rx = [w - 1 - x for x in xs], w - 1 - rx
+    return xs, (rx, ry0, ry1), y0, y1, w, h, draw(st.randoms(use_true_random=False))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(column_gathers())
+def test_column_chain_serialises_separate_columns_on_the_fabric_model(case):
+    """An `all` gather from more sender columns than the snake joins as boxes: one
+    chain snakes through the columns (down one, up the next, across the gaps on
+    static routers) and every receiver gets every message whole."""
+    from meshrt.backend.csl import streams
+
+    xs, (rx, ry0, ry1), y0, y1, w, h, rng = case
+    src = CoreSetAttr([RectAttr(x, y0, 1, y1 - y0) for x in sorted(xs)])
+    dst = CoreSetAttr([RectAttr(rx, ry0, 1, ry1 - ry0)])
+    try:
+        plan = streams.plan_flow(_PlanFlow("all", src, dst), w, h)
+    except MeshrtError as e:  # only a head whose tree would cross the senders is refused
+        assert "sender boxes" in str(e)
+        return
+    senders = [c for r in src.rects.data for c in r.cores()]
+    assert plan.scheme == streams.CHAIN and plan.messages == len(senders)
+    fab = _run_chain(plan, senders, 2, rng)
+    _check_deliveries(fab, [(rx, y) for y in range(ry0, ry1)], lambda r: senders, 2)
+    assert set(fab.td.values()) == {2}, "one end-of-flow teardown per step at every router"
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(handoffs())
 def test_relay_line_sums_every_contribution_on_the_fabric_model(case):

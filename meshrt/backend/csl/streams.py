@@ -640,14 +640,17 @@ def _tree_cells(cfgs: list[tuple[Box, RouterConfig]]) -> list[tuple[SBox, Cfg]]:
     return out
 
 
-def _chain_cells(snakes: list[Snake], head_tx: tuple[str, ...]) -> list[tuple[SBox, Cfg]]:
+def _chain_cells(snakes: list[Snake], head_tx: tuple[str, ...], link=None) -> list[tuple[SBox, Cfg]]:
+    """The chain routers of the snakes; `link(a, b)`: the side of cell a facing the next
+    snake's first cell b (default: b is a's neighbour)."""
+    link = link or _adjacent
     out = []
     for i, sn in enumerate(snakes):
         for s, rx, tx in sn.pieces():
             if rx is None:
-                rx = RAMP if i == 0 else OPPOSITE[_adjacent(snakes[i - 1].last, sn.first)]
+                rx = RAMP if i == 0 else OPPOSITE[link(snakes[i - 1].last, sn.first)]
             if tx is None:
-                txs = head_tx if i == len(snakes) - 1 else (_adjacent(sn.last, snakes[i + 1].first),)
+                txs = head_tx if i == len(snakes) - 1 else (link(sn.last, snakes[i + 1].first),)
             else:
                 txs = (tx,)
             out.append((norm(s), Cfg((("static", (rx,), tuple(txs)),), switch=True)))
@@ -763,9 +766,74 @@ def _plan_line_chains(flow, senders: RectSet, receivers: RectSet, pattern: str) 
                     chain=senders, firsts=firsts, heads=heads, per_line=len(xs))
 
 
+def _toward(a: tuple[int, int], b: tuple[int, int]) -> str:
+    """The side of cell a that faces cell b on the same row or column."""
+    if a[1] == b[1]:
+        return EAST if b[0] > a[0] else WEST
+    return SOUTH if b[1] > a[1] else NORTH
+
+
+def _plan_column_chain(flow, senders: RectSet, receivers: RectSet, width: int,
+                       height: int) -> FlowPlan | None:
+    """An `all` gather from several separate columns of one height, all on one side of the
+    receivers (the root columns of stacked expert regions sending into the combine
+    corridor), or None if the senders are not such columns.
+
+    One switch chain snakes through the columns, farthest first, down one and
+    up the next; between two columns the stream crosses the gap along the row
+    it ends on through routers that forward statically (they pop no switch
+    command, so a sender's advance reaches the next sender's router). The
+    head, the last cell of the column nearest the receivers, feeds their
+    multicast tree, as in `_plan_chain`.
+    """
+    boxes = senders.boxes
+    if len(boxes) < 2 or any(b[2] - b[0] != 1 for b in boxes) or len({(b[1], b[3]) for b in boxes}) != 1:
+        return None
+    xs = sorted(b[0] for b in boxes)
+    rx0, rx1 = min(b[0] for b in receivers.boxes), max(b[2] for b in receivers.boxes)
+    if rx0 > xs[-1]:
+        order = xs
+    elif rx1 <= xs[0]:
+        order = xs[::-1]
+    else:
+        return None
+    y0, y1 = boxes[0][1], boxes[0][3]
+    snakes = [Snake((x, y0, x + 1, y1), "cols", (x, y0) if i % 2 == 0 else (x, y1 - 1))
+              for i, x in enumerate(order)]
+    head = snakes[-1].last
+    hs = RectSet([(head[0], head[1], head[0] + 1, head[1] + 1)])
+    union = RectSet(b for b, _ in flow.configs(width, height))
+    tree = next((t for t in _trees(head, receivers, width, height)
+                 if (RectSet(b for b, _ in t) & senders) == hs and union.covers(RectSet(b for b, _ in t))),
+                None)
+    if tree is None:
+        return None
+    bridges = []
+    for a, b in zip(snakes, snakes[1:]):
+        (xa, y), (xb, _) = a.last, b.first
+        d = _toward(a.last, b.first)
+        lo, hi = min(xa, xb) + 1, max(xa, xb)
+        if lo < hi:
+            bridges.append((norm(sbox((lo, y, hi, y + 1))), Cfg((("static", (OPPOSITE[d],), (d,)),))))
+    head_tx, rest = (), []
+    for box, cfg in tree:
+        if box[0] <= head[0] < box[2] and box[1] <= head[1] < box[3]:
+            head_tx = cfg.static()[1]
+            rest += [(b, cfg) for b in RectSet([box]) - hs]
+        else:
+            rest.append((box, cfg))
+    cells = _chain_cells(snakes, head_tx, _toward) + bridges + _tree_cells(rest)
+    return FlowPlan(flow.name, CHAIN, cells, senders.count, flow.color, first=snakes[0].first,
+                    head=head, chain=senders, order=[(sn.box, sn.orient, sn.start) for sn in snakes])
+
+
 def _plan_chain(flow, senders: RectSet, receivers: RectSet, width: int, height: int) -> FlowPlan:
     if len(senders.boxes) > 3:
-        _fail(flow, f"{len(senders.boxes)} sender boxes (the switch chain joins at most 3)")
+        plan = _plan_column_chain(flow, senders, receivers, width, height)
+        if plan is not None:
+            return plan
+        _fail(flow, f"{len(senders.boxes)} sender boxes (the switch chain joins at most 3, or "
+              "several columns of one height beside the receivers)")
     best = None
     union = RectSet(b for b, _ in flow.configs(width, height))
     tried: set = set()
