@@ -15,7 +15,10 @@ target's usable SRAM: a matmul tiles its weight (in x out) as
 ceil(in/H) x ceil(out/W) per core plus its activation buffers; attention
 tiles its KV cache (kv_slots x max_seq tokens) over sequence rows and
 head-dim columns; experts get one disjoint region per expert (or per group
-of experts when one expert would fill fewer than MIN_EXPERT_CORES cores).
+of experts when one expert would fill fewer than MIN_EXPERT_CORES cores),
+as high as the block where a row of them fits the wafer's width (their rows
+are then the corridor's and the gate's: tokens and expert outputs move along
+the rows), else stacked as narrow as they go.
 The embedding also holds a buffer for the largest message it sends (the
 share of the hidden vector a reader in the first layer takes). Where the
 wafers have room, dense layers and the LM head are widened past their least

@@ -773,23 +773,38 @@ def _toward(a: tuple[int, int], b: tuple[int, int]) -> str:
     return SOUTH if b[1] > a[1] else NORTH
 
 
+def _column_runs(senders: RectSet) -> dict[int, tuple[int, int]] | None:
+    """x -> (y0, y1) of each sender column, if the senders are whole columns' runs."""
+    cols: dict[int, set[int]] = {}
+    for x0, y0, x1, y1 in senders.boxes:
+        for x in range(x0, x1):
+            cols.setdefault(x, set()).update(range(y0, y1))
+    runs = {}
+    for x, ys in cols.items():
+        lo, hi = min(ys), max(ys) + 1
+        if len(ys) != hi - lo:
+            return None
+        runs[x] = (lo, hi)
+    return runs
+
+
 def _plan_column_chain(flow, senders: RectSet, receivers: RectSet, width: int,
                        height: int) -> FlowPlan | None:
-    """An `all` gather from several separate columns of one height, all on one side of the
+    """An `all` gather from several separate sender columns, all on one side of the
     receivers (the root columns of stacked expert regions sending into the combine
     corridor), or None if the senders are not such columns.
 
     One switch chain snakes through the columns, farthest first, down one and
     up the next; between two columns the stream crosses the gap along the row
-    it ends on through routers that forward statically (they pop no switch
-    command, so a sender's advance reaches the next sender's router). The
-    head, the last cell of the column nearest the receivers, feeds their
-    multicast tree, as in `_plan_chain`.
+    the first ends on (which must be an end of the next) through routers that
+    forward statically (they pop no switch command, so a sender's advance
+    reaches the next sender's router). The head, the last cell of the column
+    nearest the receivers, feeds their multicast tree, as in `_plan_chain`.
     """
-    boxes = senders.boxes
-    if len(boxes) < 2 or any(b[2] - b[0] != 1 for b in boxes) or len({(b[1], b[3]) for b in boxes}) != 1:
-        return None
-    xs = sorted(b[0] for b in boxes)
+    runs = _column_runs(senders)
+    if runs is None or len(runs) < 2 or any(x + 1 in runs for x in runs):
+        return None  # not separate columns (adjacent ones form boxes `_plan_chain` snakes)
+    xs = sorted(runs)
     rx0, rx1 = min(b[0] for b in receivers.boxes), max(b[2] for b in receivers.boxes)
     if rx0 > xs[-1]:
         order = xs
@@ -797,9 +812,23 @@ def _plan_column_chain(flow, senders: RectSet, receivers: RectSet, width: int,
         order = xs[::-1]
     else:
         return None
-    y0, y1 = boxes[0][1], boxes[0][3]
-    snakes = [Snake((x, y0, x + 1, y1), "cols", (x, y0) if i % 2 == 0 else (x, y1 - 1))
-              for i, x in enumerate(order)]
+
+    def snake_from(start_row: int | None, down: bool) -> list[Snake] | None:
+        out = []
+        for x in order:
+            y0, y1 = runs[x]
+            if start_row is not None:
+                if start_row not in (y0, y1 - 1):
+                    return None
+                down = start_row == y0 if y1 - y0 > 1 else down
+            sn = Snake((x, y0, x + 1, y1), "cols", (x, y0) if down else (x, y1 - 1))
+            out.append(sn)
+            start_row, down = sn.last[1], not down
+        return out
+
+    snakes = snake_from(None, True) or snake_from(None, False)
+    if snakes is None:
+        return None
     head = snakes[-1].last
     hs = RectSet([(head[0], head[1], head[0] + 1, head[1] + 1)])
     union = RectSet(b for b, _ in flow.configs(width, height))
