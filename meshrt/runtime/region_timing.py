@@ -9,8 +9,8 @@ from region to region.
 
 What is measured. For every MoE layer and decode step, a region's time is
 the latest end of its cores' expert sub-schedule minus the moment the
-layer's tokens reached the dispatch head (the end of the dispatch's input
-receive): queueing on the dispatch path, the metainfo resolve, the expert
+layer's tokens reached the corridor (the end of the first of its cores'
+dispatch input receives): queueing on the dispatch path, the metainfo resolve, the expert
 FFN and the in-region reduction. Steps before `warmup` (pipeline fill) are
 dropped and the rest averaged.
 
@@ -173,7 +173,7 @@ def measure(c: Compiled, *, seed: int = 0, slowdowns: Mapping[int, Sequence[floa
 def _region_times(res, layers: Mapping[int, MoELayer], warmup: int) -> Measurement:
     steps = res.steps
     subs: dict[int, list[tuple[int, int]]] = {}  # core -> expert sub spans, any layer
-    arrive: dict[str, list[int]] = {}  # dispatch kernel -> token arrival per step
+    arrive: dict[str, dict[int, list[int]]] = {}  # dispatch kernel -> core -> arrival per step
     by_kernel = {lay.experts_kernel: lay for lay in layers.values()}
     inflow = {f"{lay.dispatch_kernel}.in0": lay.dispatch_kernel for lay in layers.values()}
     span_kernel: dict[int, str] = {}
@@ -187,7 +187,8 @@ def _region_times(res, layers: Mapping[int, MoELayer], warmup: int) -> Measureme
         if kind in ("wait", "recv") and flow in inflow:
             # a receive that waited records "wait" ending at the arrival; one
             # that found its data records "recv" starting then
-            arrive.setdefault(inflow[flow], []).append(end if kind == "wait" else start)
+            arrive.setdefault(inflow[flow], {}).setdefault(core, []).append(
+                end if kind == "wait" else start)
     finish: dict[int, list[list[float]]] = {
         l: [[0.0] * len(lay.regions) for _ in range(steps)] for l, lay in layers.items()}
     for core, spans in subs.items():
@@ -201,9 +202,12 @@ def _region_times(res, layers: Mapping[int, MoELayer], warmup: int) -> Measureme
     per_step: dict[int, list[list[float]]] = {}
     region_cycles: dict[int, list[float]] = {}
     for l, lay in layers.items():
-        starts = sorted(arrive.get(lay.dispatch_kernel, []))
-        if len(starts) < steps:
+        # the tokens reach the corridor when its first core has them (every corridor
+        # core takes its slice of them, one receive per step)
+        by_core = [sorted(t) for t in arrive.get(lay.dispatch_kernel, {}).values()]
+        if not by_core or min(len(t) for t in by_core) < steps:
             raise RuntimeError(f"layer {l}: no token arrival at @{lay.dispatch_kernel} in every step")
+        starts = [min(t[s] for t in by_core) for s in range(steps)]
         rows = [[f - starts[s] for f in finish[l][s]] for s in range(warmup, steps)]
         per_step[l] = rows
         region_cycles[l] = [sum(col) / len(col) for col in zip(*rows)]
