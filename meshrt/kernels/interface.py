@@ -121,7 +121,7 @@ class Role:
     events: list[Event]
     state_sram: int = 0  # resident bytes per core: weights, KV tiles
     ctrl: int = 0  # control-state bytes per core
-    switches: int = 1  # switch positions its colours need (relays choose among 2)
+    switches: int = 1  # switch positions its colours need (a switch-chained sender: 2, see synthesize-schedules)
     sends_output: bool = False
     part_of: str | None = None  # the kind's role this one is the part of (split by its senders)
 

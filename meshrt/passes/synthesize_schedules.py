@@ -208,6 +208,28 @@ def _forwarded(gate: mk.KernelOp, consumer: mk.KernelOp, cross_wafer: bool) -> s
     return "row" if aligned else "all"
 
 
+SWITCH_CHAIN_POSITIONS = 2
+"""Switch positions of a router whose core's messages are serialised with other senders'
+on one colour: forward the stream from upstream, or take its own ramp."""
+
+
+def _serialised(flow: _Flow) -> bool:
+    """Whether several senders' messages of `flow` meet on one colour (an `all` gather of
+    several senders, or a `row` / `col` flow with several senders on a line): their
+    routers take turns by switching (the CSL backend's switch chains)."""
+    spec = flow.spec
+    if flow.cross_wafer or spec.pattern == "shift":
+        return False
+    src = RectSet.from_cores(spec.src)
+    if spec.pattern == "all":
+        return src.count > 1
+    per_line: dict[int, int] = {}  # senders on each row (col)
+    for x0, y0, x1, y1 in src.boxes:
+        for c in (range(y0, y1) if spec.pattern == "row" else range(x0, x1)):
+            per_line[c] = per_line.get(c, 0) + (x1 - x0 if spec.pattern == "row" else y1 - y0)
+    return any(n > 1 for n in per_line.values())
+
+
 def _split_senders(plan: _KernelPlan) -> None:
     """Split every sending role of `plan` whose cores only partly send one of its output flows,
     so that each role either sends a flow on all its cores or on none."""
@@ -521,7 +543,9 @@ class Synthesizer:
             iq=len(recvs),
             oq=len(sends),
             routes=len(flows_used),
-            switches=role.switches if flows_used else 0,
+            switches=max([role.switches, *(SWITCH_CHAIN_POSITIONS for f in sends
+                                           if f in self.flows and _serialised(self.flows[f]))])
+            if flows_used else 0,
             sram=role.state_sram + max_msg,  # resident state + the largest message buffer
             ctrl=role.ctrl,
         )

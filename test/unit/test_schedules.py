@@ -155,12 +155,14 @@ def test_event_ir_size_does_not_grow_with_mesh_area(model):
 # full wse3, all its wafers). It depends on kernels and roles only; a change
 # here is a change in the class-level structure of schedules and should be
 # deliberate.
+# 10,720 before expert_reduce (a kernel per MoE layer whose row chains split the
+# expert classes by column) and a dispatch / combine without relays;
 # 10,504 before its MXFP4 experts decode their tiles (a dequant_mxfp4 before each fmac of
 # the expert roles); 10,488 with streaming reductions, before the embedding's row allreduce and attention
 # on every dense layer's region; 10,706 before streaming reductions (their leads add roles, and classes where
 # kernels' trees cross); 10,996 before a value read by several kernels of one region
 # moved once; 10,275 before event.kernel records.
-LARGEST_CONFIG_OPS = 10720
+LARGEST_CONFIG_OPS = 12666
 
 
 @pytest.mark.parametrize("config", CONFIGS)

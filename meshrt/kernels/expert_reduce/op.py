@@ -72,7 +72,9 @@ class ExpertReduceOp(KernelOp):
         if int_value(self.root) not in (0, w - 1):
             raise self.fail(f"root must be column 0 or {w - 1} of the {w}-wide expert regions, "
                             f"got {int_value(self.root)}")
-        if self.region.count != sum(r.count for r in self.expert_regions.data):
+        regions = self.expert_regions.data
+        if self.region.count != sum(r.count for r in regions) or not self.region.covers(
+                CoreSetAttr([r for cs in regions for r in cs.rects.data])):
             raise self.fail("region must be the union of the expert regions")
 
     def experts_per_region(self) -> int:

@@ -50,6 +50,25 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 d
 
 // -----
 
+// expert_reduce's root is a column at an end of the rows (the side facing the corridor).
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %g = mesh_kernel.topk_gate @gate(%x) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
+  %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 3, 2), (9, 4, 3, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 3, 2)>, #mesh.cores<(9, 4, 3, 2)>], placement = array<i64: 0, 1>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
+  %r = mesh_kernel.expert_reduce @r(%e) on <(9, 2, 3, 2), (9, 4, 3, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 3, 2)>, #mesh.cores<(9, 4, 3, 2)>], root = 1 : i64} : !graph.act<16> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.expert_reduce' op kernel @r: root must be column 0 or 2 of the 3-wide expert regions, got 1
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %r = mesh_kernel.expert_reduce @r(%x) on <(9, 2, 3, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 3, 2)>, #mesh.cores<(9, 4, 3, 2)>], root = 0 : i64} : !graph.act<16> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.expert_reduce' op kernel @r: region must be the union of the expert regions
+
+// -----
+
 mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
   %n = mesh_kernel.elementwise "add" @add(%x) on <(0, 1, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
