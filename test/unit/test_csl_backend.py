@@ -565,28 +565,11 @@ def test_switch_chain_serialises_senders_on_the_fabric_model(case):
     senders = [c for c in src.cores()]
     assert plan.scheme == (streams.CHAIN if len(senders) > 1 else streams.TREE)
     receivers = {c for r in dst for c in r.cores()}
-    fab = _Fabric(plan, rng)
-    order = sorted(senders, key=lambda c: (c != plan.first, c))
-    steps = 2
-    for c in order:  # each core's program: two steps of message, switch commands (, teardown)
-        for s in range(steps):
-            seq = _message(c, s)
-            if plan.scheme == streams.CHAIN:
-                seq.append(("ctrl", ("ADV",) if c == plan.head else ("ADV", "ADV")))
-            if c == plan.first:
-                seq.append(("td",))
-            fab.inject(c, seq)
-    while not fab.idle():
-        movable = fab.movable()
-        assert movable, "the fabric stalls with wavelets queued"
-        fab.move(rng.choice(movable))
-    for r in receivers:
-        got = _runs(fab.ce[r])
-        assert sorted(got) == sorted((c, s) for c in senders for s in range(steps))
-        assert [g[1] for g in got] == sorted(g[1] for g in got), "a step overtook the previous one"
+    fab = _run_chain(plan, senders, 2, rng)
+    _check_deliveries(fab, receivers, lambda r: senders, 2)
     for c in senders:
         assert not fab.ce[c], "a sender received its own or another sender's message"
-    assert set(fab.td.values()) == {steps}, "one end-of-flow teardown per step at every router"
+    assert set(fab.td.values()) == {2}, "one end-of-flow teardown per step at every router"
 
 
 @st.composite
@@ -609,18 +592,22 @@ def handoffs(draw):
 
 
 def _run_chain(plan, senders, steps, rng):
-    """Every sender injects `steps` messages, each followed by its switch commands (the
-    chain head: its own advance only) and, on a chain's first sender, the teardown;
+    """Every sender injects `steps` messages, each followed (in a chain) by its switch
+    commands (the head: its own advance only) and, on a first sender, the teardown;
     then the fabric runs until idle."""
     from meshrt.backend.csl import streams
 
-    roles = {c: v for s, v in plan.roles() for c in streams.sbox_cells(s)}
+    def cells(role):
+        return {c for s, v in plan.roles() if v == role for c in streams.sbox_cells(s)}
+
+    firsts, heads = cells(streams.ROLE_FIRST) or {plan.first}, cells(streams.ROLE_HEAD) or {plan.head}
     fab = _Fabric(plan, rng)
     for c in senders:
         for s in range(steps):
             seq = _message(c, s)
-            seq.append(("ctrl", ("ADV",) if roles.get(c) == streams.ROLE_HEAD else ("ADV", "ADV")))
-            if roles.get(c) == streams.ROLE_FIRST:
+            if plan.scheme == streams.CHAIN:
+                seq.append(("ctrl", ("ADV",) if c in heads else ("ADV", "ADV")))
+            if c in firsts:
                 seq.append(("td",))
             fab.inject(c, seq)
     while not fab.idle():
