@@ -208,6 +208,20 @@ class RectSet:
         return f"RectSet<{self}>"
 
 
+def line_count(senders: RectSet, receivers: RectSet, along_rows: bool) -> int:
+    """Most sender cores in one row (column) that holds a receiver."""
+    lo, hi = (1, 3) if along_rows else (0, 2)
+
+    def size(b: Box) -> int:  # cores of box b in one of its rows (columns)
+        return b[2] - b[0] if along_rows else b[3] - b[1]
+
+    best = 0
+    for r in receivers:
+        for line in {r[lo]} | {s[lo] for s in senders if r[lo] <= s[lo] < r[hi]}:
+            best = max(best, sum(size(s) for s in senders if s[lo] <= line < s[hi]))
+    return best
+
+
 def rect_boxes(r: RectAttr, limit: int = STRIDED_PIECES) -> list[Box]:
     """Dense boxes covering rect `r`: exact, or its bounding box if too many."""
     x, y, w, h, sx, sy = r.tuple

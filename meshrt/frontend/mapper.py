@@ -69,7 +69,7 @@ from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.frontend.model import MappingSpec, ModelShape, ModelSpec
 from meshrt.kernels.attention.op import AttentionOp
 from meshrt.kernels.deltanet.op import DeltaNetOp
-from meshrt.kernels.dispatch.relay import relay_footprint
+from meshrt.kernels.dispatch.corridor import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.kernels.gemv.op import GemvOp

@@ -56,7 +56,7 @@ from meshrt.dialects.mesh import (
     ResourceAttr,
     Resources,
 )
-from meshrt.routing import RectSet
+from meshrt.routing import RectSet, line_count
 from meshrt.shape import HParams
 from meshrt.targets import Target, target_for
 
@@ -223,11 +223,7 @@ def _serialised(flow: _Flow) -> bool:
     src = RectSet.from_cores(spec.src)
     if spec.pattern == "all":
         return src.count > 1
-    per_line: dict[int, int] = {}  # senders on each row (col)
-    for x0, y0, x1, y1 in src.boxes:
-        for c in (range(y0, y1) if spec.pattern == "row" else range(x0, x1)):
-            per_line[c] = per_line.get(c, 0) + (x1 - x0 if spec.pattern == "row" else y1 - y0)
-    return any(n > 1 for n in per_line.values())
+    return line_count(src, src, spec.pattern == "row") > 1
 
 
 def _split_senders(plan: _KernelPlan) -> None:
@@ -259,6 +255,7 @@ class Synthesizer:
         self.by_name: dict[str, mk.KernelOp] = {k.kernel_name: k for k in program.kernels()}
         self.route_of: dict[tuple, str] = {}  # an internal flow's route -> the flow taking it
         self.alias: dict[str, str] = {}  # internal flow -> the flow of the same route it uses
+        self.serialised: dict[str, bool] = {}  # flow -> its senders take turns (`_serialised`)
 
     # -- flows between kernels ------------------------------------------
     def _transfer(self, name: str, operand: int, producer: _KernelPlan, consumer: mk.KernelOp,
@@ -413,6 +410,14 @@ class Synthesizer:
         if spec.bytes > shared.spec.bytes:
             shared.spec = replace(shared.spec, bytes=spec.bytes)
 
+    def _serialised(self, name: str) -> bool:
+        """`_serialised` of flow `name`, once per flow (every role sending it asks)."""
+        got = self.serialised.get(name)
+        if got is None:
+            flow = self.flows.get(name)
+            got = self.serialised[name] = flow is not None and _serialised(flow)
+        return got
+
     # -- Algorithm 1 ------------------------------------------------------
     def run(self) -> ev.ScheduleOp:
         try:
@@ -543,8 +548,7 @@ class Synthesizer:
             iq=len(recvs),
             oq=len(sends),
             routes=len(flows_used),
-            switches=max([role.switches, *(SWITCH_CHAIN_POSITIONS for f in sends
-                                           if f in self.flows and _serialised(self.flows[f]))])
+            switches=max([role.switches, *(SWITCH_CHAIN_POSITIONS for f in sends if self._serialised(f))])
             if flows_used else 0,
             sram=role.state_sram + max_msg,  # resident state + the largest message buffer
             ctrl=role.ctrl,

@@ -98,7 +98,7 @@ from dataclasses import dataclass, field
 from meshrt.dialects import segment as sg
 from meshrt.kernels import registry
 from meshrt.kernels.interface import KernelOp
-from meshrt.routing import Box, RectSet, boxes_intersect, pattern_routers
+from meshrt.routing import Box, RectSet, boxes_intersect, line_count, pattern_routers
 from meshrt.runtime.schedule import (
     AwaitCredits,
     ClassSchedule,
@@ -171,20 +171,6 @@ def max_hops(senders: RectSet, receivers: RectSet, pattern: str, offset: tuple[i
                     best = max(best, _span(s[1], s[3], r[1], r[3]))
             else:
                 best = max(best, _span(s[0], s[2], r[0], r[2]) + _span(s[1], s[3], r[1], r[3]))
-    return best
-
-
-def line_count(senders: RectSet, receivers: RectSet, along_rows: bool) -> int:
-    """Most sender cores in one row (column) that holds a receiver."""
-    lo, hi = (1, 3) if along_rows else (0, 2)
-
-    def size(b: Box) -> int:  # cores of box b in one of its rows (columns)
-        return b[2] - b[0] if along_rows else b[3] - b[1]
-
-    best = 0
-    for r in receivers:
-        for line in {r[lo]} | {s[lo] for s in senders if r[lo] <= s[lo] < r[hi]}:
-            best = max(best, sum(size(s) for s in senders if s[lo] <= line < s[hi]))
     return best
 
 

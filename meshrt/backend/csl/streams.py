@@ -62,7 +62,7 @@ from meshrt.backend.csl.routes import (
     flow_router_configs,
 )
 from meshrt.diagnostics import MeshrtError
-from meshrt.routing import Box, RectSet, rect_boxes
+from meshrt.routing import Box, RectSet, line_count, rect_boxes
 
 TREE, SHIFT, CHAIN, RELAY = "tree", "shift", "chain", "relay"
 
@@ -690,20 +690,13 @@ def plan_flow(flow, width: int, height: int) -> FlowPlan:
         return FlowPlan(flow.name, TREE, _tree_cells(flow.configs(width, height)), n, flow.color,
                         first=senders.first_core() if n else None)
     if pattern in ("row", "col"):
-        if _one_sender_per_line(senders, pattern):  # the trees are disjoint
+        if line_count(senders, senders, pattern == "row") <= 1:  # the trees are disjoint
             return FlowPlan(flow.name, TREE, _tree_cells(flow.configs(width, height)), n, flow.color)
         return _plan_line_chains(flow, senders, receivers, pattern)
     overlap = senders & receivers
     if not overlap:
         return _plan_chain(flow, senders, receivers, width, height)
     return _plan_relay(flow, senders, receivers, overlap, width, height)
-
-
-def _one_sender_per_line(senders: RectSet, pattern: str) -> bool:
-    """Whether no two senders of a `row` (`col`) flow share a row (column)."""
-    lines = [y for b in senders.boxes for y in range(b[1], b[3])] if pattern == "row" else \
-        [x for b in senders.boxes for x in range(b[0], b[2])]
-    return len(lines) == len(set(lines)) == senders.count
 
 
 def _plan_line_chains(flow, senders: RectSet, receivers: RectSet, pattern: str) -> FlowPlan:
@@ -721,16 +714,7 @@ def _plan_line_chains(flow, senders: RectSet, receivers: RectSet, pattern: str) 
     sender's router. Every line is alike, so a router column's configuration
     is one box over all rows.
     """
-    along = 0 if pattern == "row" else 1  # the axis the line runs along
-
-    def lines_of(rs: RectSet) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {}
-        for b in rs.boxes:
-            for c in range(b[1 - along], b[3 - along]):
-                out.setdefault(c, []).extend(range(b[along], b[2 + along]))
-        return {c: sorted(v) for c, v in out.items()}
-
-    sent, got = lines_of(senders), lines_of(receivers)
+    sent, got = _by_line(senders, pattern == "row"), _by_line(receivers, pattern == "row")
     shapes = {tuple(v) for v in sent.values()}
     if len(shapes) != 1 or set(sent) != set(got) or len({tuple(v) for v in got.values()}) != 1:
         _fail(flow, f"pattern {pattern} with several senders per {pattern}: every {pattern} must "
@@ -773,18 +757,23 @@ def _toward(a: tuple[int, int], b: tuple[int, int]) -> str:
     return SOUTH if b[1] > a[1] else NORTH
 
 
+def _by_line(rs: RectSet, along_rows: bool) -> dict[int, list[int]]:
+    """Row (column) -> the sorted positions along it of the cores of `rs` on it."""
+    out: dict[int, list[int]] = {}
+    for x0, y0, x1, y1 in rs.boxes:
+        for c, ps in ((y, range(x0, x1)) for y in range(y0, y1)) if along_rows else \
+                ((x, range(y0, y1)) for x in range(x0, x1)):
+            out.setdefault(c, []).extend(ps)
+    return {c: sorted(v) for c, v in out.items()}
+
+
 def _column_runs(senders: RectSet) -> dict[int, tuple[int, int]] | None:
     """x -> (y0, y1) of each sender column, if the senders are whole columns' runs."""
-    cols: dict[int, set[int]] = {}
-    for x0, y0, x1, y1 in senders.boxes:
-        for x in range(x0, x1):
-            cols.setdefault(x, set()).update(range(y0, y1))
     runs = {}
-    for x, ys in cols.items():
-        lo, hi = min(ys), max(ys) + 1
-        if len(ys) != hi - lo:
+    for x, ys in _by_line(senders, False).items():
+        if ys[-1] - ys[0] + 1 != len(ys):
             return None
-        runs[x] = (lo, hi)
+        runs[x] = (ys[0], ys[-1] + 1)
     return runs
 
 
@@ -829,11 +818,8 @@ def _plan_column_chain(flow, senders: RectSet, receivers: RectSet, width: int,
     snakes = snake_from(None, True) or snake_from(None, False)
     if snakes is None:
         return None
-    head = snakes[-1].last
-    hs = RectSet([(head[0], head[1], head[0] + 1, head[1] + 1)])
     union = RectSet(b for b, _ in flow.configs(width, height))
-    tree = next((t for t in _trees(head, receivers, width, height)
-                 if (RectSet(b for b, _ in t) & senders) == hs and union.covers(RectSet(b for b, _ in t))),
+    tree = next((t for _, t in _fitting_trees(snakes[-1].last, senders, receivers, union, width, height)),
                 None)
     if tree is None:
         return None
@@ -844,6 +830,26 @@ def _plan_column_chain(flow, senders: RectSet, receivers: RectSet, width: int,
         lo, hi = min(xa, xb) + 1, max(xa, xb)
         if lo < hi:
             bridges.append((norm(sbox((lo, y, hi, y + 1))), Cfg((("static", (OPPOSITE[d],), (d,)),))))
+    return _chain_plan(flow, senders, snakes, tree, _toward, bridges)
+
+
+def _fitting_trees(head: tuple[int, int], senders: RectSet, receivers: RectSet, union: RectSet,
+                   width: int, height: int):
+    """(routers, tree) of each multicast tree from a chain's head to the receivers that
+    leaves the senders at the head and stays on the flow's original routes."""
+    hs = RectSet([(head[0], head[1], head[0] + 1, head[1] + 1)])
+    for tree in _trees(head, receivers, width, height):
+        tree_set = RectSet(b for b, _ in tree)
+        if (tree_set & senders) == hs and union.covers(tree_set):
+            yield tree_set, tree
+
+
+def _chain_plan(flow, senders: RectSet, snakes: list[Snake], tree, link=None,
+                extra: list[tuple[SBox, Cfg]] = ()) -> FlowPlan:
+    """The CHAIN plan of snakes through the senders whose head feeds `tree`: the head's
+    router forwards the stream the tree's way, the tree's other routers as they are."""
+    head = snakes[-1].last
+    hs = RectSet([(head[0], head[1], head[0] + 1, head[1] + 1)])
     head_tx, rest = (), []
     for box, cfg in tree:
         if box[0] <= head[0] < box[2] and box[1] <= head[1] < box[3]:
@@ -851,7 +857,7 @@ def _plan_column_chain(flow, senders: RectSet, receivers: RectSet, width: int,
             rest += [(b, cfg) for b in RectSet([box]) - hs]
         else:
             rest.append((box, cfg))
-    cells = _chain_cells(snakes, head_tx, _toward) + bridges + _tree_cells(rest)
+    cells = _chain_cells(snakes, head_tx, link) + list(extra) + _tree_cells(rest)
     return FlowPlan(flow.name, CHAIN, cells, senders.count, flow.color, first=snakes[0].first,
                     head=head, chain=senders, order=[(sn.box, sn.orient, sn.start) for sn in snakes])
 
@@ -866,7 +872,6 @@ def _plan_chain(flow, senders: RectSet, receivers: RectSet, width: int, height: 
     best = None
     union = RectSet(b for b, _ in flow.configs(width, height))
     tried: set = set()
-    head_cell = None
 
     def consider(snakes) -> None:
         nonlocal best
@@ -874,14 +879,9 @@ def _plan_chain(flow, senders: RectSet, receivers: RectSet, width: int, height: 
         if head in tried:
             return
         tried.add(head)
-        hs = RectSet([(head[0], head[1], head[0] + 1, head[1] + 1)])
-        for tree in _trees(head, receivers, width, height):
-            tree_set = RectSet(b for b, _ in tree)
-            if (tree_set & senders) != hs or not union.covers(tree_set):
-                continue
-            size = tree_set.count
-            if best is None or size < best[0]:
-                best = (size, snakes, tree)
+        for tree_set, tree in _fitting_trees(head, senders, receivers, union, width, height):
+            if best is None or tree_set.count < best[0]:
+                best = (tree_set.count, snakes, tree)
 
     for snakes in _chains(senders.boxes):
         consider(snakes)
@@ -891,25 +891,11 @@ def _plan_chain(flow, senders: RectSet, receivers: RectSet, width: int, height: 
             consider(snakes)
             if best is not None:
                 break
-    del head_cell
     if best is None:
         _fail(flow, "no snake through its senders ends where the multicast tree to the receivers "
               "leaves the sender boxes")
     _, snakes, tree = best
-    head = snakes[-1].last
-    head_tx = ()
-    rest = []
-    for box, cfg in tree:
-        if box[0] <= head[0] < box[2] and box[1] <= head[1] < box[3]:
-            head_tx = cfg.static()[1]
-            for b in RectSet([box]) - RectSet([(head[0], head[1], head[0] + 1, head[1] + 1)]):
-                rest.append((b, cfg))
-        else:
-            rest.append((box, cfg))
-    cells = _chain_cells(snakes, head_tx) + _tree_cells(rest)
-    return FlowPlan(flow.name, CHAIN, cells, senders.count, flow.color, first=snakes[0].first,
-                    head=head, chain=senders,
-                    order=[(sn.box, sn.orient, sn.start) for sn in snakes])
+    return _chain_plan(flow, senders, snakes, tree)
 
 
 def _plan_relay(flow, senders: RectSet, receivers: RectSet, overlap: RectSet, width: int,

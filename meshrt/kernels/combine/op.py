@@ -10,14 +10,15 @@ from meshrt.dialects.graph import ActType, RoutingType
 from meshrt.kernels.combine import csl
 from meshrt.kernels.combine.numerics import Combine
 from meshrt.kernels.compute import ComputeOp
-from meshrt.kernels.interface import INPUTS, OUTPUTS, KernelContext, KernelOp, Role, ceil_div
+from meshrt.kernels.dispatch.corridor import CorridorOp
+from meshrt.kernels.interface import KernelContext, ceil_div
 
 COMBINE = ComputeOp("combine", "fmac", csl.combine)
 """y += expert result x its gate weight."""
 
 
 @irdl_op_definition
-class CombineOp(KernelOp):
+class CombineOp(CorridorOp):
     """Sums the expert outputs with their gate weights, each corridor core its slice.
 
     Its region is the corridor the tokens left by; each core holds its flat
@@ -42,27 +43,13 @@ class CombineOp(KernelOp):
     VIZ_RANK: ClassVar[int] = 7
     COMPUTE: ClassVar[tuple] = (COMBINE,)
     NUMERICS: ClassVar[type] = Combine
-    RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
-    ROUTED_INPUTS: ClassVar[bool] = True  # the tokens' routing metainfo rides the expert outputs
 
     def verify_kernel(self) -> None:
         if not self.inputs:
             raise self.fail("combine needs at least one expert output")
-        self.grid()
+        super().verify_kernel()
 
-    def roles(self, kctx: KernelContext):
+    def work(self, kctx: KernelContext):
         _, _, w, h = self.grid()
         share = ceil_div(self.output.type.width.data, w * h)
-        work = kctx.micro_batch * max(kctx.top_k, 1) * share  # one fmac per chosen expert
-        return [Role("slice", self.region, [INPUTS, ("compute", "combine", work), OUTPUTS], 0,
-                     ctrl=kctx.route_bytes, sends_output=True)], []
-
-    def input_share(self, width: int) -> int:
-        _, _, w, h = self.grid()
-        return ceil_div(width, w * h)
-
-    def input_layout(self) -> str:
-        return "flat"
-
-    def output_layout(self) -> str:
-        return "flat"
+        return ("compute", "combine", kctx.micro_batch * max(kctx.top_k, 1) * share)  # an fmac per chosen expert

@@ -11,23 +11,16 @@ from meshrt.dialects.graph import ActType, RoutingType
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.dispatch import csl
+from meshrt.kernels.dispatch.corridor import CorridorOp
 from meshrt.kernels.dispatch.numerics import Dispatch
-from meshrt.kernels.interface import (
-    INPUTS,
-    OUTPUTS,
-    ROUTED_FORMAT,
-    KernelContext,
-    KernelOp,
-    Role,
-    ceil_div,
-)
+from meshrt.kernels.interface import ROUTED_FORMAT, KernelContext
 
 ROUTE = ComputeOp("route", "add", csl.route)
 """Read the routing table: which of a token's chosen experts live in the regions this core feeds."""
 
 
 @irdl_op_definition
-class DispatchOp(KernelOp):
+class DispatchOp(CorridorOp):
     """Hands each token's slices from the gate to the expert regions, with their routing.
 
     `region` is the corridor beside the expert regions (`expert_regions`),
@@ -49,26 +42,13 @@ class DispatchOp(KernelOp):
     VIZ_RANK: ClassVar[int] = 6
     COMPUTE: ClassVar[tuple] = (ROUTE,)
     NUMERICS: ClassVar[type] = Dispatch
-    RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
-    ROUTED_INPUTS: ClassVar[bool] = True  # the tokens' routing metainfo rides the inputs
     INPUT_FROM_ROUTING_PRODUCER: ClassVar[bool] = True  # the gate forwards the tokens it gated
     HOLDS_RESULT_AT_OUTPUTS: ClassVar[bool] = True  # the slices leave where they are sent
 
     def verify_kernel(self) -> None:
         if not self.expert_regions.data:
             raise self.fail("dispatch needs at least one expert region")
-        self.grid()
+        super().verify_kernel()
 
-    def roles(self, kctx: KernelContext):
-        return [Role("slice", self.region, [INPUTS, ("compute", "route", kctx.micro_batch * kctx.top_k),
-                                            OUTPUTS], 0, ctrl=kctx.route_bytes, sends_output=True)], []
-
-    def input_share(self, width: int) -> int:
-        _, _, w, h = self.grid()
-        return ceil_div(width, w * h)
-
-    def input_layout(self) -> str:
-        return "flat"
-
-    def output_layout(self) -> str:
-        return "flat"
+    def work(self, kctx: KernelContext):
+        return ("compute", "route", kctx.micro_batch * kctx.top_k)

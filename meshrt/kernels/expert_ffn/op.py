@@ -176,7 +176,7 @@ class ExpertFFNOp(KernelOp):
                        **({"weights": op.weights} if op.weights is not None else {}))
         root = root_facing(op.region, region_tiles(op, op.expert_regions))
         reduce = make(ExpertReduceOp, op, [experts.results[0]], rt, name=f"{op.kernel_name}.reduce",
-                      region=union, expert_regions=op.expert_regions, root=IntegerAttr(root, 64))
+                      region=union, expert_regions=op.expert_regions, root=root)
         combine = make(CombineOp, op, [reduce.results[0], routing], rt,
                        name=f"{op.kernel_name}.combine")
         return [dispatch, experts, reduce, combine], combine.results[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from meshrt.dialects.mesh import FlowRole
-from meshrt.kernels.numerics import KernelExec
+from meshrt.kernels.numerics import DataLayoutError, KernelExec
 
 
 class ExpertReduce(KernelExec):
@@ -19,8 +19,6 @@ class ExpertReduce(KernelExec):
     def _own(self, cd):
         own = cd.values.get(self.inputs[0])
         if own is None:
-            from meshrt.kernels.numerics import DataLayoutError
-
             raise DataLayoutError(f"{self.where(cd)}: holds no expert output partial")
         return own
 
