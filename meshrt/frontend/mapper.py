@@ -21,8 +21,10 @@ are then the corridor's and the gate's: tokens and expert outputs move along
 the rows), else stacked as narrow as they go.
 The embedding also holds a buffer for the largest message it sends (the
 share of the hidden vector a reader in the first layer takes). Where the
-wafers have room, dense layers and the LM head are widened past their least
-width (SCALES): more cores, less work per core.
+wafers have room, dense layers, the LM head and the MoE layers' expert
+regions and projection bands are widened past their least width (SCALES, as
+far as the target's width allows; `mapping { width_scale = ... }` pins one):
+more cores, less work per core.
 
 Choice. Among the packings that fit (each block height H, each width
 scale) the mapper takes the one with the least modelled decode step: the
@@ -66,20 +68,18 @@ from xdsl.ir import Block, Region, SSAValue
 from meshrt.dialects import graph as g
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.frontend.errors import FrontendError, Loc
-from meshrt.frontend.model import MappingSpec, ModelShape, ModelSpec
+from meshrt.frontend.model import SCALES, MappingSpec, ModelShape, ModelSpec
 from meshrt.kernels.attention.op import AttentionOp
 from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.corridor import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.kernels.gemv.op import GemvOp
-from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div
+from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div, held_share
 from meshrt.limits import format_bytes as _fmt_bytes
 from meshrt.shape import kv_slots
 from meshrt.targets import Target
 
-SCALES = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
-"""Widths the widening units are tried at, times their least width, where the wafers have room."""
 MIN_EXPERT_CORES = 4  # below this an expert region has no room for distinct roles
 MAX_ROW_CHOICES = 64  # candidate block heights tried per wafer
 MAX_WAFERS = 2048  # the largest wafer budget mapped without a `wafers` given (a CS-3 cluster)
@@ -231,9 +231,12 @@ def _min_width(fn: Callable[[int], float], max_w: int, usable: int) -> int | Non
 # Units and their widths at a given block height
 # ---------------------------------------------------------------------------
 
-WIDENS = ("dense", "lm_head")
+WIDENS = ("dense", "moe", "lm_head")
 """Units the mapper widens past their least width when the wafers have room (the embedding,
-whose every core sends, and the MoE layers' bands keep their least width)."""
+whose every core sends, keeps its least width)."""
+WIDE_MOE_BANDS = ("qkv", "o")
+"""An MoE layer's bands that widen with its expert regions: attention's columns hold whole KV
+heads, and the gate and the corridor stay one column (the tokens move along their rows)."""
 DENSE_BANDS = ("layer",)  # every kernel of the layer on one region
 MOE_BANDS = ("qkv", "attn", "o", "gate", "relay")
 
@@ -303,17 +306,23 @@ class Planner:
         return _min_width(lambda w: sz.expert(self.group, w, h),
                           max(s.hidden, 2 * s.expert_ffn), sz.usable)
 
-    def grid(self, height: int, beside: int = 0, room: int | None = None) -> ExpertGrid | None:
+    def grid(self, height: int, beside: int = 0, room: int | None = None,
+             scale: float = 1.0) -> ExpertGrid | None:
         """The expert regions of an MoE unit `height` rows high beside `beside` columns of
-        bands: one row of full-height regions where that fits `room` columns (the target's
-        width unless given; each
-        region's rows then line up with the relay corridor's, so combine takes each
-        expert's output along the rows: one message per routed region and row, no gather),
-        else the narrowest stacking (squarest on ties)."""
-        w = self.expert_width(height)
+        bands: one row of full-height regions, `scale` times their least width, where that
+        fits `room` columns (the target's width unless given; each region's rows then line
+        up with the relay corridor's, so combine takes each expert's output along the rows:
+        one message per routed region and row, no gather), else the narrowest stacking
+        (squarest on ties)."""
+        least = w = self.expert_width(height)
+        room = room if room is not None else self.max_width
         if w is not None:
+            if scale > 1.0:  # wider, as far as the row of regions still fits
+                s = self.sizer.shape
+                w = min(max(s.hidden, 2 * s.expert_ffn), max(w, round(w * scale)))
+                if room is not None:
+                    w = max(least, min(w, (room - beside) // self.regions))
             full = ExpertGrid(self.regions, 1, w, height)
-            room = room if room is not None else self.max_width
             if room is None or beside + full.width <= room:
                 return full
         best: ExpertGrid | None = None
@@ -350,8 +359,8 @@ class Planner:
         if lo is None:
             return None
         w = _whole_kv_heads(lo, s.kv_heads)
-        if scale > 1.0:
-            w = min(max_w, max(w, round(w * scale)))
+        if scale > 1.0:  # as far as the target's width allows
+            w = max(w, min(max_w, self.max_width or max_w, round(w * scale)))
         return w if fits(w) else None
 
     def _unit_shape(self, kind: str, height: int, with_experts: bool = True, scale: float = 1.0,
@@ -368,12 +377,13 @@ class Planner:
             w = self.band_width(band, height, msg if kind == "embed" else 0)
             if w is None:
                 return None
-            if kind in WIDENS and scale > 1.0:
-                w = min(self.sizer.max_width(band), max(w, round(w * scale)))
+            if kind in WIDENS and scale > 1.0 and (kind != "moe" or band in WIDE_MOE_BANDS):
+                most = min(self.sizer.max_width(band), room or self.max_width or w)
+                w = max(w, min(most, round(w * scale)))  # as far as the target's width allows
             widths.append(w)
         grid = None
         if kind == "moe" and with_experts:
-            grid = self.grid(height, sum(widths), room)
+            grid = self.grid(height, sum(widths), room, scale)
             if grid is None:
                 return None
         # the attention band splits head_dim where its columns do not hold whole KV heads
@@ -562,19 +572,22 @@ class _Mapper:
             "micro-batch", loc or self.where())
 
     def embed_message(self, first: Unit, widths: Sequence[int], h: int) -> int:
-        """Bytes of the largest message an embedding core buffers (besides its table): the
-        share of the hidden vector each reader of the embedding in the first layer receives,
-        as ElementwiseOp's input_share splits it over the region the reader runs on (a dense
-        layer's norm and residual add read it in rows over the layer's rows; an MoE layer's norm
-        in rows over the band, its add in columns of the o band, in rows if that is one
-        column), plus the continuous-batching payload riding on it (counted whether or not
-        the build carries one, so a build and its static counterpart get one mapping)."""
+        """Bytes of the largest message an embedding core buffers (besides its table), its
+        root column `h` rows high holding the hidden vector split over its rows: the share
+        each reader in the first layer receives, as ElementwiseOp's input_share splits it
+        over the region the reader runs on (a dense layer's norm and residual add read it
+        in rows over the layer's rows; an MoE layer's norm in rows over the band, its add in
+        columns of the o band, in rows if that is one column), but no more than the slice
+        a root core holds (`held_share`: what it multicasts where the reader gathers), plus
+        the continuous-batching payload riding on it (counted whether or not the build
+        carries one, so a build and its static counterpart get one mapping)."""
         if first.kind == "dense":
             split = h
         else:
             o = widths[MOE_BANDS.index("o")]
             split = min(h, o) if o > 1 else h
-        return self.mb * (ceil_div(self.shape.hidden, split) * ACT_BYTES + CF_BYTES_PER_SLOT)
+        share = min(ceil_div(self.shape.hidden, split), held_share(self.shape.hidden, "rows", 1, h))
+        return self.mb * (share * ACT_BYTES + CF_BYTES_PER_SLOT)
 
     def shapes(self, stages: int, h: int, scale: float = 1.0) -> list[UnitShape] | None:
         """Every unit's shape at block height `h`, the widening units `scale` times their least
@@ -607,9 +620,10 @@ class _Mapper:
         """Every packing onto exactly `wafers` wafers: each block height, at each width scale
         (SCALES) whose units still fit."""
         out = []
+        fixed = self.spec.mapping.width_scale
         for h in _heights(self.target, self.shape, self.spec.mapping.block_height):
             prev = None
-            for scale in SCALES:
+            for scale in SCALES if fixed is None else (fixed,):
                 shapes = self.shapes(stages, h, scale)
                 if shapes is not None and shapes == prev:
                     continue  # no unit got wider (rounding): the same packing
@@ -759,7 +773,7 @@ class _Mapper:
         first = planner.unit_shape(self.units[1].kind, rects[1].h, self.units[1].layer not in m.experts)
         msg = 0 if first is None else self.embed_message(
             self.units[1], _spread(Placed(self.units[1], first, 0, 0, 0, rects[1].h, False),
-                                   rects[1].w).widths, rects[1].h)
+                                   rects[1].w).widths, rects[0].h)
         for unit, r in zip(self.units, rects):
             explicit_experts = unit.layer in m.experts
             shape = planner.unit_shape(unit.kind, r.h, not explicit_experts, 1.0,

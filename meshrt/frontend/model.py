@@ -16,6 +16,10 @@ from meshrt.dialects.mesh import DYNAMISM_KINDS
 from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.shape import DEFAULT_MAX_SEQ, ModelShape, field_loc
 
+SCALES = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
+"""Widths the default layout's widening units are tried at, times their least width, where the
+wafers have room (`mapping { width_scale = ... }` pins one)."""
+
 
 __all__ = ["DEFAULT_DYNAMISM", "DEFAULT_MAX_SEQ", "SUPPORTED_DYNAMISM", "MappingSpec", "ModelShape",
            "ModelSpec", "RectChoice"]
@@ -63,6 +67,9 @@ class MappingSpec:
     experts_per_region: int | None = None
     placement: str = "contiguous"
     block_height: int | None = None  # the default layout's row height (None: the mapper's choice)
+    # how much wider than their least width the default layout's widening units are
+    # (None: the mapper's choice among SCALES)
+    width_scale: float | None = None
     layers: Mapping[int, RectChoice] = field(default_factory=dict, hash=False)
     experts: Mapping[int, tuple[RectChoice, ...]] = field(default_factory=dict, hash=False)
     embed: RectChoice | None = None
@@ -124,6 +131,13 @@ class ModelSpec:
                 raise err("block_height", f"block_height must be at least 1, got {m.block_height}")
             if m.explicit:
                 raise err("block_height", "block_height applies to the default layout, not to "
+                          "explicit regions")
+        if m.width_scale is not None:
+            if m.width_scale not in SCALES:
+                raise err("width_scale", f"width_scale must be one of "
+                          f"{', '.join(f'{x:g}' for x in SCALES)}, got {m.width_scale:g}")
+            if m.explicit:
+                raise err("width_scale", "width_scale applies to the default layout, not to "
                           "explicit regions")
         if m.placement != "contiguous":
             raise err("placement", f"unknown expert placement '{m.placement}' for the frontend, "

@@ -36,7 +36,7 @@ MODEL_FIELDS: dict[str, str] = {
 REQUIRED_MODEL_FIELDS = ("layers", "hidden", "heads", "vocab")
 RUNTIME_FIELDS: dict[str, str] = {"dynamism": NAMES, "micro_batch": INT, "wafers": INT}
 MAPPING_FIELDS: dict[str, str] = {"stages": INT, "experts_per_region": INT, "placement": NAME,
-                                  "block_height": INT}
+                                  "block_height": INT, "width_scale": FLOAT}
 
 
 @functools.lru_cache(maxsize=1)
@@ -271,6 +271,7 @@ class _Builder:
             experts_per_region=vals.get("experts_per_region"),
             placement=vals.get("placement", "contiguous"),
             block_height=vals.get("block_height"),
+            width_scale=vals.get("width_scale"),
             layers=layers,
             experts=experts,
             embed=ends.get("embed"),

@@ -282,6 +282,15 @@ def effective_layout(layout: str, w: int, h: int) -> str:
     return layout
 
 
+def held_share(width: int, layout: str, w: int, h: int) -> int:
+    """Values of a `width` vector one core holds where it is laid out as `layout` ("rows",
+    "cols" or "full") on a w x h grid: what a core of a gathering line sends, one multicast
+    of which every receiver keeps its part."""
+    if layout == "full":
+        return width
+    return ceil_div(width, h if layout == "rows" else w)
+
+
 def holds_input(producer: KernelOp, consumer: KernelOp) -> bool:
     """Whether every core of `consumer` that also runs `producer` already holds
     the part of the producer's value it needs (so no flow is needed)."""

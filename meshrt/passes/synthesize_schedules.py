@@ -146,8 +146,10 @@ def _nearest(lines: list[tuple[int, int]], lo: int, hi: int) -> int:
 
 
 def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAttr,
-                    dst: CoreSetAttr, cross_wafer: bool) -> tuple[CoreSetAttr, str]:
-    """Who sends a value laid out over the producer's grid to the consumer, and the pattern.
+                    dst: CoreSetAttr, cross_wafer: bool) -> tuple[CoreSetAttr, str, str | None]:
+    """Who sends a value laid out over the producer's grid to the consumer, the pattern,
+    and how the senders of an `all` gather hold the value ("rows", "cols", "full"; None
+    where each message is the receiver's share).
 
     Only one replica of the value sends: a value split over rows and the same
     in every column is sent by one column, one split over columns by one row
@@ -155,10 +157,15 @@ def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAt
     the consumer's (the same rows, or the same columns), each sender
     multicasts its slice along its row (column) to exactly the receivers that
     need it: one message per receiver. Otherwise every receiver gathers the
-    replica's slices (an `all` flow from that one line). A value every core
-    holds whole is sent by one core. A kernel whose tiles each hold a value of
-    their own (the expert regions' outputs) sends from every tile. Across
-    wafers every flow is `all` (the wafer link carries it).
+    replica's slices (an `all` flow from that one line): one multicast per
+    sender, of which each receiver keeps its part. A message is the slice the
+    sender holds (`held_share`) where that is smaller than a receiver's share
+    (many senders of small slices); else it is counted as the receiver's share,
+    which undercounts the multicast every receiver hears (a receiver buffers
+    only its share). A value every core holds whole is sent by one core. A
+    kernel whose tiles each hold a value of their own (the expert regions'
+    outputs) sends from every tile. Across wafers every flow is `all` (the
+    wafer link carries it).
     """
     op = producer.op
     px, py, pw, ph = op.tiles()[0]
@@ -172,28 +179,29 @@ def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAt
         # along their rows when each tile's rows are the consumer's
         aligned = (held == "rows" and need == "rows" and not cross_wafer
                    and all((ty, th) == (cy, ch) for _, ty, _, th in tiles))
-        return src, "row" if aligned else "all"
+        return src, "row" if aligned else "all", None
     if held not in ("rows", "cols", "full") or not producer.resident_cores.covers(src):
-        return src, "all"
+        return src, "all", None
     x0, y0, x1, y1 = dst.extent
     if held == "full":
         b = next(iter(out))
-        return CoreSetAttr.of(_nearest([(b[0], b[2])], x0, x1), _nearest([(b[1], b[3])], y0, y1), 1, 1), "all"
+        return (CoreSetAttr.of(_nearest([(b[0], b[2])], x0, x1), _nearest([(b[1], b[3])], y0, y1), 1, 1),
+                "all", held)
     if held == "rows":  # one column of the producer holds all of it
         full = [(b[0], b[2]) for b in out if b[1] <= py and b[3] >= py + ph]
         if not full:
-            return src, "all"
+            return src, "all", None
         x = _nearest(full, x0, x1)
         line = CoreSetAttr.of(x, py, 1, ph)
         aligned = need == "rows" and (py, ph) == (cy, ch) and not cross_wafer
-        return line, "row" if aligned else "all"
+        return (line, "row", None) if aligned else (line, "all", held)
     full = [(b[1], b[3]) for b in out if b[0] <= px and b[2] >= px + pw]
     if not full:
-        return src, "all"
+        return src, "all", None
     y = _nearest(full, y0, y1)
     line = CoreSetAttr.of(px, y, pw, 1)
     aligned = need == "cols" and (px, pw) == (cx, cw) and not cross_wafer
-    return line, "col" if aligned else "all"
+    return (line, "col", None) if aligned else (line, "all", held)
 
 
 def _forwarded(gate: mk.KernelOp, consumer: mk.KernelOp, cross_wafer: bool) -> str:
@@ -278,7 +286,12 @@ class Synthesizer:
             spec = kr.FlowSpec(name, src, dst, _forwarded(producer.op, consumer, cross), data,
                                role=ev.FlowRole.INPUT, operand=operand)
         else:
-            src, pattern = _redistribution(producer, consumer, src, dst, cross)
+            src, pattern, held_as = _redistribution(producer, consumer, src, dst, cross)
+            if held_as is not None:  # a sender's slice, where smaller than a receiver's share
+                width = consumer.operands[operand].type.width.data
+                _, _, pw, ph = producer.op.tiles()[0]
+                held = self.kctx.micro_batch * kr.ACT_BYTES * kr.held_share(width, held_as, pw, ph)
+                data = min(data, held)
             spec = kr.FlowSpec(name, src, dst, pattern, data, role=ev.FlowRole.INPUT, operand=operand)
         flow = _Flow(spec, consumer.kernel_name, producer.op.wafer_index, cross)
         self.flows[name] = flow

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from meshrt import driver
+from meshrt.dialects import event as ev
+from meshrt.dialects.base import int_value
 from meshrt.frontend import mapper as M
 from meshrt.frontend import step_time
 from meshrt.frontend.errors import FrontendError
@@ -107,19 +109,51 @@ def test_more_wafers_widen_dense_layers():
 
 
 def test_embedding_sized_for_its_first_layers_messages():
-    """The embedding's cores hold their table slice and the largest message they send
-    (the share of the hidden vector a reader in layer 0 takes, with the CF payload)."""
+    """The embedding's cores hold their table slice and the largest message they send (the
+    share of the hidden vector a reader in layer 0 takes, at most the slice a root core
+    holds, with the CF payload): the message the flows into layer 0 carry."""
     t = load_target("test32")
     spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
     mp = _mapper(spec, mb=8)
     lay = mp.default_layout()
     embed, first = lay.placed[0], lay.placed[1]
-    msg = mp.embed_message(first.unit, first.widths, first.h)
-    assert msg > 8 * 4  # more than the embedding's own output columns
+    msg = mp.embed_message(first.unit, first.widths, embed.h)
     sizer = mp.planner(max(lay.stages) + 1).sizer
     assert sizer.band("embed", embed.widths[0], embed.h) + msg <= sizer.usable
-    # and the kernels' own budget check agrees: the build goes through
-    driver.segment_program(M.map_model(spec, t, micro_batch=8), t)
+    # the kernels' own budget check agrees (the build goes through), and the largest
+    # message into layer 0 (sent by the stage's hand-off on the embedding's root cores, as
+    # they hold the value) is the one the mapper sized the embedding for
+    module = driver.segment_program(M.map_model(spec, t, micro_batch=8), t)
+    sent = [op.num_bytes + int_value(op.meta) for op in module.walk()
+            if isinstance(op, ev.SendOp) and op.flow_name.startswith("l0_")
+            and isinstance(sub := op.parent_op(), ev.SubScheduleOp)
+            and sub.kernel.root_reference.data.startswith(("embed", "handoff_s0"))]
+    assert sent and max(sent) == msg
+
+
+def test_width_scale_pins_the_widening_and_moe_regions_widen():
+    """`mapping { width_scale = s }` pins the widening (every candidate at s); an MoE layer's
+    expert regions and projection bands are s times their least width where the row fits (on
+    wse3; on test32 a row of regions has no room to widen: they keep their least width)."""
+    spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
+    text = Path(spec.source).read_text()
+    shapes = {}
+    for scale in (1.0, 2.0):
+        pinned = parse_spec(text + f"\nmapping {{ block_height = 6  width_scale = {scale:g} }}\n")
+        assert {lay.scale for lay in _mapper(pinned).candidates(4, 1)} == {scale}
+        mp = _mapper(pinned, "wse3")
+        moe = next(p for p in mp.default_layout().placed if p.unit.kind == "moe")
+        shapes[scale] = moe.shape
+        narrow = next(p for p in _mapper(pinned).default_layout().placed if p.unit.kind == "moe")
+        assert narrow.shape.grid.w * narrow.shape.grid.regions <= 32
+    least, wide = shapes[1.0], shapes[2.0]
+    assert wide.grid.w == 2 * least.grid.w and wide.grid.rows == least.grid.rows == 1
+    for band in M.WIDE_MOE_BANDS:
+        i = M.MOE_BANDS.index(band)
+        assert wide.widths[i] == 2 * least.widths[i]
+    for band in ("attn", "gate", "relay"):  # whole KV heads; tokens along one column's rows
+        i = M.MOE_BANDS.index(band)
+        assert wide.widths[i] == least.widths[i]
 
 
 def test_block_height_pins_the_rows():

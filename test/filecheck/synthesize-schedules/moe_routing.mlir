@@ -18,7 +18,9 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.dispatch.in0 bytes 16
 // CHECK-NEXT:     event.recv @l0.moe.dispatch.in0 bytes 64 meta 16
 // CHECK-NEXT:     event.compute "route" work 4
-// CHECK-NEXT:     event.send @l0.moe.experts.in0 bytes 128 meta 16
+// The corridor holds the tokens over its four rows and every stacked region gathers
+// them: each corridor core multicasts the slice it holds (8 values x 2 slots x 4 B).
+// CHECK-NEXT:     event.send @l0.moe.experts.in0 bytes 64 meta 16
 // CHECK:      event.sub @l0.moe.combine "slice" after [@l0.moe.reduce, @l0.gate]
 // CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
 // CHECK-NEXT:   event.recv @l0.moe.combine.in0 bytes 256 meta 16
