@@ -208,6 +208,11 @@ def _whole_kv_heads(w: int, kv_heads: int) -> int:
     return next((d for d in range(w, kv_heads + 1) if kv_heads % d == 0), w)
 
 
+def _widened(w: int, scale: float, most: int) -> int:
+    """`w` widened `scale` times, as far as `most` columns allow, never narrower than `w`."""
+    return max(w, min(most, round(w * scale)))
+
+
 def _least(ok: Callable[[int], bool], most: int) -> int | None:
     """Least n in 1..most with ok(n) (once true, true for every larger n), else None."""
     if most < 1 or not ok(most):
@@ -319,7 +324,7 @@ class Planner:
         if w is not None:
             if scale > 1.0:  # wider, as far as the row of regions still fits
                 s = self.sizer.shape
-                w = min(max(s.hidden, 2 * s.expert_ffn), max(w, round(w * scale)))
+                w = _widened(w, scale, max(s.hidden, 2 * s.expert_ffn))
                 if room is not None:
                     w = max(least, min(w, (room - beside) // self.regions))
             full = ExpertGrid(self.regions, 1, w, height)
@@ -360,7 +365,7 @@ class Planner:
             return None
         w = _whole_kv_heads(lo, s.kv_heads)
         if scale > 1.0:  # as far as the target's width allows
-            w = max(w, min(max_w, self.max_width or max_w, round(w * scale)))
+            w = _widened(w, scale, min(max_w, self.max_width or max_w))
         return w if fits(w) else None
 
     def _unit_shape(self, kind: str, height: int, with_experts: bool = True, scale: float = 1.0,
@@ -379,7 +384,7 @@ class Planner:
                 return None
             if kind in WIDENS and scale > 1.0 and (kind != "moe" or band in WIDE_MOE_BANDS):
                 most = min(self.sizer.max_width(band), room or self.max_width or w)
-                w = max(w, min(most, round(w * scale)))  # as far as the target's width allows
+                w = _widened(w, scale, most)
             widths.append(w)
         grid = None
         if kind == "moe" and with_experts:
@@ -571,22 +576,15 @@ class _Mapper:
             f"bytes of control state per core, but {t.name} has {t.control_bytes}; use a smaller "
             "micro-batch", loc or self.where())
 
-    def embed_message(self, first: Unit, widths: Sequence[int], h: int) -> int:
+    def embed_message(self, h: int) -> int:
         """Bytes of the largest message an embedding core buffers (besides its table), its
-        root column `h` rows high holding the hidden vector split over its rows: the share
-        each reader in the first layer receives, as ElementwiseOp's input_share splits it
-        over the region the reader runs on (a dense layer's norm and residual add read it
-        in rows over the layer's rows; an MoE layer's norm in rows over the band, its add in
-        columns of the o band, in rows if that is one column), but no more than the slice
-        a root core holds (`held_share`: what it multicasts where the reader gathers), plus
-        the continuous-batching payload riding on it (counted whether or not the build
-        carries one, so a build and its static counterpart get one mapping)."""
-        if first.kind == "dense":
-            split = h
-        else:
-            o = widths[MOE_BANDS.index("o")]
-            split = min(h, o) if o > 1 else h
-        share = min(ceil_div(self.shape.hidden, split), held_share(self.shape.hidden, "rows", 1, h))
+        root column `h` rows high holding the hidden vector split over its rows: the slice a
+        root core holds (`held_share`: what it multicasts where a first-layer reader gathers;
+        no reader splits the vector finer than the root's rows, so that slice is also the
+        most any one receives), plus the continuous-batching payload riding on it (counted
+        whether or not the build carries one, so a build and its static counterpart get one
+        mapping)."""
+        share = held_share(self.shape.hidden, "rows", 1, h)
         return self.mb * (share * ACT_BYTES + CF_BYTES_PER_SLOT)
 
     def shapes(self, stages: int, h: int, scale: float = 1.0) -> list[UnitShape] | None:
@@ -600,7 +598,7 @@ class _Mapper:
             if sh is None:
                 return None
             rest.append(sh)
-        msg = self.embed_message(self.units[1], rest[0].widths, h)
+        msg = self.embed_message(h)
         embed = planner.unit_shape("embed", h, True, 1.0, msg)
         return None if embed is None else [embed, *rest]
 
@@ -770,10 +768,7 @@ class _Mapper:
                                      m.locs.get("stages"))
         planner = self.planner(stages)
         placed = []
-        first = planner.unit_shape(self.units[1].kind, rects[1].h, self.units[1].layer not in m.experts)
-        msg = 0 if first is None else self.embed_message(
-            self.units[1], _spread(Placed(self.units[1], first, 0, 0, 0, rects[1].h, False),
-                                   rects[1].w).widths, rects[0].h)
+        msg = self.embed_message(rects[0].h)
         for unit, r in zip(self.units, rects):
             explicit_experts = unit.layer in m.experts
             shape = planner.unit_shape(unit.kind, r.h, not explicit_experts, 1.0,

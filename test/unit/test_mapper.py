@@ -110,14 +110,14 @@ def test_more_wafers_widen_dense_layers():
 
 def test_embedding_sized_for_its_first_layers_messages():
     """The embedding's cores hold their table slice and the largest message they send (the
-    share of the hidden vector a reader in layer 0 takes, at most the slice a root core
-    holds, with the CF payload): the message the flows into layer 0 carry."""
+    slice of the hidden vector a root core holds, with the CF payload): the message the
+    flows into layer 0 carry."""
     t = load_target("test32")
     spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
     mp = _mapper(spec, mb=8)
     lay = mp.default_layout()
-    embed, first = lay.placed[0], lay.placed[1]
-    msg = mp.embed_message(first.unit, first.widths, embed.h)
+    embed = lay.placed[0]
+    msg = mp.embed_message(embed.h)
     sizer = mp.planner(max(lay.stages) + 1).sizer
     assert sizer.band("embed", embed.widths[0], embed.h) + msg <= sizer.usable
     # the kernels' own budget check agrees (the build goes through), and the largest
