@@ -37,6 +37,16 @@ passing through). A flow is live at an idle router throughout the step. For
 a flow's own sender and receiver classes this is exactly the segments that
 contain a sub using it.
 
+Pipelines. With micro-batches in flight, a class works on one micro-batch
+while the flows of other pipeline stages carry others, so positions relate
+a transit flow to the class's segments only within one stage. A flow passing
+through the routers of a class none of whose kernels is in a stage of the
+flow's senders or receivers (the sampled tokens crossing the middle layers
+back to the embedding) is live in every segment of that class: releasing it
+at a boundary would make the class drain, each step, the message of a
+micro-batch stages behind its own, and so run the whole pipeline one
+micro-batch at a time.
+
 Interference. Two flows interfere iff some router lies on both routes
 (rect-set intersection of their XY routes / multicast trees, see
 `meshrt.routing`) and both are live there in a common segment of the
@@ -78,6 +88,7 @@ from meshrt.routing import (
     flow_routers,
     intersecting_pairs,
 )
+from meshrt.shape import in_flight
 
 SEND_EVENTS = (ev.SendOp, ev.MetaProduceOp)
 
@@ -217,6 +228,35 @@ def hold_arcs(positions: Sequence[Sequence[int]], k: int) -> list[Arc]:
     return arcs
 
 
+@dataclass(frozen=True)
+class StageSets:
+    """The pipeline stages of each class's kernels and of each flow's senders and
+    receivers, when micro-batches pipeline (empty otherwise): see "Pipelines" above."""
+
+    of_class: dict[str, frozenset[int]]
+    of_flow: dict[str, frozenset[int]]
+
+    @staticmethod
+    def of(program: MappedProgramOp, tables: Sequence[ClassTable]) -> StageSets:
+        if in_flight(program.num_stages, program.dynamism_kinds) <= 1:
+            return StageSets({}, {})
+        stage = {k.kernel_name: int(k.param("stage", 0)) for k in program.kernels()}
+        of_class, of_flow = {}, defaultdict(set)
+        for t in tables:
+            subs = t.subs()
+            of_class[t.name] = frozenset(stage[s.kernel_name] for s in subs)
+            for sub in subs:
+                for e in sub.events():
+                    if isinstance(e, ev.FlowEventOp):
+                        of_flow[e.flow_name].add(stage[sub.kernel_name])
+        return StageSets(of_class, {f: frozenset(v) for f, v in of_flow.items()})
+
+    def apart(self, cls: str, flow: str) -> bool:
+        """Whether `flow` only passes through `cls` from stages none of its kernels is in
+        (a class that sends or receives on a flow always shares a stage with it)."""
+        return bool(self.of_class) and self.of_class[cls].isdisjoint(self.of_flow.get(flow, ()))
+
+
 # ---------------------------------------------------------------------------
 # The analysis
 # ---------------------------------------------------------------------------
@@ -279,6 +319,7 @@ class Liveness:
             for f in flows
         ]
         self.flow_index = {f.name: i for i, f in enumerate(self.flows)}
+        self.stages = StageSets.of(program, self.tables)
         self.holds = {
             t.name: hold_arcs([[self.pos[s.kernel_name] for s in seg] for seg in t.segments], self.k)
             for t in self.tables
@@ -291,7 +332,10 @@ class Liveness:
         w = self.flows[flow].window
         if w is None:
             return frozenset()
-        return frozenset(s for s, h in enumerate(self.holds[cls]) if arcs_meet(h, w, self.k))
+        holds = self.holds[cls]
+        if self.stages.apart(cls, self.flows[flow].name):
+            return frozenset(range(len(holds)))  # another stage's flow passing through
+        return frozenset(s for s, h in enumerate(holds) if arcs_meet(h, w, self.k))
 
     @property
     def pieces(self) -> list[Piece]:

@@ -53,6 +53,7 @@ from xdsl.ir import Operation
 from meshrt.analysis.balance import check_balance
 from meshrt.analysis.liveness import (
     ClassTable,
+    StageSets,
     flow_refs,
     flow_window,
     step_order,
@@ -161,6 +162,7 @@ def check_program(program: sg.ProgramOp, target: Target | None,
     windows = {n: _window_set(flow_window(refs.get(n, ()), k), k) for n in flows}
     holds = {t.name: _hold_sets(t, pos, k) for t in tables}
     xy = {n: flow_routers(f) for n, f in flows.items()}
+    stages = StageSets.of(program, tables)
 
     seg_cache: dict[tuple[str, str], set[int]] = {}
 
@@ -168,7 +170,10 @@ def check_program(program: sg.ProgramOp, target: Target | None,
         key = (cls, flow)
         if key not in seg_cache:
             win = windows[flow]
-            seg_cache[key] = {s for s, held in enumerate(holds[cls]) if held & win}
+            if win and stages.apart(cls, flow):  # another stage's flow passing through
+                seg_cache[key] = set(range(len(holds[cls])))
+            else:
+                seg_cache[key] = {s for s, held in enumerate(holds[cls]) if held & win}
         return seg_cache[key]
 
     # -- 3. colours --------------------------------------------------------

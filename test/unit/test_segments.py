@@ -408,6 +408,45 @@ def test_examples_pass_the_checker_on_every_target(model, target):
         assert any(b[2] is not None for c in program.core_classes() for b in c.boundaries())
 
 
+def test_other_stages_flows_stay_installed_through_a_pipelined_class():
+    """With micro-batches in flight, a flow passing through a class from pipeline stages
+    none of the class's kernels is in (the sampled tokens crossing the expert regions back
+    to the embedding) is live in every segment of that class: no boundary releases it, so
+    the class never drains another micro-batch's message, and the stages overlap. Releasing
+    it (as the lockstep positions alone say) ran tiny_moe's pipeline on test32 one
+    micro-batch at a time: an initiation interval of 7,901 cycles, over half the step. The
+    checker re-derives the rule: dropping such a flow from a segment's routes is an error."""
+    from meshrt.analysis.liveness import StageSets
+    from meshrt.runtime.cost_model import CostModel
+    from meshrt.targets import load_target
+
+    module = parse(_events("tiny_moe.mrt", "test32"), "tiny_moe")
+    run(module, "materialize-segments,color-routes")
+    program = program_of(module)
+    live = liveness_of_program(program)
+    stages = StageSets.of(program, live.tables)
+    apart = [(c, f) for c in program.core_classes() if len(c.segments()) > 1
+             for f in live.flows if f.routed
+             and RectSet.from_cores(c.cores).intersects(f.routers)
+             and stages.apart(c.class_name, f.name)]
+    assert apart, "no multi-segment class carries another stage's flow: the case is gone"
+    for cls, f in apart:
+        moved = {r.root_reference.data for *_, op in cls.boundaries()
+                 for r in (*op.release.data, *op.install.data)}
+        assert f.name not in moved, (cls.class_name, f.name)
+        assert all(f.name in {r.root_reference.data for r in seg.routes.data}
+                   for seg in cls.segments())
+    model = CostModel(program, load_target("test32"))
+    step, interval = model.estimate(1).cycles_per_step, model.estimate(program.num_stages)
+    assert program.num_stages >= 3 and 2 * interval.cycles_per_step < step
+    cls, f = apart[0]
+    seg = cls.segments()[-1]
+    seg.properties["routes"] = type(seg.routes)(
+        [r for r in seg.routes.data if r.root_reference.data != f.name])
+    assert any(f"segment {seg.index_value} of core class @{cls.class_name} lists routes" in p
+               for p in check_segments(module))
+
+
 # ---------------------------------------------------------------------------
 # Route handshakes (insert-route-handshakes, checked by check-segments)
 # ---------------------------------------------------------------------------
