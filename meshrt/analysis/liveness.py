@@ -244,6 +244,10 @@ class StageSets:
         of_class, of_flow = {}, defaultdict(set)
         for t in tables:
             subs = t.subs()
+            for sub in subs:
+                if sub.kernel_name not in stage:
+                    raise MeshrtError(f"core class @{t.name} runs kernel @{sub.kernel_name}, "
+                                      "which has no event.kernel record", sub)
             of_class[t.name] = frozenset(stage[s.kernel_name] for s in subs)
             for sub in subs:
                 for e in sub.events():
