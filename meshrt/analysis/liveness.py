@@ -240,25 +240,26 @@ class StageSets:
     def of(program: MappedProgramOp, tables: Sequence[ClassTable]) -> StageSets:
         if in_flight(program.num_stages, program.dynamism_kinds) <= 1:
             return StageSets({}, {})
-        stage = {k.kernel_name: int(k.param("stage", 0)) for k in program.kernels()}
-        of_class, of_flow = {}, defaultdict(set)
+        stage = {k.kernel_name: k.stage_index for k in program.kernels()}
+        of_class, of_flow = defaultdict(set), defaultdict(set)
         for t in tables:
-            subs = t.subs()
-            for sub in subs:
-                if sub.kernel_name not in stage:
+            for sub in t.subs():
+                s = stage.get(sub.kernel_name)
+                if s is None:
                     raise MeshrtError(f"core class @{t.name} runs kernel @{sub.kernel_name}, "
                                       "which has no event.kernel record", sub)
-            of_class[t.name] = frozenset(stage[s.kernel_name] for s in subs)
-            for sub in subs:
+                of_class[t.name].add(s)
                 for e in sub.events():
                     if isinstance(e, ev.FlowEventOp):
-                        of_flow[e.flow_name].add(stage[sub.kernel_name])
-        return StageSets(of_class, {f: frozenset(v) for f, v in of_flow.items()})
+                        of_flow[e.flow_name].add(s)
+        return StageSets({c: frozenset(v) for c, v in of_class.items()},
+                         {f: frozenset(v) for f, v in of_flow.items()})
 
     def apart(self, cls: str, flow: str) -> bool:
         """Whether `flow` only passes through `cls` from stages none of its kernels is in
         (a class that sends or receives on a flow always shares a stage with it)."""
-        return bool(self.of_class) and self.of_class[cls].isdisjoint(self.of_flow.get(flow, ()))
+        return bool(self.of_class) and self.of_class.get(cls, frozenset()).isdisjoint(
+            self.of_flow.get(flow, ()))
 
 
 # ---------------------------------------------------------------------------

@@ -106,6 +106,11 @@ class KernelInfoOp(IRDLOperation):
     def input_names(self) -> tuple[str, ...]:
         return tuple(r.root_reference.data for r in self.inputs.data)
 
+    @property
+    def stage_index(self) -> int:
+        """The pipeline stage the kernel runs in (its `stage` parameter, as KernelOp's)."""
+        return int(self.param("stage", 0))
+
     def param(self, key: str, default=None):
         """An integer, float, string or integer-array parameter as a Python value."""
         a = self.params.data.get(key)

@@ -84,7 +84,7 @@ def lower_bound(program: sg.ProgramOp, target) -> LowerBound:
 
     groups: dict[tuple[int, int], list[str]] = defaultdict(list)
     for name, k in kernels.items():
-        groups[(int(k.param("layer", -1)), int(k.param("stage", 0)))].append(name)
+        groups[(int(k.param("layer", -1)), k.stage_index)].append(name)
     layers = []
     for (layer, stage), names in groups.items():  # in program order of their first kernel
         cores = RectSet()

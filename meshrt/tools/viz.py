@@ -203,7 +203,7 @@ def mapping_boxes(module) -> list[Box]:
             tiles = [p for r in regions for p in _dense_pieces(r)]
         else:
             tiles = _dense_pieces(k.region)
-        add(k.kernel_name, k.kind.data, int(k.param("wafer", 0)), int(k.param("stage", 0)), tiles,
+        add(k.kernel_name, k.kind.data, int(k.param("wafer", 0)), k.stage_index, tiles,
             k.param("placement") if places else None)
     return out
 
