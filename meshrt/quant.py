@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["FORMATS", "MXFP4_BLOCK", "Packed", "bytes_per_weight", "decode_e4m3", "decode_mxfp4",
-           "encode_e4m3", "fake_quant", "pack"]
+           "encode_e4m3", "fake_quant", "pack", "packed_format"]
 
 FORMATS = ("mxfp4", "fp8")
 MXFP4_BLOCK = 32
@@ -52,6 +52,15 @@ def _e4m3_table() -> np.ndarray:
 E4M3 = _e4m3_table()
 _E4M3_FINITE = np.flatnonzero(np.isfinite(E4M3) & (np.arange(256) < 0x80))  # non-negative codes
 _E4M3_POS = E4M3[_E4M3_FINITE]  # ascending: 0, 2^-9, ..., 448
+
+
+def packed_format(weights: str | None, decoded: object) -> str | None:
+    """The format a kernel's cores hold its weight tiles in: `weights` (decoded each time
+    the kernel computes with them), or None for floats: plain weights, or stored weights
+    `decoded` once when they are installed (16-bit floats of SRAM, no decoding per token;
+    the values are the same, the format's). The kernels' events, the interpreter and the
+    CSL backend all ask this."""
+    return None if decoded else weights
 
 
 def decode_e4m3(codes: np.ndarray) -> np.ndarray:

@@ -107,6 +107,13 @@ class KernelInfoOp(IRDLOperation):
         return tuple(r.root_reference.data for r in self.inputs.data)
 
     @property
+    def packed_weights(self) -> str | None:
+        """The format the kernel's cores hold its weight tiles in (`quant.packed_format`)."""
+        from meshrt.quant import packed_format
+
+        return packed_format(self.param("weights"), self.param("decoded"))
+
+    @property
     def stage_index(self) -> int:
         """The pipeline stage the kernel runs in (its `stage` parameter, as KernelOp's)."""
         return int(self.param("stage", 0))

@@ -22,6 +22,7 @@ from xdsl.dialects.builtin import (
     IntAttr,
     IntegerAttr,
     StringAttr,
+    UnitAttr,
     i64,
 )
 from xdsl.ir import (
@@ -156,20 +157,26 @@ class KernelOp(MappedKernelOp):
     """A graph-level kernel instance."""
 
 
-def weights_prop(fmt: str | None) -> dict[str, Attribute]:
+def weights_prop(fmt: str | None, decoded: bool = False) -> dict[str, Attribute]:
     """The optional `weights` property of a kernel whose matrices are stored quantized
-    (`meshrt.quant.FORMATS`); none for plain floats."""
-    return {"weights": StringAttr(fmt)} if fmt else {}
+    (`meshrt.quant.FORMATS`), and `decoded` when its cores hold them decoded; none for
+    plain floats."""
+    if not fmt:
+        return {}
+    return {"weights": StringAttr(fmt)} | ({"decoded": UnitAttr()} if decoded else {})
 
 
 def verify_weights(op: Operation) -> None:
-    """A `weights` property names a format `meshrt.quant` knows."""
+    """A `weights` property names a format `meshrt.quant` knows; `decoded` needs one."""
     from meshrt.quant import FORMATS
 
     fmt = getattr(op, "weights", None)
     if fmt is not None and fmt.data not in FORMATS:
         raise VerifyException(f"kernel @{op.kernel_name}: weights '{fmt.data}' is not a stored "
                               f"format (one of {', '.join(FORMATS)})")
+    if getattr(op, "decoded", None) is not None and fmt is None:
+        raise VerifyException(f"kernel @{op.kernel_name}: decoded needs the stored format "
+                              "(weights) it decodes")
 
 
 _int = int_value
@@ -364,6 +371,7 @@ class MoEExpertsOp(KernelOp):
     placement = prop_def(DenseArrayBase)
     placement_policy = opt_prop_def(StringAttr)
     weights = opt_prop_def(StringAttr)  # the experts' stored format (`meshrt.quant`)
+    decoded = opt_prop_def(UnitAttr)  # held decoded, as the model's floats (see packed_format)
     input = operand_def(ActType)
     routing = operand_def(RoutingType)
     output = result_def(ActType)
@@ -374,8 +382,9 @@ class MoEExpertsOp(KernelOp):
 
     def __init__(self, name, region, input, routing, *, expert_ffn, shared_experts,
                  expert_regions: Sequence[CoreSetAttr], placement: Sequence[int],
-                 layer, stage, wafer, policy: str | None = None, weights: str | None = None):
-        props = self.common_props(name, region, layer, stage, wafer) | weights_prop(weights)
+                 layer, stage, wafer, policy: str | None = None, weights: str | None = None,
+                 decoded: bool = False):
+        props = self.common_props(name, region, layer, stage, wafer) | weights_prop(weights, decoded)
         props["expert_ffn"] = IntegerAttr(expert_ffn, i64)
         props["shared_experts"] = IntegerAttr(shared_experts, i64)
         props["expert_regions"] = ArrayAttr(expert_regions)

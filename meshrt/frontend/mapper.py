@@ -75,6 +75,7 @@ from meshrt.kernels.dispatch.corridor import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.kernels.gemv.op import GemvOp
+from meshrt.kernels.topk_gate.op import TopKGateOp
 from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div, held_share
 from meshrt.limits import format_bytes as _fmt_bytes
 from meshrt.shape import kv_slots
@@ -154,7 +155,8 @@ class Sizer:
         if kind == "down":
             return self.matmul(s.ffn, s.hidden, q, w, h)
         if kind == "gate":
-            return self.matmul(s.hidden, s.experts, d, w, h)
+            cols = TopKGateOp.logit_columns(s.experts, s.shared_experts, s.shared_expert_gate)
+            return self.matmul(s.hidden, cols, d, w, h)
         if kind == "lm_head":
             return self.matmul(s.hidden, s.vocab, d, w, h)
         if kind == "embed":
@@ -188,12 +190,20 @@ class Sizer:
             "attn": s.kv_heads * s.head_dim, "relay": 4,
         }[kind]
 
-    def expert(self, group: int, w: int, h: int) -> float:
+    def expert(self, group: int, w: int, h: int, weight_bytes: float | None = None) -> float:
+        """Bytes per core of a w x h region of `group` experts, their weights held at
+        `weight_bytes` (default: as stored)."""
         s = self.shape
         # A token visits an expert at most once, so a region sees at most
         # micro_batch x min(group, top_k) tokens per step.
         tokens = self.micro_batch * min(group, s.top_k)
-        return ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, s.expert_dtype_bytes, tokens, w, h).total
+        wb = s.expert_dtype_bytes if weight_bytes is None else weight_bytes
+        return ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, wb, tokens, w, h).total
+
+    def decoded_experts_fit(self, group: int, w: int, h: int) -> bool:
+        """Whether quantized experts' tiles fit w x h regions decoded, as the model's
+        floats: then they are decoded once, at load, not for every token."""
+        return self.expert(group, w, h, self.shape.dtype_bytes) <= self.usable
 
     def expert_cores(self, group: int) -> int:
         """Cores one expert group needs by SRAM alone (square-ish tiling ignored)."""
@@ -1020,12 +1030,20 @@ class _Emitter:
         regions = self.expert_regions(p, b.get("experts"))
         routed = len(regions) - s.shared_experts
         group = s.experts // routed
+        decoded = bool(s.expert_quant) and self.decoded_experts(group, regions[0])
         y = self.add(g.MoEExpertsOp(
             f"l{i}_moe", b["relay"], n2, route, expert_ffn=s.expert_ffn,
             shared_experts=s.shared_experts, expert_regions=regions,
             placement=[e // group for e in range(s.experts)], policy="contiguous",
-            weights=s.expert_quant or None, **kw))
+            weights=s.expert_quant or None, decoded=decoded, **kw))
         return self.add(g.AddOp(f"l{i}_add2", b["relay"], h, y, **kw))
+
+    def decoded_experts(self, group: int, region: CoreSetAttr) -> bool:
+        """Quantized experts are held decoded where their tiles fit decoded: less work per
+        token for more SRAM (graph IR without `decoded` holds them packed)."""
+        m = self.m
+        x0, y0, x1, y1 = region.extent
+        return Sizer(self.s, m.mb, m.mb, m.usable).decoded_experts_fit(group, x1 - x0, y1 - y0)
 
     def handoff(self, p: Placed, x, stage: int, to_stage: int, to_wafer: int) -> SSAValue:
         # The sending cores: the edge column of the unit's last band, facing onward.

@@ -75,6 +75,8 @@ class KernelContext:
     reduce_group: int = 0  # force reduction groups of this size (1: none); 0: the plan chooses
     reduce_tree: str = "chain"  # "chain": roots at the line's end; "tree": the plan may centre them
     quant_block: tuple[int, int] | None = None  # fp8's scale block (the model's), None per tensor
+    shared_experts: int = 0  # always-on experts of each MoE layer: every token's extra choices
+    shared_expert_gate: bool = False  # ... each scaled by sigmoid(x w_sg), which the gate computes
 
     def stored_bytes(self, fmt: str | None, plain: float) -> float:
         """Bytes per weight of a kernel whose matrices are stored as `fmt` (its `weights`
@@ -89,7 +91,9 @@ class KernelContext:
 
     @property
     def route_bytes(self) -> int:
-        return self.micro_batch * max(self.top_k, 1) * ROUTE_BYTES_PER_CHOICE
+        """MoE metainfo per micro-batch: each token's top-k choices and its shared experts
+        (id and weight each)."""
+        return self.micro_batch * (max(self.top_k, 1) + self.shared_experts) * ROUTE_BYTES_PER_CHOICE
 
 
 @dataclass(frozen=True)

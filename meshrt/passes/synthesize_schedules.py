@@ -82,6 +82,8 @@ def kernel_context(program: mk.ProgramOp, target: Target | None = None,
         reduce_tree=reduce_tree,
         quant_block=(hp.int("quant_block_in"), hp.int("quant_block_out"))
         if "quant_block_in" in hp and hp.int("quant_block_in") else None,
+        shared_experts=hp.int("shared_experts", 0),
+        shared_expert_gate=bool(hp.int("shared_expert_gate", 0)),
     )
 
 

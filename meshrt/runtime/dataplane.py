@@ -221,14 +221,16 @@ class DataPlane:
 
     def moe(self, layer: int) -> ref.MoEFFNWeights:
         m = self.weights.layers[layer].moe
-        if m is None or m.shared_gate.shape[0]:
-            raise DataLayoutError(f"layer {layer}: only MoE layers without shared experts have numerics")
+        if m is None:
+            raise DataLayoutError(f"layer {layer}: MoE kernels on a layer the model has dense")
         return m
 
-    def packed_experts(self, layer: int, fmt: str) -> tuple[quant.Packed, quant.Packed, quant.Packed]:
-        """Layer's expert gate, up and down matrices as stored (`fmt` codes and scales)."""
-        got = tuple(self.weights.packed.get(f"layers.{layer}.moe.{n}")
-                    for n in ("w_gate", "w_up", "w_down"))
+    def packed_experts(self, layer: int, fmt: str, shared: bool = False
+                       ) -> tuple[quant.Packed, quant.Packed, quant.Packed]:
+        """Layer's routed (or shared) expert gate, up and down matrices as stored (`fmt`
+        codes and scales)."""
+        names = ("shared_gate", "shared_up", "shared_down") if shared else ("w_gate", "w_up", "w_down")
+        got = tuple(self.weights.packed.get(f"layers.{layer}.moe.{n}") for n in names)
         if any(p is None or p.fmt != fmt for p in got):
             raise DataLayoutError(f"layer {layer}: its experts are stored as {fmt}, the "
                                   "model's are not")

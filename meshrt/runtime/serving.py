@@ -256,14 +256,8 @@ def run_bytes(shape: ModelShape, kv_slots: int) -> int:
 
 def check_runnable(shape: ModelShape, kv_slots: int, where: Loc | str | None = None) -> None:
     """Refuse, before anything is allocated, a model the reference and the
-    interpreter cannot run: shared experts (not computed by the interpreter's MoE kernels
-    yet), or more memory than this machine has (`run_bytes`). FrontendError at `where`."""
-    if shape.shared_experts:
-        raise FrontendError(
-            f"{shape.name}: the interpreter's MoE kernels do not compute shared experts yet "
-            "(the lowering places no tokens on their regions; the NumPy reference computes "
-            "them); `meshrt compile` and `meshrt bench` take it",
-            shape.locs.get("shared_experts") or where)
+    interpreter cannot run: more memory than this machine has (`run_bytes`).
+    FrontendError at `where`."""
     check_memory(run_bytes(shape, kv_slots), f"the NumPy reference and interpreter of {shape.name}",
                  "use `meshrt bench` (the cost model) for a model this size", where)
 

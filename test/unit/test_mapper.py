@@ -164,3 +164,21 @@ def test_block_height_pins_the_rows():
         mp = _mapper(pinned)
         assert {lay.height for lay in mp.candidates(4, 1)} == {rows}
         assert {p.h for p in mp.default_layout().placed} == {rows}
+
+
+def test_quantized_experts_are_held_decoded_where_decoded_tiles_fit():
+    """gpt-oss-20b's MXFP4 experts: on one wafer their regions are sized by the packed
+    tiles and decoding them would not fit, so they stay packed; on four the widened
+    regions hold so few weights a core that decoded 16-bit tiles fit, and the mapper
+    marks every MoE layer `decoded` (no per-token decode)."""
+    cfg = REPO / "examples" / "configs" / "gpt-oss-20b.json"
+    t = load_target("wse3")
+    for wafers, decoded in ((1, False), (4, True)):
+        module = driver.compile(cfg, t, "graph", wafers=wafers)
+        ops = [op for op in module.walk() if op.name == "graph.moe_experts"]
+        assert len(ops) == 24 and {op.decoded is not None for op in ops} == {decoded}, wafers
+        spec = driver.load_spec(cfg)
+        sizer = M.Sizer(spec.shape, 1, 1, int(t.usable_sram_bytes * (1 - M.SRAM_HEADROOM)))
+        x0, y0, x1, y1 = ops[0].expert_regions.data[0].extent
+        group = spec.shape.experts // len(ops[0].expert_regions.data)
+        assert sizer.decoded_experts_fit(group, x1 - x0, y1 - y0) == decoded

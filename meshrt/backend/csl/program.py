@@ -197,7 +197,7 @@ class ProgramWriter:
             for sub in seg.subs:
                 if sub.state_bytes <= 0 or id(sub) in self.sub_region:
                     continue
-                if self.p.record(sub).param("weights"):  # quantized: codes and scales, 16-bit words
+                if self.p.record(sub).packed_weights:  # held packed: codes and scales, 16-bit words
                     n = -(-sub.state_bytes // 2)
                     self.sub_region[id(sub)] = ("wq", wq_off, n)
                     wq_off += n

@@ -18,11 +18,17 @@ class ExpertFFN(RoutesTokens):
     def __init__(self, info, plane):
         super().__init__(info, plane)
         self.moe = plane.moe(self.layer)
-        # stored quantized: each core keeps its tiles' codes and scales and decodes the
-        # tiles of the experts with tokens, before the fmac that reads them
-        self.fmt = info.param("weights")
-        self.packed = None if self.fmt is None else plane.packed_experts(self.layer, self.fmt)
+        # held packed: each core keeps its tiles' codes and scales and decodes the tiles
+        # of the experts with tokens, before the fmac that reads them (decoded at load:
+        # the floats, which are the values the format holds)
+        self.fmt = info.packed_weights
         self.placement = info.param("placement")
+        # shared experts (ids experts, experts + 1, ...) hold the last regions, one each
+        self.experts = len(self.placement)
+        self.shared = self.moe.shared_gate.shape[0]
+        self.packed = None if self.fmt is None else plane.packed_experts(self.layer, self.fmt)
+        self.packed_shared = (plane.packed_experts(self.layer, self.fmt, shared=True)
+                              if self.fmt is not None and self.shared else None)
         self.f = info.param("expert_ffn")
         self.dynamic = plane.moe_routing
         self._members: dict[tuple[tuple[int, ...], int], list[int]] = {}
@@ -32,8 +38,19 @@ class ExpertFFN(RoutesTokens):
         key = (placement, tile)
         members = self._members.get(key)
         if members is None:
-            members = self._members[key] = [e for e, r in enumerate(placement) if r == tile]
+            routed = len(self.tiles) - self.shared
+            members = ([self.experts + tile - routed] if tile >= routed else
+                       [e for e, r in enumerate(placement) if r == tile])
+            self._members[key] = members
         return members
+
+    def _matrices(self, e: int):
+        """Expert e's gate, up and down matrices and biases (a shared expert has none)."""
+        m, s = self.moe, e - self.experts
+        if s >= 0:
+            return m.shared_gate[s], m.shared_up[s], m.shared_down[s], None
+        bias = None if m.b_gate is None else (m.b_gate[e], m.b_up[e], m.b_down[e])
+        return m.w_gate[e], m.w_up[e], m.w_down[e], bias
 
     def _tokens(self, cd, e):
         """Slots routed to expert e (every slot in the static build)."""
@@ -60,25 +77,27 @@ class ExpertFFN(RoutesTokens):
                 raise DataLayoutError(f"{self.where(cd)}: fmac before the {self.fmt} tiles of "
                                       f"expert {e} are decoded")
             return got
+        g, u, d, _ = self._matrices(e)
         if which == "gate_up":
             return cd.tile((self.name, e, which), lambda: np.concatenate(
-                [self.moe.w_gate[e, r0:r1, f0:f1], self.moe.w_up[e, r0:r1, f0:f1]], axis=1))
-        return cd.tile((self.name, e, which), lambda: self.moe.w_down[e, f0:f1, r0:r1])
+                [g[r0:r1, f0:f1], u[r0:r1, f0:f1]], axis=1))
+        return cd.tile((self.name, e, which), lambda: d[f0:f1, r0:r1])
 
     def _decode(self, cd, op, t: int, which: str, r0: int, r1: int, f0: int, f1: int) -> None:
         """dequant_*: decode this core's packed tiles of the experts with tokens this step."""
         if self.packed is None or op != f"dequant_{self.fmt}":
             raise DataLayoutError(f"{self.where(cd)}: {op} on experts stored as "
                                   f"{self.fmt or 'floats'}")
-        gate, up, down = self.packed
         for e in self._experts(cd, t):
             if not self._tokens(cd, e):
                 continue
+            gate, up, down = self.packed if e < self.experts else self.packed_shared
+            k = e if e < self.experts else e - self.experts
             if which == "gate_up":
-                tile = cd.packed_tile((self.name, e, which), lambda e=e: quant.Packed.concat(
-                    [gate[e].slice(r0, r1, f0, f1), up[e].slice(r0, r1, f0, f1)]))
+                tile = cd.packed_tile((self.name, e, which), lambda k=k, gate=gate, up=up: quant.Packed.concat(
+                    [gate[k].slice(r0, r1, f0, f1), up[k].slice(r0, r1, f0, f1)]))
             else:
-                tile = cd.packed_tile((self.name, e, which), lambda e=e: down[e].slice(f0, f1, r0, r1))
+                tile = cd.packed_tile((self.name, e, which), lambda k=k, down=down: down[k].slice(f0, f1, r0, r1))
             cd.acc.setdefault((self.name, "w"), {})[e, which] = tile.decode()
 
     def compute(self, cd, op):
@@ -101,8 +120,9 @@ class ExpertFFN(RoutesTokens):
                     parts[e] = (rows, np.zeros((0, 2 * (f1 - f0))))
                     continue
                 y = x[rows] @ self._tile(cd, e, "gate_up", r0, r1, f0, f1)
-                if self.moe.b_gate is not None and r0 == 0:  # the first input rows add the biases
-                    y += np.concatenate([self.moe.b_gate[e, f0:f1], self.moe.b_up[e, f0:f1]])
+                bias = self._matrices(e)[3]
+                if bias is not None and r0 == 0:  # the first input rows add the biases
+                    y += np.concatenate([bias[0][f0:f1], bias[1][f0:f1]])
                 parts[e] = (rows, y)
             cd.acc[self.name] = parts
             cd.acc[self.name + ".a"] = None
@@ -121,12 +141,13 @@ class ExpertFFN(RoutesTokens):
         elif op == "fmac":  # phase 2: a[f_i] . W_down[f_i, rows j], this core's partial
             a = cd.acc.pop(self.name + ".a")
             r0, r1 = part(hidden, h, j)
-            down = self.moe.b_down if f0 == 0 else None  # the first FFN slice adds the bias
-            cd.values[self.name] = {
-                e: (rows, r0, (act.astype(F64) @ self._tile(cd, e, "down", r0, r1, f0, f1)
-                               if rows else np.zeros((0, r1 - r0)))
-                    + (0.0 if down is None else down[e, r0:r1]))
-                for e, (rows, act) in a.items()}
+            out = {}
+            for e, (rows, act) in a.items():
+                bias = self._matrices(e)[3] if f0 == 0 else None  # the first FFN slice adds it
+                out[e] = (rows, r0, (act.astype(F64) @ self._tile(cd, e, "down", r0, r1, f0, f1)
+                                     if rows else np.zeros((0, r1 - r0)))
+                          + (0.0 if bias is None else bias[2][r0:r1]))
+            cd.values[self.name] = out
             cd.acc.pop((self.name, "w"), None)  # this step's decoded tiles
 
     def send(self, cd, role):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import I64, ArrayAttr, DenseArrayBase, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import I64, ArrayAttr, DenseArrayBase, IntegerAttr, StringAttr, UnitAttr
 from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, result_def
 
 from meshrt.dialects import graph
@@ -12,6 +12,7 @@ from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType, RoutingType, verify_weights
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.kernels.combine.op import CombineOp
+from meshrt.quant import packed_format
 from meshrt.kernels.compute import ADD, DEQUANT, FMAC, SILU_MUL
 from meshrt.kernels.dispatch.op import DispatchOp
 from meshrt.kernels.expert_ffn.numerics import ExpertFFN
@@ -19,7 +20,6 @@ from meshrt.kernels.expert_reduce.op import ExpertReduceOp, expert_output_bytes,
 from meshrt.kernels.interface import (
     ACT_BYTES,
     OUTPUTS,
-    ROUTE_BYTES_PER_CHOICE,
     ROUTED_FORMAT,
     Footprint,
     KernelContext,
@@ -52,6 +52,7 @@ class ExpertFFNOp(KernelOp):
     placement = prop_def(DenseArrayBase)
     expert_ffn = prop_def(IntegerAttr[I64])
     weights = opt_prop_def(StringAttr)  # the experts stored quantized (`meshrt.quant`)
+    decoded = opt_prop_def(UnitAttr)  # ... and held decoded (`graph.packed_format`)
     input = operand_def(ActType)
     routing = operand_def(RoutingType)
     output = result_def(ActType)
@@ -75,6 +76,18 @@ class ExpertFFNOp(KernelOp):
     def tiles(self) -> list[tuple[int, int, int, int]]:
         """(x, y, w, h) of every expert region, all of one shape."""
         return region_tiles(self, self.expert_regions)
+
+    @property
+    def packed(self) -> str | None:
+        """The format the cores hold the expert tiles in (None: floats)."""
+        return packed_format(self.weights.data if self.weights is not None else None, self.decoded)
+
+    def held_weight_bytes(self, kctx: KernelContext) -> float:
+        """SRAM bytes per weight as held: packed codes and scales, the model's floats
+        where they are decoded at load, else the model's expert bytes."""
+        if self.packed:
+            return kctx.stored_bytes(self.packed, kctx.expert_weight_bytes)
+        return kctx.weight_bytes if self.decoded else kctx.expert_weight_bytes
 
     def experts_per_region(self) -> int:
         counts = [0] * len(self.expert_regions.data)
@@ -127,10 +140,9 @@ class ExpertFFNOp(KernelOp):
         # With routing a region sees only the tokens routed to it; without it
         # (the static build) every expert computes every token.
         tokens = expert_tokens(kctx, n)
-        fmt = self.weights.data if self.weights is not None else None
-        state = self.footprint(n, hidden, f, kctx.stored_bytes(fmt, kctx.expert_weight_bytes),
-                               tokens, w, h).state
-        # quantized: each expert a token visits has its tiles decoded where they are used
+        fmt = self.packed
+        state = self.footprint(n, hidden, f, self.held_weight_bytes(kctx), tokens, w, h).state
+        # held packed: each expert a token visits has its tiles decoded where they are used
         visited = min(n, tokens)
         decode_up = [("compute", DEQUANT[fmt].name, visited * hj * 2 * fi)] if fmt else []
         decode_down = [("compute", DEQUANT[fmt].name, visited * fi * hj)] if fmt else []
@@ -141,7 +153,7 @@ class ExpertFFNOp(KernelOp):
         for r in roles:
             r.events = [e for e in r.events if e != OUTPUTS] + [
                 *decode_down, ("compute", "fmac", tokens * fi * hj), OUTPUTS]
-            r.ctrl = b * kctx.top_k * ROUTE_BYTES_PER_CHOICE  # which tokens are ours
+            r.ctrl = kctx.route_bytes  # which tokens are ours
         return roles, flows
 
     def tile_value_bytes(self, kctx: KernelContext) -> int:
@@ -173,7 +185,8 @@ class ExpertFFNOp(KernelOp):
                        name=f"{op.kernel_name}.experts", region=union,
                        expert_regions=op.expert_regions, placement=op.placement,
                        expert_ffn=op.expert_ffn,
-                       **({"weights": op.weights} if op.weights is not None else {}))
+                       **({"weights": op.weights} if op.weights is not None else {}),
+                       **({"decoded": op.decoded} if op.decoded is not None else {}))
         root = root_facing(op.region, region_tiles(op, op.expert_regions))
         reduce = make(ExpertReduceOp, op, [experts.results[0]], rt, name=f"{op.kernel_name}.reduce",
                       region=union, expert_regions=op.expert_regions, root=root)

@@ -26,7 +26,7 @@ class Gemv(KernelExec):
         self.bias = plane.bias(self.name, self.layer, self.blocks, self.splits)
         # stored quantized: each core holds its tile's codes and block scales, and decodes
         # them where it computes (the dequant event before its fmac)
-        self.fmt = info.param("weights")
+        self.fmt = info.packed_weights
         self.packed = None if self.fmt is None else plane.packed_matrix(
             self.name, self.layer, self.fmt, self.blocks, self.splits)
 

@@ -11,7 +11,9 @@ if TYPE_CHECKING:
 def topk(b: ComputeBody) -> list[str]:
     w = b.w
     k = w.top_k
-    e = max(1, min(b.e.work // b.b, w.ny // b.b))
+    # the routed experts' logits (the shared experts' sigmoid gates after them are not
+    # emitted: the routing table holds the top-k choices only)
+    e = max(1, min(b.param("experts"), b.e.work // b.b, w.ny // b.b))
     lines = [
         f"// top-{k} of the {e} gate logits per token into the routing table",
         f"for (@range(u16, {b.b})) |t| {{",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, Routing, part
 from meshrt.runtime import reference as ref
@@ -12,8 +14,14 @@ class TopKGate(RoutesTokens):
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
-        self.router = plane.moe(self.layer).router
-        self.bias = plane.moe(self.layer).router_bias
+        moe = plane.moe(self.layer)
+        self.experts = moe.router.shape[1]
+        self.shared = moe.shared_gate.shape[0]
+        # the shared experts' gates w_sg ride the router's product as further columns
+        gated = moe.shared_scale is not None
+        self.router = np.concatenate([moe.router, moe.shared_scale], axis=1) if gated else moe.router
+        self.bias = None if moe.router_bias is None else np.concatenate(
+            [moe.router_bias, np.zeros(self.router.shape[1] - self.experts, moe.router_bias.dtype)])
         self.top_k = info.param("top_k")
         if self.tiles[0][2] != 1:
             raise DataLayoutError(f"kernel @{self.name}: a gate over {self.tiles[0][2]} columns "
@@ -33,9 +41,17 @@ class TopKGate(RoutesTokens):
             cd.acc[self.name] = got + cd.acc[self.name]
         elif op == "topk":
             logits = cd.acc.pop(self.name).astype(F32)
-            ids, wts = ref.route(logits, self.top_k, self.plane.shape.norm_topk)
-            cd.route = Routing(ids, wts)
+            e = self.experts
+            ids, wts = ref.route(logits[:, :e], self.top_k, self.plane.shape.norm_topk)
             self.plane.count_routing(self.layer, ids, cd)
+            if self.shared:  # every token also visits each shared expert (ids e, e + 1, ...)
+                n = len(ids)
+                ids = np.concatenate([ids, np.broadcast_to(np.arange(e, e + self.shared), (n, self.shared))],
+                                     axis=1)
+                gates = (ref.sigmoid(logits[:, e:]) if logits.shape[1] > e
+                         else np.ones((n, self.shared), F32))
+                wts = np.concatenate([wts, gates], axis=1)
+            cd.route = Routing(ids, wts)
 
     def send(self, cd, role):
         if role is FlowRole.DOWN:

@@ -34,17 +34,25 @@ class TopKGateOp(KernelOp):
     LOWERS: ClassVar[tuple] = (graph.GateTopKOp,)
     PRODUCES_AT_ROOT: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
 
+    @staticmethod
+    def logit_columns(experts: int, shared: int, gated: bool) -> int:
+        """Router columns: one per routed expert, plus one per shared expert where a
+        sigmoid gate scales it (its x . w_sg rides the router's product)."""
+        return experts + (shared if gated else 0)
+
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()
         n_in = self.input.type.width.data
         experts = self.output.type.experts.data
+        cols = self.logit_columns(experts, kctx.shared_experts, kctx.shared_expert_gate)
         b = kctx.micro_batch
         # The router matrix is tiled as a gemv's weights are.
-        state = GemvOp.footprint(n_in, experts, kctx.weight_bytes, b, w, h).state
+        state = GemvOp.footprint(n_in, cols, kctx.weight_bytes, b, w, h).state
         # Every core forwards its rows of the tokens it gated (dispatch
         # needs whole tokens), once the routing has been relayed back up.
-        return chain(self, [("compute", "fmac", b * ceil_div(n_in, h) * ceil_div(experts, w))], "add",
-                     b * ceil_div(experts, w) * ACT_BYTES, [("compute", "topk", b * experts)], int(state),
+        # topk scans the routed logits and takes each shared gate's sigmoid.
+        return chain(self, [("compute", "fmac", b * ceil_div(n_in, h) * ceil_div(cols, w))], "add",
+                     b * ceil_div(cols, w) * ACT_BYTES, [("compute", "topk", b * cols)], int(state),
                      outputs_from_root=False, kctx=kctx)
 
     def input_share(self, width: int) -> int:
