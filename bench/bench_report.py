@@ -234,6 +234,9 @@ def report(runs: dict, calib: list[dict]) -> str:
             f"{g['overhead_percent']:.2f} % | {a['total']:.1f}x"
             f"{'' if a['complete'] else ' (partial)'} | "
             f"{f'{ratio:.1f}x' if ratio else '-'} | {', '.join(map(str, built))} | {wall:.0f} s |")
+    missing = [m for m in MODELS if m not in runs]
+    if missing:
+        lines += ["", f"Not in this report (no run recorded in `bench/results/`): {', '.join(missing)}."]
     for name, res in runs.items():
         lines += model_section(name, res)
     lines += padding_section(next(iter(runs.values())) if runs else None)
