@@ -46,8 +46,10 @@ from meshrt.tools.bench import PADDING_WORKLOADS, run_bench, write_outputs
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 REPORT = REPO / "docs" / "bench-report.md"
-MODELS = ("gpt-oss-20b", "gpt-oss-120b", "qwen3-8b", "qwen3-30b-a3b", "llama-3-8b")
-WAFERS = {"gpt-oss-20b": (1, 4), "qwen3-8b": (1, 2)}
+MODELS = ("gpt-oss-20b", "gpt-oss-120b", "qwen3-8b", "qwen3.5-9b", "qwen3.5-35b-a3b",
+          "qwen3-30b-a3b", "llama-3-8b")
+WAFERS = {"gpt-oss-20b": (1, 4), "qwen3-8b": (1, 2), "qwen3.5-9b": (1, 2),
+          "qwen3.5-35b-a3b": (6,)}
 """Wafer counts swept beside the fewest: the paper's placements (GPT-OSS-20B on 4 WSE-3,
 the 9B-class dense model on 2)."""
 TARGET = "wse3"
