@@ -805,18 +805,38 @@ class _Mapper:
 
     # -- not fitting -----------------------------------------------------
     def no_fit_unit(self, stages: int) -> FrontendError:
+        """The unit that fits no wafer: one that tiles onto a wafer at no block height (the
+        largest such), else the largest unit; with the request slots its KV is sized for."""
         t = self.target
         planner = self.planner(stages)
         cap = t.cores * t.usable_sram_bytes
-        worst = max(self.units, key=lambda u: _unit_bytes(planner.sizer, u))
+        heights = list(_heights(t, self.shape, self.spec.mapping.block_height))
+
+        def tiles(u: Unit) -> bool:
+            for h in heights:
+                sh = planner.unit_shape(u.kind, h, True, 1.0,
+                                        self.embed_message(h) if u.kind == "embed" else 0)
+                if sh is not None and sh.width <= t.width:
+                    return True
+            return False
+
+        untiled = [u for u in self.units if not tiles(u)]
+        worst = max(untiled or self.units, key=lambda u: _unit_bytes(planner.sizer, u))
         need = _unit_bytes(planner.sizer, worst)
         short = need - cap
-        how = (f"short by {_fmt_bytes(short)}" if short > 0 else
-               "its kernels cannot be tiled into one wafer's mesh")
+        if short > 0:
+            how = f"short by {_fmt_bytes(short)}"
+        elif untiled:
+            how = "its kernels tile onto one wafer's mesh at no block height"
+        else:
+            how = "no block height tiles every unit onto one wafer at once"
+        slots = planner.sizer.kv_slots
         return FrontendError(
             f"model does not fit: {worst.label} needs {_fmt_bytes(need)} of SRAM for weights+KV "
-            f"but one {t.name} wafer has {_fmt_bytes(cap)} usable ({t.cores} cores x "
-            f"{t.usable_sram_bytes} B); {how}, and a unit (a layer, the embedding or the LM head) cannot be split across wafers",
+            f"({slots} request slot{'s' if slots != 1 else ''} of KV: micro-batch "
+            f"{self.mb} x {stages} stage{'s' if stages != 1 else ''}) but one {t.name} wafer has "
+            f"{_fmt_bytes(cap)} usable ({t.cores} cores x {t.usable_sram_bytes} B); {how}, and a "
+            "unit (a layer, the embedding or the LM head) cannot be split across wafers",
             self.where())
 
     def no_fit_wafers(self, fewest: int, stages: int) -> FrontendError:

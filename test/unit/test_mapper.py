@@ -182,3 +182,15 @@ def test_quantized_experts_are_held_decoded_where_decoded_tiles_fit():
         x0, y0, x1, y1 = ops[0].expert_regions.data[0].extent
         group = spec.shape.experts // len(ops[0].expert_regions.data)
         assert sizer.decoded_experts_fit(group, x1 - x0, y1 - y0) == decoded
+
+
+def test_a_model_that_fits_no_wafer_names_the_unit_that_does_not_tile():
+    """Qwen3.5-9B at micro-batch 2: more stages need more request slots, whose DeltaNet
+    state no layer's region can hold per core; the error names a layer and the slots
+    (it named the embedding, the largest unit, which tiles)."""
+    cfg = REPO / "examples" / "configs" / "qwen3.5-9b.json"
+    with pytest.raises(FrontendError) as e:
+        driver.compile(cfg, "wse3", "graph", micro_batch=2)
+    msg = str(e.value)
+    assert "model does not fit: layer " in msg and "request slots of KV: micro-batch 2 x" in msg
+    assert "tile onto one wafer's mesh at no block height" in msg and "embed needs" not in msg
