@@ -410,12 +410,21 @@ class MoEExpertsOp(KernelOp):
                 f"kernel @{self.kernel_name}: placement lists {len(place)} experts, "
                 f"routing selects among {experts}"
             )
+        shared = _int(self.shared_experts)
+        if not 0 <= shared < len(regions):
+            raise VerifyException(
+                f"kernel @{self.kernel_name}: {shared} shared experts need as many of the "
+                f"{len(regions)} expert regions (the last ones) and leave none for the routed")
         for e, r in enumerate(place):
             if not 0 <= r < len(regions):
                 raise VerifyException(
                     f"kernel @{self.kernel_name}: expert {e} placed on region {r}, "
                     f"but only {len(regions)} expert regions exist"
                 )
+            if r >= len(regions) - shared:
+                raise VerifyException(
+                    f"kernel @{self.kernel_name}: expert {e} placed on region {r}, which holds "
+                    f"shared expert {r - (len(regions) - shared)} (the last {shared} regions)")
         for i, a in enumerate(regions):
             for j in range(i + 1, len(regions)):
                 if a.overlaps(regions[j]):

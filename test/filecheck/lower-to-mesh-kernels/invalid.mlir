@@ -42,3 +42,23 @@ graph.model @m target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dyna
   %e = graph.moe_experts @l0.moe(%x, %g) on <(3, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, decoded, expert_ffn = 32 : i64, shared_experts = 0 : i64, expert_regions = [#mesh.cores<(4, 0, 2, 2)>, #mesh.cores<(4, 2, 2, 2)>], placement = array<i64: 0, 0, 1, 1>} : !graph.act<64>, !graph.routing<4, 2> -> !graph.act<64>
 }
 // CHECK: error: 'graph.moe_experts' op kernel @l0.moe: decoded needs the stored format (weights) it decodes
+
+// -----
+
+// The last `shared_experts` regions hold the shared experts: no routed expert goes there.
+graph.model @m target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {top_k = 2 : i64} {
+  %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<64>
+  %g = graph.gate_topk @l0.gate(%x) on <(2, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<64> -> !graph.routing<4, 2>
+  %e = graph.moe_experts @l0.moe(%x, %g) on <(3, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_ffn = 32 : i64, shared_experts = 1 : i64, expert_regions = [#mesh.cores<(4, 0, 2, 2)>, #mesh.cores<(4, 2, 2, 2)>], placement = array<i64: 0, 0, 1, 1>} : !graph.act<64>, !graph.routing<4, 2> -> !graph.act<64>
+}
+// CHECK: error: 'graph.moe_experts' op kernel @l0.moe: expert 2 placed on region 1, which holds shared expert 0 (the last 1 regions)
+
+// -----
+
+// Every region shared: none left for the routed experts.
+graph.model @m target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {top_k = 2 : i64} {
+  %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<64>
+  %g = graph.gate_topk @l0.gate(%x) on <(2, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<64> -> !graph.routing<4, 2>
+  %e = graph.moe_experts @l0.moe(%x, %g) on <(3, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_ffn = 32 : i64, shared_experts = 2 : i64, expert_regions = [#mesh.cores<(4, 0, 2, 2)>, #mesh.cores<(4, 2, 2, 2)>], placement = array<i64: 0, 0, 1, 1>} : !graph.act<64>, !graph.routing<4, 2> -> !graph.act<64>
+}
+// CHECK: error: 'graph.moe_experts' op kernel @l0.moe: 2 shared experts need as many of the 2 expert regions (the last ones) and leave none for the routed
