@@ -184,7 +184,6 @@ class KernelOp(MappedKernelOp):
     TOKEN_SINK: ClassVar[bool] = False  # receives them
     PLACES_EXPERTS: ClassVar[bool] = False  # has an expert -> region placement
     TILES_HOLD_OWN_VALUES: ClassVar[bool] = False  # each tile holds a value of its own (an expert's)
-    STATE_DTYPE: ClassVar[str] = "dtype_bytes"  # hparam: bytes per element of its resident state
 
     @classmethod
     def kernel_kind(cls) -> str:

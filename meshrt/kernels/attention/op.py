@@ -88,7 +88,6 @@ class AttentionOp(KernelOp):
     LOWERS: ClassVar[tuple] = (graph.AttentionOp,)
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # per-slot KV lengths
     CF_ON_INPUTS: ClassVar[bool] = True
-    STATE_DTYPE: ClassVar[str] = "kv_bytes"
 
     def verify_kernel(self) -> None:
         _, _, w, h = self.grid()

@@ -80,7 +80,6 @@ class DeltaNetOp(KernelOp):
     LOWERS: ClassVar[tuple] = (graph.DeltaNetOp,)
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # per-slot state resets
     CF_ON_INPUTS: ClassVar[bool] = True
-    STATE_DTYPE: ClassVar[str] = "kv_bytes"
 
     def dims(self) -> tuple[int, int, int, int, int]:
         return tuple(int_value(p) for p in (self.k_heads, self.v_heads, self.k_dim, self.v_dim,

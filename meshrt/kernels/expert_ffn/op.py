@@ -67,7 +67,6 @@ class ExpertFFNOp(KernelOp):
     ROUTED_INPUTS: ClassVar[bool] = True  # tokens turn from the corridor into the expert regions
     PLACES_EXPERTS: ClassVar[bool] = True
     TILES_HOLD_OWN_VALUES: ClassVar[bool] = True
-    STATE_DTYPE: ClassVar[str] = "expert_dtype_bytes"
 
     @property
     def expert_placement(self) -> tuple[int, ...]:
