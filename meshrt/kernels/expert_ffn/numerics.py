@@ -91,13 +91,16 @@ class ExpertFFN(RoutesTokens):
         for e in self._experts(cd, t):
             if not self._tokens(cd, e):
                 continue
-            gate, up, down = self.packed if e < self.experts else self.packed_shared
-            k = e if e < self.experts else e - self.experts
-            if which == "gate_up":
-                tile = cd.packed_tile((self.name, e, which), lambda k=k, gate=gate, up=up: quant.Packed.concat(
-                    [gate[k].slice(r0, r1, f0, f1), up[k].slice(r0, r1, f0, f1)]))
+            shared = e >= self.experts
+            gate, up, down = self.packed_shared if shared else self.packed
+            k = e - self.experts if shared else e
+            if which == "gate_up":  # sliced once per core and expert (packed_tile caches)
+                def make(g=gate, u=up, k=k):
+                    return quant.Packed.concat([g[k].slice(r0, r1, f0, f1), u[k].slice(r0, r1, f0, f1)])
             else:
-                tile = cd.packed_tile((self.name, e, which), lambda k=k, down=down: down[k].slice(f0, f1, r0, r1))
+                def make(d=down, k=k):
+                    return d[k].slice(f0, f1, r0, r1)
+            tile = cd.packed_tile((self.name, e, which), make)
             cd.acc.setdefault((self.name, "w"), {})[e, which] = tile.decode()
 
     def compute(self, cd, op):
