@@ -203,7 +203,8 @@ class Sizer:
     def decoded_experts_fit(self, group: int, w: int, h: int) -> bool:
         """Whether quantized experts' tiles fit w x h regions decoded, as the model's
         floats: then they are decoded once, at load, not for every token."""
-        return self.expert(group, w, h, self.shape.dtype_bytes) <= self.usable
+        return bool(self.shape.expert_quant) and \
+            self.expert(group, w, h, self.shape.dtype_bytes) <= self.usable
 
     def expert_cores(self, group: int) -> int:
         """Cores one expert group needs by SRAM alone (square-ish tiling ignored)."""
@@ -1050,20 +1051,15 @@ class _Emitter:
         regions = self.expert_regions(p, b.get("experts"))
         routed = len(regions) - s.shared_experts
         group = s.experts // routed
-        decoded = bool(s.expert_quant) and self.decoded_experts(group, regions[0])
+        x0, y0, x1, y1 = regions[0].extent
+        sizer = Sizer(s, self.m.mb, self.lay.kv_slots, self.m.usable)
+        decoded = sizer.decoded_experts_fit(group, x1 - x0, y1 - y0)  # else packed, decoded per token
         y = self.add(g.MoEExpertsOp(
             f"l{i}_moe", b["relay"], n2, route, expert_ffn=s.expert_ffn,
             shared_experts=s.shared_experts, expert_regions=regions,
             placement=[e // group for e in range(s.experts)], policy="contiguous",
             weights=s.expert_quant or None, decoded=decoded, **kw))
         return self.add(g.AddOp(f"l{i}_add2", b["relay"], h, y, **kw))
-
-    def decoded_experts(self, group: int, region: CoreSetAttr) -> bool:
-        """Quantized experts are held decoded where their tiles fit decoded: less work per
-        token for more SRAM (graph IR without `decoded` holds them packed)."""
-        m = self.m
-        x0, y0, x1, y1 = region.extent
-        return Sizer(self.s, m.mb, m.mb, m.usable).decoded_experts_fit(group, x1 - x0, y1 - y0)
 
     def handoff(self, p: Placed, x, stage: int, to_stage: int, to_wafer: int) -> SSAValue:
         # The sending cores: the edge column of the unit's last band, facing onward.

@@ -26,9 +26,19 @@ class ExpertFFN(RoutesTokens):
         # shared experts (ids experts, experts + 1, ...) hold the last regions, one each
         self.experts = len(self.placement)
         self.shared = self.moe.shared_gate.shape[0]
-        self.packed = None if self.fmt is None else plane.packed_experts(self.layer, self.fmt)
-        self.packed_shared = (plane.packed_experts(self.layer, self.fmt, shared=True)
-                              if self.fmt is not None and self.shared else None)
+        m = self.moe
+        # by expert id, routed then shared: (gate, up, down) floats and biases (a shared
+        # expert has none), and the packed (gate, up, down) where the tiles are held packed
+        self.mats = [(m.w_gate[e], m.w_up[e], m.w_down[e]) for e in range(self.experts)] + [
+            (m.shared_gate[s], m.shared_up[s], m.shared_down[s]) for s in range(self.shared)]
+        self.biases = [None if m.b_gate is None else (m.b_gate[e], m.b_up[e], m.b_down[e])
+                       for e in range(self.experts)] + [None] * self.shared
+        self.packed = None
+        if self.fmt is not None:
+            stacks = [plane.packed_experts(self.layer, self.fmt)]
+            if self.shared:
+                stacks.append(plane.packed_experts(self.layer, self.fmt, shared=True))
+            self.packed = [(g[k], u[k], d[k]) for g, u, d in stacks for k in range(g.codes.shape[0])]
         self.f = info.param("expert_ffn")
         self.dynamic = plane.moe_routing
         self._members: dict[tuple[tuple[int, ...], int], list[int]] = {}
@@ -43,14 +53,6 @@ class ExpertFFN(RoutesTokens):
                        [e for e, r in enumerate(placement) if r == tile])
             self._members[key] = members
         return members
-
-    def _matrices(self, e: int):
-        """Expert e's gate, up and down matrices and biases (a shared expert has none)."""
-        m, s = self.moe, e - self.experts
-        if s >= 0:
-            return m.shared_gate[s], m.shared_up[s], m.shared_down[s], None
-        bias = None if m.b_gate is None else (m.b_gate[e], m.b_up[e], m.b_down[e])
-        return m.w_gate[e], m.w_up[e], m.w_down[e], bias
 
     def _tokens(self, cd, e):
         """Slots routed to expert e (every slot in the static build)."""
@@ -77,7 +79,7 @@ class ExpertFFN(RoutesTokens):
                 raise DataLayoutError(f"{self.where(cd)}: fmac before the {self.fmt} tiles of "
                                       f"expert {e} are decoded")
             return got
-        g, u, d, _ = self._matrices(e)
+        g, u, d = self.mats[e]
         if which == "gate_up":
             return cd.tile((self.name, e, which), lambda: np.concatenate(
                 [g[r0:r1, f0:f1], u[r0:r1, f0:f1]], axis=1))
@@ -91,16 +93,12 @@ class ExpertFFN(RoutesTokens):
         for e in self._experts(cd, t):
             if not self._tokens(cd, e):
                 continue
-            shared = e >= self.experts
-            gate, up, down = self.packed_shared if shared else self.packed
-            k = e - self.experts if shared else e
-            if which == "gate_up":  # sliced once per core and expert (packed_tile caches)
-                def make(g=gate, u=up, k=k):
-                    return quant.Packed.concat([g[k].slice(r0, r1, f0, f1), u[k].slice(r0, r1, f0, f1)])
+            g, u, d = self.packed[e]
+            if which == "gate_up":
+                tile = cd.packed_tile((self.name, e, which), lambda g=g, u=u: quant.Packed.concat(
+                    [g.slice(r0, r1, f0, f1), u.slice(r0, r1, f0, f1)]))
             else:
-                def make(d=down, k=k):
-                    return d[k].slice(f0, f1, r0, r1)
-            tile = cd.packed_tile((self.name, e, which), make)
+                tile = cd.packed_tile((self.name, e, which), lambda d=d: d.slice(f0, f1, r0, r1))
             cd.acc.setdefault((self.name, "w"), {})[e, which] = tile.decode()
 
     def compute(self, cd, op):
@@ -123,7 +121,7 @@ class ExpertFFN(RoutesTokens):
                     parts[e] = (rows, np.zeros((0, 2 * (f1 - f0))))
                     continue
                 y = x[rows] @ self._tile(cd, e, "gate_up", r0, r1, f0, f1)
-                bias = self._matrices(e)[3]
+                bias = self.biases[e]
                 if bias is not None and r0 == 0:  # the first input rows add the biases
                     y += np.concatenate([bias[0][f0:f1], bias[1][f0:f1]])
                 parts[e] = (rows, y)
@@ -146,7 +144,7 @@ class ExpertFFN(RoutesTokens):
             r0, r1 = part(hidden, h, j)
             out = {}
             for e, (rows, act) in a.items():
-                bias = self._matrices(e)[3] if f0 == 0 else None  # the first FFN slice adds it
+                bias = self.biases[e] if f0 == 0 else None  # the first FFN slice adds it
                 out[e] = (rows, r0, (act.astype(F64) @ self._tile(cd, e, "down", r0, r1, f0, f1)
                                      if rows else np.zeros((0, r1 - r0)))
                           + (0.0 if bias is None else bias[2][r0:r1]))

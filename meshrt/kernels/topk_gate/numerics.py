@@ -18,8 +18,10 @@ class TopKGate(RoutesTokens):
         self.experts = moe.router.shape[1]
         self.shared = moe.shared_gate.shape[0]
         # the shared experts' gates w_sg ride the router's product as further columns
-        gated = moe.shared_scale is not None
-        self.router = np.concatenate([moe.router, moe.shared_scale], axis=1) if gated else moe.router
+        self.gated = moe.shared_scale is not None
+        self.shared_ids = np.arange(self.experts, self.experts + self.shared)
+        self.router = (np.concatenate([moe.router, moe.shared_scale], axis=1) if self.gated
+                       else moe.router)
         self.bias = None if moe.router_bias is None else np.concatenate(
             [moe.router_bias, np.zeros(self.router.shape[1] - self.experts, moe.router_bias.dtype)])
         self.top_k = info.param("top_k")
@@ -46,10 +48,8 @@ class TopKGate(RoutesTokens):
             self.plane.count_routing(self.layer, ids, cd)
             if self.shared:  # every token also visits each shared expert (ids e, e + 1, ...)
                 n = len(ids)
-                ids = np.concatenate([ids, np.broadcast_to(np.arange(e, e + self.shared), (n, self.shared))],
-                                     axis=1)
-                gates = (ref.sigmoid(logits[:, e:]) if logits.shape[1] > e
-                         else np.ones((n, self.shared), F32))
+                ids = np.concatenate([ids, np.broadcast_to(self.shared_ids, (n, self.shared))], axis=1)
+                gates = ref.sigmoid(logits[:, e:]) if self.gated else np.ones((n, self.shared), F32)
                 wts = np.concatenate([wts, gates], axis=1)
             cd.route = Routing(ids, wts)
 
