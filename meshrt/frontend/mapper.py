@@ -552,7 +552,7 @@ class _Mapper:
             return 1
         if m.experts_per_region:
             return m.experts_per_region
-        sizer = Sizer(s, self.mb, self.mb, self.usable)
+        sizer = self.sizer(self.mb)
         for group in range(1, s.experts + 1):
             if s.experts % group == 0 and sizer.expert_cores(group) >= MIN_EXPERT_CORES:
                 return group
@@ -565,9 +565,12 @@ class _Mapper:
     def usable(self) -> int:
         return int(self.target.usable_sram_bytes * (1 - SRAM_HEADROOM))
 
+    def sizer(self, kv_slots: int) -> Sizer:
+        """Bytes per core of this model's kernels at this micro-batch, `kv_slots` request slots."""
+        return Sizer(self.shape, self.mb, kv_slots, self.usable)
+
     def planner(self, stages: int) -> Planner:
-        return Planner(Sizer(self.shape, self.mb, self.kv_slots(stages), self.usable), self.group,
-                       self.target.width)
+        return Planner(self.sizer(self.kv_slots(stages)), self.group, self.target.width)
 
     # -- what every layout must fit ------------------------------------------
     def max_stages(self) -> int:
@@ -1052,8 +1055,7 @@ class _Emitter:
         routed = len(regions) - s.shared_experts
         group = s.experts // routed
         x0, y0, x1, y1 = regions[0].extent
-        sizer = Sizer(s, self.m.mb, self.lay.kv_slots, self.m.usable)
-        decoded = sizer.decoded_experts_fit(group, x1 - x0, y1 - y0)  # else packed, decoded per token
+        decoded = self.m.sizer(self.lay.kv_slots).decoded_experts_fit(group, x1 - x0, y1 - y0)  # else packed, decoded per token
         y = self.add(g.MoEExpertsOp(
             f"l{i}_moe", b["relay"], n2, route, expert_ffn=s.expert_ffn,
             shared_experts=s.shared_experts, expert_regions=regions,
