@@ -29,6 +29,7 @@ from xdsl.dialects.builtin import (DenseArrayBase, DictionaryAttr, FloatAttr, In
                                    StringAttr, f64, i64)
 from xdsl.ir import Attribute
 
+from meshrt.activations import act_format_of, act_format_problem
 from meshrt.diagnostics import FrontendError, Loc
 from meshrt.rope import Rope, rotary_dim
 
@@ -53,7 +54,7 @@ MATH_INTS = (MATH_FLAGS + ("sliding_window", "rope_original_max", "quant_block_i
 MATH_FLOATS = ("rms_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
                "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor",
                "rope_partial", "swiglu_alpha", "swiglu_limit", "swiglu_shift")
-MATH_STRS = ("rope_type", "linear_quant", "expert_quant")
+MATH_STRS = ("rope_type", "linear_quant", "expert_quant", "act_format")
 
 # Sanity bounds, far above any real model and far below what would hang the
 # mapper or overflow an i64 product: a larger number is a typo or garbage.
@@ -107,6 +108,8 @@ def hparams_problem(hparams: Any) -> str | None:
                 return f"{key} must be a finite number, got {attr}"
         if key in MATH_STRS and not isinstance(attr, StringAttr):
             return f"{key} must be a string, got {attr}"
+        if key == "act_format" and act_format_problem(attr.data):
+            return act_format_problem(attr.data)
         if key in INT_RANGES or key in SHAPE_FLOATS:
             if not isinstance(attr, IntegerAttr | FloatAttr):
                 return f"{key} must be a number, got {attr}"
@@ -230,6 +233,9 @@ class ModelShape:
     expert_quant: str = ""
     quant_block_in: int = 0
     quant_block_out: int = 0
+    # the format activations travel in (`meshrt.activations`): "" = as the weights
+    # (bf16 for 16-bit weights, f32 for 32-bit); "f16" for float16 checkpoints
+    act_format: str = ""
     name: str = "model"
     source: str = field(default="<model>", compare=False)
     locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -246,6 +252,8 @@ class ModelShape:
                                self.quant_bytes(self.expert_quant) or self.dtype_bytes)
         if not self.kv_bytes:
             object.__setattr__(self, "kv_bytes", kv_bytes_default(self.dtype_bytes))
+        if not self.act_format:
+            object.__setattr__(self, "act_format", act_format_of(self.dtype_bytes))
         self._validate()
 
     # -- derived ---------------------------------------------------------
@@ -391,7 +399,7 @@ class ModelShape:
             hparams["moe_layers"] = DenseArrayBase.from_list(i64, list(self.moe_layers))
         for k in MATH_INTS + MATH_FLOATS + MATH_STRS:
             v = getattr(self, k)
-            if v != _DEFAULTS[k]:
+            if v != (_DERIVED[k](self) if k in _DERIVED else _DEFAULTS[k]):
                 hparams[k] = (StringAttr(v) if k in MATH_STRS else FloatAttr(float(v), f64)
                               if k in MATH_FLOATS else IntegerAttr(int(v), i64))
         if self.window_layers:
@@ -454,6 +462,9 @@ class ModelShape:
                                 f"{self.swiglu_alpha} and {self.swiglu_limit}")
         from meshrt.quant import FORMATS
 
+        problem = act_format_problem(self.act_format)
+        if problem:
+            raise err("act_format", problem)
         for key in ("linear_quant", "expert_quant"):
             if getattr(self, key) not in ("", *FORMATS):
                 raise err(key, f"{key} must be one of {', '.join(FORMATS)}, got "
@@ -571,7 +582,9 @@ class HParams:
 
     def str(self, key: str) -> str:
         attr = self.attrs.get(key)
-        return attr.data if isinstance(attr, StringAttr) else str(_DEFAULTS[key])
+        if isinstance(attr, StringAttr):
+            return attr.data
+        return _DERIVED[key](self) if key in _DERIVED else str(_DEFAULTS[key])
 
     def ints(self, key: str) -> tuple[int, ...]:
         attr = self.attrs.get(key)
@@ -589,16 +602,22 @@ class HParams:
     def kv_bytes(self) -> float:
         return self.float("kv_bytes")
 
+    @property
+    def act_format(self) -> str:
+        """The format activations travel in (absent: as `ModelShape` derives it)."""
+        return self.str("act_format")
+
     def kv_slots(self, program: Any) -> int:
         """The KV slots the mapper sized `program`'s attentions for, else the formula."""
         return self.int("kv_slots", kv_slots(program.micro_batch_size, program.num_stages,
                                              program.dynamism_kinds))
 
 
-# Absent keys: the field defaults of ModelShape, and its two derived byte sizes.
+# Absent keys: the field defaults of ModelShape, and what it derives from dtype_bytes.
 _DERIVED = {
     "expert_dtype_bytes": lambda hp: hp.dtype_bytes,
     "kv_bytes": lambda hp: kv_bytes_default(hp.dtype_bytes),
+    "act_format": lambda hp: act_format_of(hp.dtype_bytes),
 }
 _DEFAULTS: dict[str, float | str] = {
     f.name: f.default for f in fields(ModelShape)

@@ -80,6 +80,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from meshrt.activations import act_format_of
 from meshrt.frontend.errors import FrontendError, Loc, locate_text
 from meshrt.frontend.model import DEFAULT_MAX_SEQ, ModelShape, ModelSpec
 from meshrt.limits import JSONInputError, parse_json
@@ -268,6 +269,7 @@ def _read_dtypes(cfg: _Config, mt: str, f: dict[str, Any]) -> None:
                             cfg.loc(key))
     f["dtype_bytes"] = DTYPE_BYTES[name]
     f["kv_bytes"] = max(DTYPE_BYTES[name], 2.0)
+    f["act_format"] = act_format_of(DTYPE_BYTES[name], name)
     q = cfg.get("quantization_config", {}, kind=dict)
     if q:
         _read_quant(cfg, mt, q, f)

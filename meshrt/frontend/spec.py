@@ -32,6 +32,7 @@ MODEL_FIELDS: dict[str, str] = {
     "vocab": INT, "ffn": INT, "experts": INT, "top_k": INT, "expert_ffn": INT,
     "shared_experts": INT, "moe_layers": INTS, "dtype_bytes": FLOAT,
     "expert_dtype_bytes": FLOAT, "kv_bytes": FLOAT, "max_seq": INT, "eos_token": INT,
+    "act_format": NAME,
 }
 REQUIRED_MODEL_FIELDS = ("layers", "hidden", "heads", "vocab")
 RUNTIME_FIELDS: dict[str, str] = {"dynamism": NAMES, "micro_batch": INT, "wafers": INT}

@@ -48,10 +48,16 @@ if TYPE_CHECKING:
     from meshrt.kernels.reduce_tree import StreamCosts
     from meshrt.kernels.numerics import KernelExec
 
-ACT_BYTES = 4  # activations and partial sums travel and sit in buffers as fp32
+ACT_BYTES = 4  # fp32: partial sums travel so, and buffers hold activations so
+WAVELET_BYTES = 4  # one fabric wavelet carries 32 bits: an fp32 value or two 16-bit ones
 CF_BYTES_PER_SLOT = 8  # continuous batching payload: request id (4) + status/len (4)
 ROUTE_BYTES_PER_CHOICE = 4  # MoE metainfo per token per top-k choice: expert id + weight
 DYNAMISM_ORDER = ("continuous_batching", "moe_routing")  # order resolvers run in
+
+
+def wavelets(nbytes: int) -> int:
+    """Wavelets of a message of `nbytes` (sends and receives are costed and emitted so)."""
+    return -(-int(nbytes) // WAVELET_BYTES)
 
 
 def ceil_div(a: float, b: int) -> int:
@@ -77,6 +83,7 @@ class KernelContext:
     quant_block: tuple[int, int] | None = None  # fp8's scale block (the model's), None per tensor
     shared_experts: int = 0  # always-on experts of each MoE layer: every token's extra choices
     shared_expert_gate: bool = False  # ... each scaled by sigmoid(x w_sg), which the gate computes
+    act_bytes: int = ACT_BYTES  # bytes an element of a kernel's value travels in (`meshrt.activations`)
 
     def stored_bytes(self, fmt: str | None, plain: float) -> float:
         """Bytes per weight of a kernel whose matrices are stored as `fmt` (its `weights`
@@ -184,6 +191,10 @@ class KernelOp(MappedKernelOp):
     TOKEN_SINK: ClassVar[bool] = False  # receives them
     PLACES_EXPERTS: ClassVar[bool] = False  # has an expert -> region placement
     TILES_HOLD_OWN_VALUES: ClassVar[bool] = False  # each tile holds a value of its own (an expert's)
+    # its value is partial sums or per-expert values, summed further on: it travels in
+    # fp32, not in the model's activation format (`value_bytes`; the interpreter rounds
+    # every other kernel's value where a consumer reads it)
+    VALUE_IN_FP32: ClassVar[bool] = False
 
     @classmethod
     def kernel_kind(cls) -> str:
@@ -222,6 +233,10 @@ class KernelOp(MappedKernelOp):
     def is_collective(self) -> bool:
         """Completion is all-or-nothing (a reduction tree every core joins)."""
         return False
+
+    def value_bytes(self, kctx: KernelContext) -> int:
+        """Bytes per element of the value this kernel hands its consumers."""
+        return ACT_BYTES if self.VALUE_IN_FP32 else kctx.act_bytes
 
     def tile_value_bytes(self, kctx: KernelContext) -> int:
         """Bytes each sending core of a TILES_HOLD_OWN_VALUES kind sends: its own value,
@@ -369,7 +384,7 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
 
     if n == 1:
         return [Role("root", at([0]), [INPUTS, *local, *finish, OUTPUTS], state, sends_output=True)], []
-    wavelets = -(-msg_bytes // ACT_BYTES)
+    n_wavelets = wavelets(msg_bytes)
     stream = kctx.stream if kctx is not None else None
     op_cost = None
     if stream is not None:  # the reduce op's cycles per wavelet (its work is one element per wavelet)
@@ -380,7 +395,7 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
             raise ValueError(f"a forced root sits at an end of the line (0 or {n - 1}), not {root}")
         tree = ReduceTree(n, root)
     else:
-        tree = ReduceTree.plan(n, wavelets, stream, kctx.reduce_group if kctx is not None else 0,
+        tree = ReduceTree.plan(n, n_wavelets, stream, kctx.reduce_group if kctx is not None else 0,
                                op_cost, centre=kctx is not None and kctx.reduce_tree == "tree")
     c = tree.root
     # a multicast along the line reaches only this tile's cores unless tiles share lines

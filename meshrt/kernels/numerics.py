@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from meshrt.activations import round_activations
 from meshrt.dialects.mesh import FlowRole
 
 if TYPE_CHECKING:
@@ -234,12 +235,14 @@ class KernelExec:
             raise DataLayoutError(f"{self.where(cd)}: holds no part of the value of @{prod}")
         if not isinstance(local, Vec):
             local = None
-        if local is None:
-            return got
-        if got is None:
-            return local
-        v = Vec(local.data.copy(), local.mask.copy())
-        v.merge(got, self.where(cd))
+        if local is None or got is None:
+            v = got if local is None else local
+        else:
+            v = Vec(local.data.copy(), local.mask.copy())
+            v.merge(got, self.where(cd))
+        fmt = self.plane.rounded.get(prod)
+        if fmt is not None and isinstance(v, Vec):  # it travelled in the activation format
+            v = Vec(round_activations(v.data, fmt), v.mask)
         return v
 
     def local_value(self, cd: CoreData) -> object:

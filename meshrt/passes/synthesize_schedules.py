@@ -41,6 +41,7 @@ from xdsl.ir import Attribute, Block, Region
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
 
+from meshrt.activations import act_value_bytes
 from meshrt.kernels import interface as kr
 from meshrt.core_classes import partition
 from meshrt.kernels.reduce_tree import StreamCosts
@@ -84,6 +85,7 @@ def kernel_context(program: mk.ProgramOp, target: Target | None = None,
         if "quant_block_in" in hp and hp.int("quant_block_in") else None,
         shared_experts=hp.int("shared_experts", 0),
         shared_expert_gate=bool(hp.int("shared_expert_gate", 0)),
+        act_bytes=act_value_bytes(hp.act_format),
     )
 
 
@@ -292,7 +294,8 @@ class Synthesizer:
             if held_as is not None:  # a sender's slice, where smaller than a receiver's share
                 width = consumer.operands[operand].type.width.data
                 _, _, pw, ph = producer.op.tiles()[0]
-                held = self.kctx.micro_batch * kr.ACT_BYTES * kr.held_share(width, held_as, pw, ph)
+                held = (self.kctx.micro_batch * producer.op.value_bytes(self.kctx)
+                        * kr.held_share(width, held_as, pw, ph))
                 data = min(data, held)
             spec = kr.FlowSpec(name, src, dst, pattern, data, role=ev.FlowRole.INPUT, operand=operand)
         flow = _Flow(spec, consumer.kernel_name, producer.op.wafer_index, cross)
@@ -315,7 +318,6 @@ class Synthesizer:
 
     def _wire_inputs(self, plan: _KernelPlan) -> None:
         op = plan.op
-        act_bytes = self.kctx.micro_batch * kr.ACT_BYTES
         cb = "continuous_batching" in self.kctx.dynamism
         moe = "moe_routing" in self.kctx.dynamism
         for i, value in enumerate(op.operands):
@@ -323,7 +325,8 @@ class Synthesizer:
             if isinstance(value.type, RoutingType) or not isinstance(producer_op, mk.KernelOp):
                 continue  # routing metainfo rides the token data, never a flow of its own
             producer = self.plans[producer_op]
-            data = act_bytes * op.input_share(value.type.width.data)
+            data = (self.kctx.micro_batch * producer.op.value_bytes(self.kctx)
+                    * op.input_share(value.type.width.data))
             if producer.op.TILES_HOLD_OWN_VALUES and len(producer.op.tiles()) > 1:
                 data = producer.op.tile_value_bytes(self.kctx)  # each sends its own value whole
             src = producer.output_cores

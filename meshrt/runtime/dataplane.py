@@ -37,6 +37,7 @@ from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
 from meshrt.kernels.numerics import CoreData, DataLayoutError, KernelExec, Payload, Routing, SlotTable, Vec, block_order
 from meshrt.runtime import reference as ref
+from meshrt.shape import HParams
 
 # --------------------------------------------------------------------------
 # the plane
@@ -63,8 +64,14 @@ class DataPlane:
         self.host = host
         self.kernels = {}
         self.declared: dict[str, frozenset[str]] = {}  # kernel -> the compute ops its kind declares
+        # kernel -> the activation format its value is rounded to where a consumer reads it
+        # (kinds whose value is VALUE_IN_FP32, and every kernel of an f32 model: none)
+        act = HParams.of(program).act_format
+        self.rounded: dict[str, str] = {}
         for info in program.kernels():
             kind = registry.kind(info.kind.data)
+            if act != "f32" and not kind.VALUE_IN_FP32:
+                self.rounded[info.kernel_name] = act
             if kind.NUMERICS is None:
                 raise DataLayoutError(f"kernel @{info.kernel_name}: kind {info.kind.data} has no numerics")
             self.kernels[info.kernel_name] = kind.NUMERICS(info, self)

@@ -85,6 +85,7 @@ import numpy as np
 from meshrt import rope as _rope
 from meshrt.diagnostics import FrontendError
 from meshrt import quant
+from meshrt.activations import round_activations
 from meshrt.shape import MATH_FLOATS, MATH_INTS, MATH_STRS, ModelShape
 
 __all__ = [
@@ -156,6 +157,7 @@ class RefShape(ModelShape):
     hidden, heads, kv_heads, head_dim, vocab, ffn=...)``."""
 
     eos_token: int | None = None
+    act_format: str = "f32"  # built directly: fp32 activations (a ModelShape's is taken by `of`)
     name: str = "reference"
 
     def __post_init__(self) -> None:
@@ -619,18 +621,25 @@ def glu(gate: np.ndarray, up: np.ndarray, act: Act = SILU) -> np.ndarray:
     return (g / (_F32(1.0) + np.exp(_F32(-act.alpha) * g)) * (u + _F32(act.shift))).astype(_F32)
 
 
+def _same(x: np.ndarray) -> np.ndarray:
+    return x
+
+
 def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
            b_gate: np.ndarray | None = None, b_up: np.ndarray | None = None,
-           b_down: np.ndarray | None = None, act: Act = SILU) -> np.ndarray:
-    """W_down · glu(W_gate·x + b_gate, W_up·x + b_up) + b_down for rows x: (N, hidden)."""
-    return _mm(glu(_mm(x, w_gate, b_gate), _mm(x, w_up, b_up), act), w_down, b_down)
+           b_down: np.ndarray | None = None, act: Act = SILU, rnd=_same) -> np.ndarray:
+    """W_down · glu(W_gate·x + b_gate, W_up·x + b_up) + b_down for rows x: (N, hidden);
+    `rnd` rounds each of the three products and the activation (a dense FFN's values
+    at its kernels' boundaries; an expert's stay fp32 inside its kernel)."""
+    h = rnd(glu(rnd(_mm(x, w_gate, b_gate)), rnd(_mm(x, w_up, b_up)), act))
+    return rnd(_mm(h, w_down, b_down))
 
 
 def dense_ffn(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
               b_gate: np.ndarray | None = None, b_up: np.ndarray | None = None,
-              b_down: np.ndarray | None = None, act: Act = SILU) -> np.ndarray:
+              b_down: np.ndarray | None = None, act: Act = SILU, rnd=_same) -> np.ndarray:
     """Dense SwiGLU FFN (same as :func:`swiglu`; named for the layer it is)."""
-    return swiglu(x, w_gate, w_up, w_down, b_gate, b_up, b_down, act)
+    return swiglu(x, w_gate, w_up, w_down, b_gate, b_up, b_down, act, rnd)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -726,13 +735,15 @@ def deltanet_mix(mixed: np.ndarray, z: np.ndarray, b: np.ndarray, a: np.ndarray,
 
 
 def deltanet(x: np.ndarray, lw: DeltaNetWeights, k_dim: int, v_dim: int, eps: float,
-             conv_state: np.ndarray, rec_state: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             conv_state: np.ndarray, rec_state: np.ndarray, rnd=_same
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A DeltaNet token mixer on the normed rows x (N, hidden) of one request:
-    (out_proj of :func:`deltanet_mix`, conv_state, rec_state)."""
+    (out_proj of :func:`deltanet_mix`, conv_state, rec_state); `rnd` rounds the values
+    at its kernels' boundaries (the four projections, the mixer's output, out_proj's)."""
     y, conv_state, rec_state = deltanet_mix(
-        _mm(x, lw.w_qkv), _mm(x, lw.w_z), _mm(x, lw.w_b), _mm(x, lw.w_a), lw.conv, lw.dt_bias,
-        lw.a_log, lw.norm, k_dim, v_dim, eps, conv_state, rec_state)
-    return _mm(y, lw.w_out), conv_state, rec_state
+        rnd(_mm(x, lw.w_qkv)), rnd(_mm(x, lw.w_z)), rnd(_mm(x, lw.w_b)), rnd(_mm(x, lw.w_a)),
+        lw.conv, lw.dt_bias, lw.a_log, lw.norm, k_dim, v_dim, eps, conv_state, rec_state)
+    return rnd(_mm(rnd(y), lw.w_out)), conv_state, rec_state
 
 
 def route(logits: np.ndarray, top_k: int, normalize: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -856,7 +867,8 @@ class Trace:
 
     ``tensors[(layer, name)]`` holds the latest value of each intermediate
     (rows in the order of the call's tokens); names are ``attn_in, qkv`` (the
-    three projections side by side, before RoPE) ``, q, k, v, attn_out,
+    three projections side by side, before RoPE) ``, q, k, v, attn_out`` (gated where
+    the model gates it) ``,
     attn_proj, resid_mid, ffn_in, ffn_out, resid_out`` plus ``router_ids,
     router_weights`` for MoE; ``(-1, "embed")`` for the embedded tokens,
     ``(-1, "final_in")`` and ``(-1, "logits")`` for the final norm and logits
@@ -890,6 +902,10 @@ class ReferenceModel:
         # float64 copies so _mm does not re-cast weights on every call.
         self._w = weights.astype(_F64)
 
+    def _round(self, x: np.ndarray) -> np.ndarray:
+        """A kernel's value as it travels: rounded to the activation format (`meshrt.activations`)."""
+        return round_activations(x, self.shape.act_format)
+
     # ---- core forward --------------------------------------------------
 
     def _check_tokens(self, tokens: Iterable[int]) -> list[int]:
@@ -921,21 +937,22 @@ class ReferenceModel:
             st._reserve(st.length + len(seg))
         positions = np.asarray(pos, np.int64)
         n = len(toks)
-        x = self.weights.embed[np.asarray(toks, np.int64)]
+        r = self._round
+        x = r(self.weights.embed[np.asarray(toks, np.int64)])
         if trace is not None:
             trace._put(-1, "embed", x)
         eps, rope = s.rms_eps, s.rope
         for li, lw in enumerate(w.layers):
-            n1 = rmsnorm(x, lw.attn_norm, eps)
+            n1 = r(rmsnorm(x, lw.attn_norm, eps))
             if lw.linear is not None:
                 proj = np.empty((n, s.hidden), _F32)
                 for st, r0, cnt in spans:
                     proj[r0:r0 + cnt], st.conv[li], st.rec[li] = deltanet(
                         n1[r0:r0 + cnt], self.weights.layers[li].linear, s.linear_k_dim,
-                        s.linear_v_dim, eps, st.conv[li], st.rec[li])
-                x = self._ffn(li, lw, x, x + proj, trace, n1=n1, proj=proj)
+                        s.linear_v_dim, eps, st.conv[li], st.rec[li], r)
+                x = self._ffn(li, lw, x, r(x + proj), trace, n1=n1, proj=proj)
                 continue
-            lin = _mm(n1, lw.wq, lw.bq), _mm(n1, lw.wk, lw.bk), _mm(n1, lw.wv, lw.bv)
+            lin = r(_mm(n1, lw.wq, lw.bq)), r(_mm(n1, lw.wk, lw.bk)), r(_mm(n1, lw.wv, lw.bv))
             q = apply_rope(qk_norm(lin[0].reshape(n, s.heads, s.head_dim), lw.q_norm, eps),
                            positions, rope)
             k = apply_rope(qk_norm(lin[1].reshape(n, s.kv_heads, s.head_dim), lw.k_norm, eps),
@@ -950,15 +967,16 @@ class ReferenceModel:
                     lw.sinks)
             flat = att.reshape(n, s.heads * s.head_dim)
             if lw.wg is not None:  # Qwen3.5's gated attention
-                flat = (flat * sigmoid(_mm(n1, lw.wg))).astype(_F32)
-            proj = _mm(flat, lw.wo, lw.bo)
-            x = self._ffn(li, lw, x, x + proj, trace, n1=n1, qkv=np.concatenate(lin, axis=1),
-                          q=q, k=k, v=v, attn_out=att, proj=proj)
+                flat = (flat * sigmoid(r(_mm(n1, lw.wg)))).astype(_F32)
+            flat = r(flat)
+            proj = r(_mm(flat, lw.wo, lw.bo))
+            x = self._ffn(li, lw, x, r(x + proj), trace, n1=n1, qkv=np.concatenate(lin, axis=1),
+                          q=q, k=k, v=v, attn_out=flat.reshape(att.shape), proj=proj)
         for st, _, cnt in spans:
             st.length += cnt
         last = np.asarray([r0 + cnt - 1 for _, r0, cnt in spans], np.int64)
-        final = rmsnorm(x[last], w.final_norm, eps)
-        logits = _mm(final, w.lm_head)
+        final = r(rmsnorm(x[last], w.final_norm, eps))
+        logits = r(_mm(final, w.lm_head))
         if trace is not None:
             trace._put(-1, "final_in", final)
             trace._put(-1, "logits", logits)
@@ -968,7 +986,8 @@ class ReferenceModel:
              **mixer: np.ndarray) -> np.ndarray:
         """Layer `li`'s FFN half on the residual h = x + token mixer; traces the layer."""
         s, eps, act = self.shape, self.shape.rms_eps, Act.of(self.shape)
-        n2 = rmsnorm(h, lw.ffn_norm, eps)
+        r = self._round
+        n2 = r(rmsnorm(h, lw.ffn_norm, eps))
         moe = s.is_moe_layer(li)
         if moe:
             routing = expert_routing(n2, lw.moe.router, s.top_k, s.norm_topk, lw.moe.router_bias)
@@ -977,11 +996,11 @@ class ReferenceModel:
                 if trace.expert_counts is None:
                     trace.expert_counts = np.zeros((s.layers, s.experts), np.int64)
                 counts = trace.expert_counts[li]
-            f = moe_ffn(n2, lw.moe, s.top_k, counts=counts, routing=routing, act=act)
+            f = r(moe_ffn(n2, lw.moe, s.top_k, counts=counts, routing=routing, act=act))
         else:
             d = lw.dense
-            f = dense_ffn(n2, d.w_gate, d.w_up, d.w_down, d.b_gate, d.b_up, d.b_down, act)
-        out = h + f
+            f = dense_ffn(n2, d.w_gate, d.w_up, d.w_down, d.b_gate, d.b_up, d.b_down, act, r)
+        out = r(h + f)
         if trace is not None:
             names = {"n1": "attn_in", "qkv": "qkv", "q": "q", "k": "k", "v": "v",
                      "attn_out": "attn_out", "proj": "attn_proj"}

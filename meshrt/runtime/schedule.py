@@ -40,7 +40,6 @@ must await, `Recv`); then the segment's boundary, if any: `MarkerSync`
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -50,11 +49,10 @@ from meshrt.dialects import event as ev
 from meshrt.dialects import segment as sg
 from meshrt.analysis.liveness import host_primed
 from meshrt.kernels import registry
+from meshrt.kernels.interface import WAVELET_BYTES, wavelets  # noqa: F401 (re-exported)
 from meshrt.kernels.reduce_tree import stream_stage
 from meshrt.routing import Box, RectSet
 
-WAVELET_BYTES = 4
-"""Bytes of one fabric wavelet: sends and recvs are costed per wavelet."""
 
 
 # ---------------------------------------------------------------------------
@@ -230,10 +228,6 @@ class Schedule:
     flows: tuple[str, ...]
     flow_index: Mapping[str, int]
     classes: tuple[ClassSchedule, ...]
-
-
-def wavelets(nbytes: int) -> int:
-    return math.ceil(nbytes / WAVELET_BYTES)
 
 
 def op_cycles(costs: Mapping[str, float], op: str, work: int, param) -> float:

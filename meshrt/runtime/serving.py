@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from meshrt.activations import round_activations
 from meshrt.runtime import reference as ref
 from meshrt.kernels import registry
 from meshrt.kernels.numerics import Slot, SlotTable
@@ -448,6 +449,24 @@ class Divergence:
         return dataclasses.asdict(self) | {"message": str(self)}
 
 
+def kernel_values(program, plane: DataPlane, trace: ref.Trace, slot: int):
+    """(kernel, the reference's (layer, name), its value at `slot` as its consumers read it,
+    NumPy's), in the program's order, for every kernel whose value the plane watched whole
+    at that slot and the reference traced (`DataPlane.reference_key`)."""
+    for info in program.kernels():
+        name = info.kernel_name
+        key, held = plane.reference_key(name), plane.watched.get(name)
+        if key is None or held is None or key not in trace.tensors or not held.mask[slot].all():
+            continue
+        expect = np.asarray(trace.tensors[key][-1], np.float64).reshape(-1)
+        value = held.data[slot]
+        if name in plane.rounded:  # as its consumers read it (the reference rounds it so)
+            value = round_activations(value, plane.rounded[name])
+        value = plane.in_reference_order(name, value.astype(np.float64))
+        if value.shape == expect.shape:
+            yield name, key, value, expect
+
+
 def first_divergence(program, requests: list[Request], records: list[RequestRecord],
                      mismatches, model: ref.ReferenceModel, rerun) -> Divergence:
     """The earliest differing token of `mismatches` ((id, got, want) per
@@ -476,15 +495,7 @@ def first_divergence(program, requests: list[Request], records: list[RequestReco
     for k in range(1, i + 1):
         model.decode_step(state, want[k - 1], trace if k == i else None)
     compared = 0
-    for info in program.kernels():
-        name = info.kernel_name
-        key, held = plane.reference_key(name), plane.watched.get(name)
-        if key is None or held is None or key not in trace.tensors or not held.mask[d.slot].all():
-            continue
-        expect = np.asarray(trace.tensors[key][-1], np.float64).reshape(-1)
-        value = plane.in_reference_order(name, held.data[d.slot].astype(np.float64))
-        if value.shape != expect.shape:
-            continue
+    for name, key, value, expect in kernel_values(program, plane, trace, d.slot):
         compared += 1
         off = ~np.isclose(value, expect, rtol=KERNEL_RTOL, atol=KERNEL_ATOL)
         if off.any():

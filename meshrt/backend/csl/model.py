@@ -20,14 +20,8 @@ from meshrt.dialects import segment as sg
 from meshrt.dialects.base import require_programs
 from meshrt.analysis.liveness import host_primed
 from meshrt.kernels import registry
-from meshrt.kernels.interface import KernelOp
+from meshrt.kernels.interface import KernelOp, wavelets
 from meshrt.routing import Box, RectSet, rect_boxes
-
-WAVELET_BYTES = 4
-
-
-def words(nbytes: int) -> int:
-    return -(-nbytes // WAVELET_BYTES)
 
 
 @dataclass
@@ -68,11 +62,11 @@ class Event:
 
     @property
     def elems(self) -> int:
-        return words(self.nbytes)
+        return wavelets(self.nbytes)
 
     @property
     def meta_words(self) -> int:
-        return words(self.meta)
+        return wavelets(self.meta)
 
 
 @dataclass

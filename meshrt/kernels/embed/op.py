@@ -43,6 +43,7 @@ class EmbedOp(KernelOp):
     VIZ_COLOR: ClassVar[str] = "#a65628"
     VIZ_RANK: ClassVar[int] = 3
     COMPUTE: ClassVar[tuple] = (EMBED,)
+    VALUE_IN_FP32: ClassVar[bool] = True  # partial sums: the allreduce after it sums them
     NUMERICS: ClassVar[type] = Embed
     LOWERS: ClassVar[tuple] = (graph.EmbedOp,)
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # tokens and the CF payload from the sampler

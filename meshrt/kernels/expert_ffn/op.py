@@ -61,6 +61,7 @@ class ExpertFFNOp(KernelOp):
     VIZ_COLOR: ClassVar[str] = "#4daf4a"
     VIZ_RANK: ClassVar[int] = 0
     COMPUTE: ClassVar[tuple] = (FMAC, ADD, SILU_MUL, *DEQUANT.values())
+    VALUE_IN_FP32: ClassVar[bool] = True  # per-expert values: the combine sums them
     NUMERICS: ClassVar[type] = ExpertFFN
     LOWERS: ClassVar[tuple] = (graph.MoEExpertsOp,)
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"moe_routing"})

@@ -60,6 +60,7 @@ class ExpertReduceOp(KernelOp):
     VIZ_COLOR: ClassVar[str] = "#74c476"
     VIZ_RANK: ClassVar[int] = 1
     COMPUTE: ClassVar[tuple] = (ADD,)
+    VALUE_IN_FP32: ClassVar[bool] = True  # per-expert values: the combine sums them
     NUMERICS: ClassVar[type] = ExpertReduce
     HOLDS_RESULT_AT_OUTPUTS: ClassVar[bool] = True  # only the root column keeps the sums
     TILES_HOLD_OWN_VALUES: ClassVar[bool] = True

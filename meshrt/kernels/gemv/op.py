@@ -62,6 +62,7 @@ class GemvOp(KernelOp):
     VIZ_COLOR: ClassVar[str] = "#377eb8"
     VIZ_RANK: ClassVar[int] = 2
     COMPUTE: ClassVar[tuple] = (FMAC, *DEQUANT.values())
+    VALUE_IN_FP32: ClassVar[bool] = True  # partial sums: the allreduce after it sums them
     NUMERICS: ClassVar[type] = Gemv
     LOWERS: ClassVar[tuple] = (graph.MatmulOp,)
 

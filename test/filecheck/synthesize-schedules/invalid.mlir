@@ -22,3 +22,13 @@ mesh_kernel.program @m target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batc
   %b = mesh_kernel.elementwise "rmsnorm" @b(%a) on <(0, 0, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
 }
 // CHECK: error: 'mesh_kernel.program' op kernel graph has a cycle: @a -> @b -> @a
+
+// -----
+
+// An activation format meshrt does not have.
+mesh_kernel.program @bad target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {dtype_bytes = 2.0 : f64, act_format = "f8"} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 1, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 16 : i64} : !graph.act<16>
+  %r = mesh_kernel.allreduce @embed.reduce(%x) on <(0, 0, 1, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, axis = "row"} : !graph.act<16> -> !graph.act<16>
+  %n = mesh_kernel.elementwise "rmsnorm" @norm(%r) on <(2, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
+}
+// CHECK: invalid.mlir:29:1: error: 'mesh_kernel.program' op @bad: hparams: act_format must be one of bf16, f16, f32, got 'f8'
