@@ -30,6 +30,7 @@ position). `test/unit/test_hf_parity.py` checks them without torch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -248,7 +249,8 @@ def reference_outputs(d: Path):
     from meshrt.runtime.checkpoint import load_checkpoint
 
     exp = json.loads((d / "expected.json").read_text())
-    shape = ref.RefShape.of(driver.load_spec(d).shape)
+    # transformers ran in float32, also the fixtures stored in bfloat16
+    shape = dataclasses.replace(ref.RefShape.of(driver.load_spec(d).shape), act_format="f32")
     model = ref.ReferenceModel(shape, load_checkpoint(d, shape))
     tokens = [model.generate(p, NEW_TOKENS) for p in exp["prompts"]]
     rows = []
@@ -257,6 +259,18 @@ def reference_outputs(d: Path):
         for tok in p + t[:-1]:  # one token at a time: the logits at every position
             rows.append(model.forward([(st, [tok])])[0])
     return model, tokens, np.stack(rows)
+
+
+def f32_activations(module):
+    """Graph IR `module` with fp32 activations, as transformers computed the fixtures (a
+    fixture stored in bfloat16 would otherwise move and round its activations as bf16)."""
+    from xdsl.dialects.builtin import DictionaryAttr, StringAttr
+
+    from meshrt import driver
+
+    program = driver.program_of(module)
+    program.hparams = DictionaryAttr({**program.hparams.data, "act_format": StringAttr("f32")})
+    return module
 
 
 def interpreter_tokens(d: Path, seed: int, target: str = "test32"):
@@ -268,7 +282,7 @@ def interpreter_tokens(d: Path, seed: int, target: str = "test32"):
     from meshrt.runtime.workloads import Request
 
     exp = json.loads((d / "expected.json").read_text())
-    program = driver.segment_program(d, target)
+    program = driver.segment_program(f32_activations(driver.compile(d, target, "graph")), target)
     weights = load_checkpoint(d, reference_shape(program))
     reqs = [Request(i, 0.0, list(p), len(p), NEW_TOKENS, NEW_TOKENS)
             for i, p in enumerate(exp["prompts"])]

@@ -469,10 +469,17 @@ def test_gated_attention_and_shapes_of_the_new_weights():
     assert w.layers[3].wg.shape == (QWEN35.hidden, QWEN35.heads * QWEN35.head_dim)
     tr = _ref.Trace()
     _ref.ReferenceModel(QWEN35, w).forward([(KVState(QWEN35), [3, 4])], tr)
-    n1, att = tr.tensors[(3, "attn_in")], tr.tensors[(3, "attn_out")]
+    n1, att = tr.tensors[(3, "attn_in")], tr.tensors[(3, "attn_out")]  # attn_out is gated
+    np.testing.assert_allclose(tr.tensors[(3, "attn_proj")],
+                               _ref._mm(att.reshape(2, -1), w.layers[3].wo), rtol=1e-5)
+    # With W_g = 0 the gate is sigmoid(0) = 1/2: twice that output is the ungated attention.
+    w0 = _ref.Weights.random(QWEN35, 0)
+    w0.layers[3].wg = np.zeros_like(w0.layers[3].wg)
+    tr0 = _ref.Trace()
+    _ref.ReferenceModel(QWEN35, w0).forward([(KVState(QWEN35), [3, 4])], tr0)
+    ungated = 2 * tr0.tensors[(3, "attn_out")].reshape(2, -1)
     gate = _ref.sigmoid(_ref._mm(n1, w.layers[3].wg))
-    want = _ref._mm(att.reshape(2, -1) * gate, w.layers[3].wo)
-    np.testing.assert_allclose(tr.tensors[(3, "attn_proj")], want, rtol=1e-5)
+    np.testing.assert_allclose(att.reshape(2, -1), ungated * gate, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="rotates 3 of head_dim 12"):
         dataclasses.replace(QWEN35, head_dim=12)
     with pytest.raises(ValueError, match="linear_layers lists layer 4"):

@@ -165,8 +165,13 @@ def test_event_ir_size_does_not_grow_with_mesh_area(model):
 LARGEST_CONFIG_OPS = 12666
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("target", ["wse3", "wse2"])
+# In the suite one dense and one MoE config on wse3; every pair by hand (`-m slow`).
+FAST_EVENTS = {("examples/configs/qwen3-8b.json", "wse3"), ("examples/configs/gpt-oss-20b.json", "wse3")}
+
+
+@pytest.mark.parametrize("config, target", [
+    pytest.param(c, t, marks=() if (c, t) in FAST_EVENTS else pytest.mark.slow)
+    for c in CONFIGS for t in ("wse3", "wse2")])
 def test_every_config_reaches_event_ir(config, target):
     module = events_for(config, target)
     n = sum(1 for _ in module.walk())

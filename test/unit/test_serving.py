@@ -18,7 +18,9 @@ from meshrt.runtime.workloads import Request
 from meshrt.targets import load_target
 from meshrt.tools.cli import main as cli_main
 
-SEEDS = range(20)  # asynchrony seeds per model (bench/bench_interpreter.py sweeps more)
+# Asynchrony seeds per model: the first four in the suite, the rest by hand (`-m slow`);
+# bench/bench_interpreter.py sweeps a thousand.
+SEEDS = [pytest.param(s, marks=() if s < 4 else pytest.mark.slow) for s in range(20)]
 
 
 @cache
