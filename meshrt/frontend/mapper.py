@@ -39,8 +39,9 @@ micro_batch x stages request slots (one micro-batch in flight per stage), so
 more stages need more SRAM, and each attention core a context length per
 slot of control state (`AttentionOp.control`), which bounds the stages. The
 mapper takes the fewest wafers that fit (or exactly the wafers asked for),
-then as many stages as still fit (the most micro-batches in flight), and
-cuts the units into stages (contiguous, never spanning wafers) balancing
+then as many stages as still fit (the most micro-batches in flight) unless
+fewer give more modelled throughput (`pipelined_stages`: stages / modelled
+step, trying halvings of the most), and cuts the units into stages (contiguous, never spanning wafers) balancing
 their modelled cycles (`step_time.unit_cycles`).
 
 Conventions of the emitted IR (for the passes downstream):
@@ -733,7 +734,7 @@ class _Mapper:
                     lo = mid
                 else:
                     hi = mid - 1
-            stages = lo
+            stages = self.pipelined_stages(stages, lo, wafers)
         lay = self.layout(stages, wafers)
         n = max(stages, lay.wafers)
         # the cut into stages balances the units' modelled cycles where there is a choice
@@ -741,6 +742,37 @@ class _Mapper:
         lay.placed = [_spread(p) for p in lay.placed]
         lay.stages = _assign_stages(lay, n, loads)
         return lay
+
+    def pipelined_stages(self, least: int, most: int, wafers: int) -> int:
+        """Of `most` stages (the most that fit), its halvings and `least`, the count whose
+        fastest packing has the most micro-batch steps per cycle (stages / modelled step):
+        more stages keep more micro-batches in flight, but every attention then holds KV
+        for more request slots, which widens it and can crowd the expert regions out of
+        one row (their outputs then gathered, not passed along the rows: a step several
+        times longer, so the rate is not monotone in the stages). `most` where its packing
+        has no modelled step."""
+        from meshrt.frontend.step_time import step_cycles
+
+        counts, s = [most], most
+        while s // 2 > least:
+            s //= 2
+            counts.append(s)
+        if least < most:
+            counts.append(least)
+        best, best_rate = most, None
+        for s in counts:
+            try:
+                lay = self.layout(s, wafers)
+            except FrontendError:
+                continue
+            t = lay.step_cycles if lay.step_cycles is not None else step_cycles(self, lay)
+            if t is None:
+                if s == most:
+                    return most
+                continue
+            if best_rate is None or s / t > best_rate:
+                best, best_rate = s, s / t
+        return best
 
     def unit_loads(self, lay: Layout) -> list[float]:
         """Each unit's modelled cycles (`step_time.unit_cycles`), or, where its probe does not

@@ -166,6 +166,39 @@ def test_block_height_pins_the_rows():
         assert {p.h for p in mp.default_layout().placed} == {rows}
 
 
+def test_pipelined_stages_by_modelled_throughput(monkeypatch):
+    """The rate (stages / modelled step) is not monotone: where more KV slots crowd the
+    expert regions out of one row the step jumps, so every halving is tried."""
+    mp = _mapper(driver.load_spec(TINY), mb=2)
+    steps = {10: 20.9e6, 5: 21.0e6, 3: 3.2e6}  # gpt-oss-20b at micro-batch 8 on 3 wafers
+    tried = []
+
+    def layout(stages, wafers):
+        tried.append(stages)
+        return M.Layout([], 1, 1, 1, step_cycles=steps.get(stages))
+
+    monkeypatch.setattr(mp, "layout", layout)
+    monkeypatch.setattr(step_time, "step_cycles", lambda mapper, lay: None)  # no probe
+    assert mp.pipelined_stages(3, 10, 3) == 3 and tried == [10, 5, 3]
+    steps = {10: 2.0e6, 5: 1.5e6, 3: 1.2e6}  # more stages pay: the most that fit
+    assert mp.pipelined_stages(3, 10, 3) == 10
+    steps = {5: 1.0e6}  # the most has no modelled step: kept, as before this choice
+    assert mp.pipelined_stages(3, 10, 3) == 10
+
+
+@pytest.mark.slow  # about a minute
+def test_gpt_oss_20b_at_micro_batch_8_keeps_its_experts_in_one_row():
+    """At the most stages that fit (10 on 3 wafers, 80 KV slots) the attention bands widen
+    and the expert regions stack (combine then gathers: 21.9M cycles a step); three stages
+    keep one row of regions along the corridor's rows (3.3M)."""
+    cfg = REPO / "examples" / "configs" / "gpt-oss-20b.json"
+    module = driver.compile(cfg, "wse3", "graph", micro_batch=8)
+    m = module.body.block.first_op
+    assert m.stages.value.data == 3
+    ops = [op for op in module.walk() if op.name == "graph.moe_experts"]
+    assert all(len({r.rects.data[0].y.data for r in op.expert_regions.data}) == 1 for op in ops)
+
+
 def test_quantized_experts_are_held_decoded_where_decoded_tiles_fit():
     """gpt-oss-20b's MXFP4 experts: on one wafer their regions are sized by the packed
     tiles and decoding them would not fit, so they stay packed; on four the widened
