@@ -744,34 +744,39 @@ class _Mapper:
         return lay
 
     def pipelined_stages(self, least: int, most: int, wafers: int) -> int:
-        """Of `most` stages (the most that fit), its halvings and `least`, the count whose
-        fastest packing has the most micro-batch steps per cycle (stages / modelled step):
-        more stages keep more micro-batches in flight, but every attention then holds KV
-        for more request slots, which widens it and can crowd the expert regions out of
-        one row (their outputs then gathered, not passed along the rows: a step several
-        times longer, so the rate is not monotone in the stages). `most` where its packing
-        has no modelled step."""
+        """Of `most` stages (the most that fit), `least` and the halvings of `most` between,
+        the count whose fastest packing has the most micro-batch steps per cycle (stages /
+        modelled step): more stages keep more micro-batches in flight, but every attention
+        then holds KV for more request slots, which widens it and can crowd the expert
+        regions out of one row (their outputs then gathered, not passed along the rows: a
+        step several times longer, so the rate is not monotone in the stages). A step never
+        shortens with more stages (more KV), so a halving s is timed only where s over the
+        step at `least` could beat the best rate so far. `most` where its packing has no
+        modelled step."""
         from meshrt.frontend.step_time import step_cycles
 
-        counts, s = [most], most
-        while s // 2 > least:
-            s //= 2
-            counts.append(s)
-        if least < most:
-            counts.append(least)
-        best, best_rate = most, None
-        for s in counts:
+        def step(n: int) -> float | None:
             try:
-                lay = self.layout(s, wafers)
+                lay = self.layout(n, wafers)
             except FrontendError:
-                continue
-            t = lay.step_cycles if lay.step_cycles is not None else step_cycles(self, lay)
-            if t is None:
-                if s == most:
-                    return most
-                continue
-            if best_rate is None or s / t > best_rate:
-                best, best_rate = s, s / t
+                return None
+            return lay.step_cycles if lay.step_cycles is not None else step_cycles(self, lay)
+
+        top = step(most)
+        if top is None or least >= most:
+            return most
+        best, rate = most, most / top
+        floor = step(least)
+        if floor is None:
+            return most
+        if least / floor > rate:
+            best, rate = least, least / floor
+        n = most // 2
+        while n > least and n / floor > rate:
+            t = step(n)
+            if t is not None and n / t > rate:
+                best, rate = n, n / t
+            n //= 2
         return best
 
     def unit_loads(self, lay: Layout) -> list[float]:

@@ -168,9 +168,9 @@ def test_block_height_pins_the_rows():
 
 def test_pipelined_stages_by_modelled_throughput(monkeypatch):
     """The rate (stages / modelled step) is not monotone: where more KV slots crowd the
-    expert regions out of one row the step jumps, so every halving is tried."""
+    expert regions out of one row the step jumps. The most and the least are timed, then
+    the halvings between that could still beat the best rate."""
     mp = _mapper(driver.load_spec(TINY), mb=2)
-    steps = {10: 20.9e6, 5: 21.0e6, 3: 3.2e6}  # gpt-oss-20b at micro-batch 8 on 3 wafers
     tried = []
 
     def layout(stages, wafers):
@@ -179,10 +179,14 @@ def test_pipelined_stages_by_modelled_throughput(monkeypatch):
 
     monkeypatch.setattr(mp, "layout", layout)
     monkeypatch.setattr(step_time, "step_cycles", lambda mapper, lay: None)  # no probe
-    assert mp.pipelined_stages(3, 10, 3) == 3 and tried == [10, 5, 3]
+    steps = {10: 20.9e6, 5: 21.0e6, 3: 3.2e6}  # gpt-oss-20b at micro-batch 8 on 3 wafers
+    assert mp.pipelined_stages(3, 10, 3) == 3 and tried == [10, 3, 5]
+    tried.clear()
+    steps = {20: 30e6, 10: 2.2e6, 5: 2.1e6, 2: 2.0e6}
+    assert mp.pipelined_stages(2, 20, 3) == 10 and tried == [20, 2, 10]  # 5 / 2M < 10 / 2.2M
     steps = {10: 2.0e6, 5: 1.5e6, 3: 1.2e6}  # more stages pay: the most that fit
     assert mp.pipelined_stages(3, 10, 3) == 10
-    steps = {5: 1.0e6}  # the most has no modelled step: kept, as before this choice
+    steps = {5: 1.0e6, 3: 1.0e6}  # the most has no modelled step: kept, as before
     assert mp.pipelined_stages(3, 10, 3) == 10
 
 
