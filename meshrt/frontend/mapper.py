@@ -41,8 +41,9 @@ slot of control state (`AttentionOp.control`), which bounds the stages. The
 mapper takes the fewest wafers that fit (or exactly the wafers asked for),
 then as many stages as still fit (the most micro-batches in flight) unless
 fewer give more modelled throughput (`pipelined_stages`: stages / modelled
-step, trying halvings of the most), and cuts the units into stages (contiguous, never spanning wafers) balancing
-their modelled cycles (`step_time.unit_cycles`).
+step, trying halvings of the most), and cuts the units into stages
+(contiguous, never spanning wafers) balancing their modelled cycles
+(`step_time.unit_cycles`).
 
 Conventions of the emitted IR (for the passes downstream):
 - `hparams.kv_slots` is the number of request slots every attention holds
@@ -657,7 +658,7 @@ class _Mapper:
     def layout(self, stages: int, wafers: int) -> Layout:
         """The fastest packing (by the modelled step) onto exactly `wafers` wafers, preferring
         ones whose attentions keep whole KV heads per column (the interpreter's numerics)."""
-        from meshrt.frontend.step_time import fastest, step_cycles
+        from meshrt.frontend.step_time import fastest, layout_cycles
 
         cands = self.candidates(stages, wafers)
         if not cands:
@@ -671,8 +672,7 @@ class _Mapper:
         if len(best) < len(cands):
             # whole KV heads only where such a packing builds (its probe runs); else the
             # fastest of all (head_dim split: compiles, but the interpreter refuses it)
-            t = pick.step_cycles if pick.step_cycles is not None else step_cycles(self, pick)
-            if t is None:
+            if layout_cycles(self, pick) is None:
                 pick = fastest(self, cands)
         return pick
 
@@ -753,14 +753,13 @@ class _Mapper:
         shortens with more stages (more KV), so a halving s is timed only where s over the
         step at `least` could beat the best rate so far. `most` where its packing has no
         modelled step."""
-        from meshrt.frontend.step_time import step_cycles
+        from meshrt.frontend.step_time import layout_cycles
 
         def step(n: int) -> float | None:
             try:
-                lay = self.layout(n, wafers)
+                return layout_cycles(self, self.layout(n, wafers))
             except FrontendError:
                 return None
-            return lay.step_cycles if lay.step_cycles is not None else step_cycles(self, lay)
 
         top = step(most)
         if top is None or least >= most:

@@ -105,6 +105,11 @@ def step_cycles(mapper: _Mapper, lay: Layout) -> float | None:
     return None if units is None else sum(units)
 
 
+def layout_cycles(mapper: _Mapper, lay: Layout) -> float | None:
+    """The modelled step `lay` was chosen by (`fastest`), else its probe's (`step_cycles`)."""
+    return lay.step_cycles if lay.step_cycles is not None else step_cycles(mapper, lay)
+
+
 def fastest(mapper: _Mapper, cands: Sequence[Layout]) -> Layout:
     """The candidate with the least modelled step (see the module docstring for which are
     probed); the first candidate if no probe runs."""
