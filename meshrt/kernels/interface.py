@@ -331,11 +331,24 @@ def holds_input(producer: KernelOp, consumer: KernelOp) -> bool:
     return held == "flat" and (px, py, pw, ph) == (cx, cy, cw, ch)
 
 
+@dataclass(frozen=True)
+class Gather:
+    """An all-gather a `chain` runs before its reduction, on the same line and tree:
+    every core runs `local` (which leaves it its own slice of a value), the slices
+    stream to the root combined by `merge` (disjoint slices: their union), and the
+    root multicasts the whole back, so every core holds it before the reduction's
+    own `local`. Its flows are the reduction's with `.gather` in their names."""
+
+    local: list[Event]
+    merge: str
+    msg_bytes: int
+
+
 def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
           finish: list[Event], state: int, outputs_from_root: bool = True, axis: str = "col",
           tiles: list[tuple[int, int, int, int]] | None = None, relay_back: bool = True,
-          kctx: KernelContext | None = None, root: int | None = None
-          ) -> tuple[list[Role], list[FlowSpec]]:
+          kctx: KernelContext | None = None, root: int | None = None,
+          gather: Gather | None = None) -> tuple[list[Role], list[FlowSpec]]:
     """Roles and flows of a streaming reduction down each column (or along each row) of the tiles.
 
     Every core runs `local`; partials stream toward the root at the centre of
@@ -353,7 +366,8 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     `tiles` restricts the chain to part of the kernel's region. `kctx`
     brings the target's stream costs and a forced group size, if any; `root`
     puts the root at that end of the line (0 or n - 1: one chain toward the
-    cores the result goes to next) instead of where the plan would.
+    cores the result goes to next) instead of where the plan would. `gather`
+    runs an all-gather on the same tree first (see `Gather`).
     """
     from meshrt.kernels.reduce_tree import ReduceTree
 
@@ -382,8 +396,10 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
             i = j + 1
         return CoreSetAttr(sorted(rects, key=lambda r: (r.y.data, r.x.data)))
 
+    first = list(gather.local) if gather is not None else []
     if n == 1:
-        return [Role("root", at([0]), [INPUTS, *local, *finish, OUTPUTS], state, sends_output=True)], []
+        return [Role("root", at([0]), [INPUTS, *first, *local, *finish, OUTPUTS], state,
+                     sends_output=True)], []
     n_wavelets = wavelets(msg_bytes)
     stream = kctx.stream if kctx is not None else None
     op_cost = None
@@ -402,9 +418,77 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     spans = sorted((t[1], t[1] + t[3]) if along_row else (t[0], t[0] + t[2]) for t in tiles)
     multicast = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     flows: list[FlowSpec] = []
-    up = f"{k}.up"
+
+    def phase(tag: str, op_name: str, msg: int, relays: bool):
+        """One streaming pass over the tree: its flows go into `flows`; returns the events of
+        each non-root position (side, d) and of the root, between its local work and what
+        it does after the pass."""
+        up = f"{k}{tag}.up"
+        op = [("compute", op_name, msg // 4)]
+        at_pos: dict[tuple[str, int], list[Event]] = {}
+        root_in: list[Event] = []
+        root_back: list[Event] = []
+        relay_sends: list[Event] = []  # the root's first hops of the relays (tiles sharing lines)
+        for side, sfx, sign in (("a", "", 1), ("b", "_r", -1)):
+            m = tree.side_length(side)
+            if not m:
+                continue
+            down, across, relay = f"{k}{tag}.down{sfx}", f"{k}{tag}.across{sfx}", f"{k}{tag}.up{sfx}"
+            dx, dy = step[0] * sign, step[1] * sign
+            members = [d for lo, hi in tree.groups(side) for d in range(lo, hi + 1)]
+            leads = tree.leads(side)
+            pos = tree.position
+            if members:
+                src = at(pos(side, d) for d in members)
+                flows.append(FlowSpec(down, src, at(pos(side, d) + sign for d in members), "shift",
+                                      msg, dx, dy, role=FlowRole.DOWN, streams=True))
+            if leads:
+                s = tree.group
+                flows.append(FlowSpec(across, at(pos(side, d) for d in leads),
+                                      at(pos(side, d) + sign * s for d in leads), "shift", msg,
+                                      dx * s, dy * s, role=FlowRole.DOWN, streams=True))
+            if relays and not multicast:
+                flows.append(FlowSpec(relay, at(pos(side, d) for d in range(0, m)),
+                                      at(pos(side, d) for d in range(1, m + 1)), "shift", msg,
+                                      -dx, -dy, role=FlowRole.UP, streams=True))
+
+            def back(d: int) -> list[Event]:
+                if not relays:
+                    return []
+                if multicast:
+                    return [("recv", up, msg)]
+                return [("recv", relay, msg)] + ([("send", relay, msg)] if d < m else [])
+
+            for lo, hi in tree.groups(side):
+                for d in range(lo, hi + 1):
+                    if d == hi:
+                        at_pos[side, d] = [("send", down, msg), *back(d)]
+                    else:
+                        at_pos[side, d] = [("recv", down, msg), *op, ("send", down, msg), *back(d)]
+            for d in leads:
+                own = [("recv", down, msg), *op] if d + 1 <= m and d + 1 in members else []
+                farther = [("recv", across, msg), *op] if d + tree.group <= m else []
+                at_pos[side, d] = [*own, *farther, ("send", across, msg), *back(d)]
+            if 1 in members:
+                root_in += [("recv", down, msg), *op]
+            if leads:
+                root_back += [("recv", across, msg), *op]
+            if relays and not multicast:
+                relay_sends.append(("send", relay, msg))
+        sends = relay_sends if not multicast else ([("send", up, msg)] if relays else [])
+        if relays and multicast:
+            flows.append(FlowSpec(up, at([c]), at(p for p in range(n) if p != c),
+                                  "row" if along_row else "col", msg, role=FlowRole.UP, streams=True))
+        return at_pos, root_in + root_back, sends
+
+    before: dict[tuple[str, int], list[Event]] = {}
+    root_first = list(first)
+    if gather is not None:
+        g_pos, g_in, g_sends = phase(".gather", gather.merge, gather.msg_bytes, True)
+        before = {key: first + ev for key, ev in g_pos.items()}
+        root_first += g_in + g_sends
+    at_pos, root_in, sends = phase("", reduce_op, msg_bytes, relay_back)
     out = [OUTPUTS] if not outputs_from_root else []
-    op = [("compute", reduce_op, msg_bytes // 4)]
     by_events: dict[tuple, tuple[str, list[int], list[Event]]] = {}
 
     def add_role(name: str, pos: int, events: list[Event]) -> None:
@@ -414,65 +498,20 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
             by_events[key] = (name if not same else f"{name}.{same}", [], events)
         by_events[key][1].append(pos)
 
-    root_in: list[Event] = []
-    root_back: list[Event] = []
-    relay_sends: list[Event] = []  # the root's first hops of the relays (tiles sharing lines)
-    for side, sfx, sign in (("a", "", 1), ("b", "_r", -1)):
+    for side, sfx in (("a", ""), ("b", "_r")):
         m = tree.side_length(side)
         if not m:
             continue
-        down, across, relay = f"{k}.down{sfx}", f"{k}.across{sfx}", f"{k}.up{sfx}"
-        dx, dy = step[0] * sign, step[1] * sign
-        members = [d for lo, hi in tree.groups(side) for d in range(lo, hi + 1)]
-        leads = tree.leads(side)
-        pos = tree.position
-        if members:
-            src = at(pos(side, d) for d in members)
-            flows.append(FlowSpec(down, src, at(pos(side, d) + sign for d in members), "shift", msg_bytes,
-                                  dx, dy, role=FlowRole.DOWN, streams=True))
-        if leads:
-            s = tree.group
-            flows.append(FlowSpec(across, at(pos(side, d) for d in leads),
-                                  at(pos(side, d) + sign * s for d in leads), "shift", msg_bytes,
-                                  dx * s, dy * s, role=FlowRole.DOWN, streams=True))
-        if relay_back and not multicast:
-            flows.append(FlowSpec(relay, at(pos(side, d) for d in range(0, m)),
-                                  at(pos(side, d) for d in range(1, m + 1)), "shift", msg_bytes,
-                                  -dx, -dy, role=FlowRole.UP, streams=True))
-
-        def back(d: int) -> list[Event]:
-            if not relay_back:
-                return []
-            if multicast:
-                return [("recv", up, msg_bytes)]
-            return [("recv", relay, msg_bytes)] + ([("send", relay, msg_bytes)] if d < m else [])
-
+        leads = set(tree.leads(side))
         for lo, hi in tree.groups(side):
             for d in range(lo, hi + 1):
-                if d == hi:
-                    add_role(f"edge{sfx}", pos(side, d),
-                             [INPUTS, *local, ("send", down, msg_bytes), *back(d), *out])
-                else:
-                    add_role(f"mid{sfx}", pos(side, d), [
-                        INPUTS, *local, ("recv", down, msg_bytes), *op, ("send", down, msg_bytes),
-                        *back(d), *out])
-        for d in leads:
-            own = [("recv", down, msg_bytes), *op] if d + 1 <= m and d + 1 in members else []
-            farther = [("recv", across, msg_bytes), *op] if d + tree.group <= m else []
-            add_role(f"lead{sfx}", pos(side, d), [
-                INPUTS, *local, *own, *farther, ("send", across, msg_bytes), *back(d), *out])
-        if 1 in members:
-            root_in += [("recv", down, msg_bytes), *op]
-        if leads:
-            root_back += [("recv", across, msg_bytes), *op]
-        if relay_back and not multicast:
-            relay_sends.append(("send", relay, msg_bytes))
-    sends = relay_sends if not multicast else ([("send", up, msg_bytes)] if relay_back else [])
-    if relay_back and multicast:
-        flows.append(FlowSpec(up, at([c]), at(p for p in range(n) if p != c), "row" if along_row else "col",
-                              msg_bytes, role=FlowRole.UP, streams=True))
+                add_role(f"edge{sfx}" if d == hi else f"mid{sfx}", tree.position(side, d),
+                         [INPUTS, *before.get((side, d), []), *local, *at_pos[side, d], *out])
+        for d in sorted(leads):
+            add_role(f"lead{sfx}", tree.position(side, d),
+                     [INPUTS, *before.get((side, d), []), *local, *at_pos[side, d], *out])
     roles = [Role(name, at(ps), events, state, sends_output=not outputs_from_root)
              for name, ps, events in by_events.values()]
-    roles.append(Role("root", at([c]), [INPUTS, *local, *root_in, *root_back, *finish, *sends, OUTPUTS],
-                      state, sends_output=True))
+    roles.append(Role("root", at([c]), [INPUTS, *root_first, *local, *root_in, *finish, *sends,
+                                        OUTPUTS], state, sends_output=True))
     return roles, flows

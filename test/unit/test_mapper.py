@@ -9,6 +9,7 @@ import pytest
 
 from meshrt import driver
 from meshrt.dialects import event as ev
+from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
 from meshrt.frontend import mapper as M
 from meshrt.frontend import step_time
@@ -16,6 +17,7 @@ from meshrt.frontend.errors import FrontendError
 from meshrt.frontend.spec import parse_spec
 from meshrt.runtime.cost_model import CostModel
 from meshrt.kernels.attention.op import AttentionOp
+from meshrt.shape import HParams
 from meshrt.targets import load_target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -221,13 +223,24 @@ def test_quantized_experts_are_held_decoded_where_decoded_tiles_fit():
         assert sizer.decoded_experts_fit(group, x1 - x0, y1 - y0) == decoded
 
 
+def test_qwen3_5_9b_maps_at_micro_batch_2():
+    """The DeltaNet's q / k conv state is split over its column's rows (the convolved q / k
+    all-gathered along the column), not kept whole on every row: 12 request slots (2 x 6
+    stages) fit, where 14 slots of the replicated state left no block height."""
+    cfg = REPO / "examples" / "configs" / "qwen3.5-9b.json"
+    module = driver.compile(cfg, "wse3", "graph", micro_batch=2)
+    model = next(op for op in module.walk() if isinstance(op, graph.ModelOp))
+    assert HParams.of(model).int("kv_slots") == 2 * int_value(model.stages) > 2
+
+
 def test_a_model_that_fits_no_wafer_names_the_unit_that_does_not_tile():
-    """Qwen3.5-9B at micro-batch 2: more stages need more request slots, whose DeltaNet
-    state no layer's region can hold per core; the error names a layer and the slots
-    (it named the embedding, the largest unit, which tiles)."""
+    """Qwen3.5-9B at micro-batch 4: each stage more needs more wafers (its request slots'
+    KV and DeltaNet state), up to the most stages, where no layer's region holds its
+    DeltaNet's per-core share; the error names a layer and the slots (it named the
+    embedding, the largest unit, which tiles)."""
     cfg = REPO / "examples" / "configs" / "qwen3.5-9b.json"
     with pytest.raises(FrontendError) as e:
-        driver.compile(cfg, "wse3", "graph", micro_batch=2)
+        driver.compile(cfg, "wse3", "graph", micro_batch=4)
     msg = str(e.value)
-    assert "model does not fit: layer " in msg and "request slots of KV: micro-batch 2 x" in msg
+    assert "model does not fit: layer " in msg and "request slots of KV: micro-batch 4 x" in msg
     assert "tile onto one wafer's mesh at no block height" in msg and "embed needs" not in msg

@@ -49,6 +49,20 @@ def conv(b: ComputeBody) -> list[str]:
     ]
 
 
+def _merge(b: ComputeBody, buf: str, what: str) -> list[str]:
+    """The partner's slices of `what` join this core's in `buf` (disjoint slices: a sum)."""
+    n = b.reduce_n()
+    src = b.src or "p"
+    return [
+        f"// the partner's slices of {what} join this core's (disjoint: a sum)",
+        f"@fadd{b.s}({b.w.mem(buf, n)}, {b.w.mem(buf, n)}, {b.w.mem(src, n)});",
+    ]
+
+
+def qk_merge(b: ComputeBody) -> list[str]:
+    return _merge(b, "x", "the column's convolved q / k")
+
+
 def delta(b: ComputeBody) -> list[str]:
     b.w.uses_math = True
     reg = b.w.region(b.sub)
@@ -82,12 +96,7 @@ def delta(b: ComputeBody) -> list[str]:
 
 
 def delta_merge(b: ComputeBody) -> list[str]:
-    n = b.reduce_n()
-    src = b.src or "p"
-    return [
-        "// the partner's slices of the head outputs join this core's (disjoint: a sum)",
-        f"@fadd{b.s}({b.w.mem('y', n)}, {b.w.mem('y', n)}, {b.w.mem(src, n)});",
-    ]
+    return _merge(b, "y", "the head outputs")
 
 
 def norm_gate(b: ComputeBody) -> list[str]:

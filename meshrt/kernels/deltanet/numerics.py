@@ -15,9 +15,10 @@ from meshrt.runtime import reference as ref
 
 
 class DeltaNet(KernelExec):
-    """Value heads over the columns, v_dim over the rows; head outputs gathered down each column."""
+    """Value heads over the columns, v_dim over the rows; the column's convolved q / k
+    all-gathered up and down it, the head outputs gathered down it."""
 
-    OPS = frozenset({"delta_conv", "delta", "delta_merge", "norm_gate"})
+    OPS = frozenset({"delta_conv", "qk_merge", "delta", "delta_merge", "norm_gate"})
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
@@ -31,8 +32,9 @@ class DeltaNet(KernelExec):
         self._layout: dict[tuple[int, int, int, int], tuple] = {}
 
     def layout(self, i: int, j: int, w: int, h: int):
-        """(value heads, key heads, v_dim slice, the input columns of the convolved channels)
-        of the core at column i, row j."""
+        """(value heads, key heads, v_dim slice, the column's q / k slice this row convolves,
+        the input columns of the channels it convolves, each value head's key head) of the
+        core at column i, row j."""
         key = (i, j, w, h)
         got = self._layout.get(key)
         if got is None:
@@ -41,11 +43,12 @@ class DeltaNet(KernelExec):
             of = ref.key_heads(range(v0, v1), self.kh, self.vh)
             k0, k1 = (int(of[0]), int(of[-1]) + 1) if v1 > v0 else (0, 0)
             kd, vd = self.kd, self.vd
+            qk = np.concatenate([np.arange(k0 * kd, k1 * kd), self.kw + np.arange(k0 * kd, k1 * kd)])
+            c0, c1 = part(len(qk), h, j)
             idx = np.concatenate([
-                np.arange(k0 * kd, k1 * kd), self.kw + np.arange(k0 * kd, k1 * kd),
-                *(2 * self.kw + v * vd + np.arange(d0, d1) for v in range(v0, v1)),
+                qk[c0:c1], *(2 * self.kw + v * vd + np.arange(d0, d1) for v in range(v0, v1)),
                 np.zeros(0, np.int64)]).astype(np.int64)
-            got = self._layout[key] = ((v0, v1), (k0, k1), (d0, d1), idx, of - k0)
+            got = self._layout[key] = ((v0, v1), (k0, k1), (d0, d1), (c0, c1), idx, of - k0)
         return got
 
     def _state(self, cd, idx, nv, ds):
@@ -62,11 +65,18 @@ class DeltaNet(KernelExec):
         for state in cd.kv[self.name]:
             state[kv] = 0.0
 
+    def _gathered(self, cd, where):
+        """The column's whole convolved q / k once the gather has merged every row's slice."""
+        qk, held = cd.acc.pop((self.name, "qk"))
+        if not held.all():
+            raise DataLayoutError(f"{where}: the root holds only part of its column's q / k")
+        return qk
+
     def compute(self, cd, op):
         where = self.where(cd)
         _, i, j, w, h = self.grid_pos(cd)
-        (v0, v1), (k0, k1), (d0, d1), idx, of = self.layout(i, j, w, h)
-        nv, nk, ds = v1 - v0, k1 - k0, d1 - d0
+        (v0, v1), (k0, k1), (d0, d1), (c0, c1), idx, of = self.layout(i, j, w, h)
+        nv, nk, ds, nc = v1 - v0, k1 - k0, d1 - d0, c1 - c0
         if op == "delta_conv":
             cb = cd.cb if self.plane.cb else self.plane.host.installed_table(cd.step)
             if cb is None or cb.seq != cd.step:
@@ -76,6 +86,9 @@ class DeltaNet(KernelExec):
             x = self.input(cd).need(0, self.conv_w + self.vw + 2 * self.vh, where)
             conv_st, _ = self._state(cd, idx, nv, ds)
             taps = self.w.conv[idx]
+            qk = np.zeros((self.b, 2 * nk * self.kd), F32)
+            held = np.zeros(2 * nk * self.kd, bool)
+            held[c0:c1] = True
             prep = {}
             for b, slot in enumerate(cb.slots):
                 if slot.rid < 0:
@@ -83,23 +96,33 @@ class DeltaNet(KernelExec):
                 if slot.pos == 0:  # a request starts in this slot
                     self.admit(cd, slot.kv)
                 y, conv_st[slot.kv] = ref.causal_conv(x[b, idx][None], conv_st[slot.kv], taps)
-                y = y[0]
-                q, k = ref.deltanet_qk(y[:nk * self.kd].reshape(1, nk, self.kd),
-                                       y[nk * self.kd:2 * nk * self.kd].reshape(1, nk, self.kd))
-                v = y[2 * nk * self.kd:].reshape(1, nv, ds)
+                qk[b, c0:c1] = y[0, :nc]
+                v = y[0, nc:].reshape(1, nv, ds)
                 ab = self.conv_w + self.vw
                 g, beta = ref.deltanet_gates(x[b, ab + v0:ab + v1][None],
                                              x[b, ab + self.vh + v0:ab + self.vh + v1][None],
                                              self.w.dt_bias[v0:v1], self.w.a_log[v0:v1])
-                prep[b] = (slot.kv, q[:, of], k[:, of], v, g, beta)
+                prep[b] = (slot.kv, v, g, beta)
             cd.acc[self.name, "prep"] = prep
+            cd.acc[self.name, "qk"] = (qk, held)
+        elif op == "qk_merge":
+            (got,) = self.take(cd, FlowRole.DOWN)
+            qk, held = cd.acc[self.name, "qk"]
+            qk[:, got[1]] = got[0][:, got[1]]
+            cd.acc[self.name, "qk"] = (qk, held | got[1])
         elif op == "delta":
+            qk = cd.acc.pop((self.name, "qk_all"), None)
+            if qk is None:  # a one-row column: the gather had nothing to move
+                qk = self._gathered(cd, where)
             _, rec = self._state(cd, idx, nv, ds)
             out = np.zeros((self.b, nv, self.vd), F32)
             held = np.zeros((self.b, nv, self.vd), bool)
             held[:, :, d0:d1] = True
-            for b, (kv, q, k, v, g, beta) in cd.acc.pop((self.name, "prep")).items():
-                o, rec[kv] = ref.delta_rule(q, k, v, g, beta, rec[kv])
+            n = nk * self.kd
+            for b, (kv, v, g, beta) in cd.acc.pop((self.name, "prep")).items():
+                q, k = ref.deltanet_qk(qk[b, :n].reshape(1, nk, self.kd),
+                                       qk[b, n:].reshape(1, nk, self.kd))
+                o, rec[kv] = ref.delta_rule(q[:, of], k[:, of], v, g, beta, rec[kv])
                 out[b, :, d0:d1] = o[0]
             cd.acc[self.name] = (out, held)
         elif op == "delta_merge":
@@ -119,7 +142,23 @@ class DeltaNet(KernelExec):
             y[idle] = 0.0
             cd.values[self.name] = Vec.of(y.reshape(self.b, nv * self.vd), v0 * self.vd, self.vw)
 
+    def _gathering(self, cd) -> bool:
+        """Whether the core is inside the q / k gather (between its conv and its rule)."""
+        return (self.name, "prep") in cd.acc
+
     def send(self, cd, role):
         if role is FlowRole.DOWN:
+            if self._gathering(cd):
+                return cd.acc.pop((self.name, "qk"))
             return cd.acc.pop(self.name)
+        if self._gathering(cd):  # the gather's result, multicast or relayed back up the column
+            if (self.name, "qk") in cd.acc:  # the root
+                cd.acc[self.name, "qk_all"] = self._gathered(cd, self.where(cd))
+            return cd.acc[self.name, "qk_all"]
         return cd.values[self.name]
+
+    def recv(self, cd, role, items):
+        if role is FlowRole.UP and self._gathering(cd):
+            cd.acc[self.name, "qk_all"] = items[0]
+        else:
+            super().recv(cd, role, items)

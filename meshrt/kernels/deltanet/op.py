@@ -5,15 +5,19 @@ head and the last conv - 1 inputs of the short causal conv: resident like a KV
 cache, updated every decode step. Column i holds value heads part(v_heads, w, i)
 (and the key heads they read), row j the slice part(v_dim, h, j) of each of
 them: the delta rule is independent per v_dim element, so the rows need no
-reduction to update the state; each core convolves its own channels (the q and
-k channels of its key heads, repeated on every row, and its v slice), runs the
-rule on its slice and sends its slice of the head outputs down the column
+reduction to update the state, but each row needs the whole q and k of its key
+heads. So the column's q / k channels are split over its rows too: each core
+convolves its share of them (and its v slice) over its own conv state, and the
+column all-gathers the convolved q / k (`qk_merge`, streaming to the root and
+multicast back: `interface.Gather`) before the rule; the conv state of those
+channels is then split over the rows rather than repeated on each (1.8 KB a
+slot per core for Qwen3.5-9B, which left no room for 8 slots). Each core runs
+the rule on its slice and sends its slice of the head outputs down the column
 (`delta_merge` gathers them); the root applies the gated RMSNorm over whole
 heads and relays the result back up. Continuous batching resolves here: a slot
 whose request starts (position 0) starts from zero state, so a freed and
 re-admitted slot forgets its previous request.
 """
-
 from __future__ import annotations
 
 from typing import ClassVar
@@ -31,6 +35,7 @@ from meshrt.kernels.interface import (
     ACT_BYTES,
     UNARY_FORMAT,
     Footprint,
+    Gather,
     KernelContext,
     KernelOp,
     ceil_div,
@@ -40,6 +45,8 @@ from meshrt.shape import HParams
 
 CONV = ComputeOp("delta_conv", "fmac", csl.conv, reads_input=True)
 """The short causal conv of this core's channels over the slot's conv state, then silu."""
+QK_MERGE = ComputeOp("qk_merge", "add", csl.qk_merge)
+"""Gather a partner's slices of the column's convolved q / k into this core's."""
 DELTA = ComputeOp("delta", "fmac_f32", csl.delta)
 """The gated delta rule on this core's v_dim slice: decay, read, write, read out (fp32 state)."""
 DELTA_MERGE = ComputeOp("delta_merge", "add", csl.delta_merge)
@@ -49,7 +56,7 @@ NORM_GATE = ComputeOp("norm_gate", "exp", csl.norm_gate)
 
 
 def _shares(k_heads: int, v_heads: int, v_dim: int, w: int, h: int) -> tuple[int, int, int]:
-    """(value heads, key heads, v_dim elements) one core holds at most."""
+    """(value heads, key heads, v_dim elements) one core's column and row hold at most."""
     nv = ceil_div(v_heads, w)
     rep = max(1, v_heads // k_heads)
     # a column's nv value heads start at a multiple of nv: they straddle a key-head
@@ -75,7 +82,7 @@ class DeltaNetOp(KernelOp):
 
     VIZ_COLOR: ClassVar[str] = "#e7298a"
     VIZ_RANK: ClassVar[int] = 1
-    COMPUTE: ClassVar[tuple] = (CONV, DELTA, DELTA_MERGE, NORM_GATE)
+    COMPUTE: ClassVar[tuple] = (CONV, QK_MERGE, DELTA, DELTA_MERGE, NORM_GATE)
     NUMERICS: ClassVar[type] = DeltaNet
     LOWERS: ClassVar[tuple] = (graph.DeltaNetOp,)
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # per-slot state resets
@@ -98,17 +105,28 @@ class DeltaNetOp(KernelOp):
             raise self.fail(f"{vh} value heads cannot be tiled over {w} columns")
 
     @staticmethod
+    def channels(k_heads: int, v_heads: int, k_dim: int, v_dim: int, w: int, h: int
+                 ) -> tuple[int, int, int]:
+        """(the column's q / k channels, the channels one core convolves: its share of those
+        and its v slice, the v_dim elements of its slice) at most."""
+        nv, nk, vs = _shares(k_heads, v_heads, v_dim, w, h)
+        qk = 2 * nk * k_dim
+        return qk, ceil_div(qk, h) + nv * vs, vs
+
+    @staticmethod
     def footprint(slots: int, k_heads: int, v_heads: int, k_dim: int, v_dim: int, conv: int,
                   state_bytes: float, weight_bytes: float, micro_batch: int, w: int,
                   h: int) -> Footprint:
         """Per slot the recurrent state of the core's heads' v_dim slice and the conv state of
         its channels (at `state_bytes`, like a KV cache), the conv taps and per-head
-        parameters (at `weight_bytes`); buffers: the input it reads, the head outputs."""
-        nv, nk, vs = _shares(k_heads, v_heads, v_dim, w, h)
-        channels = 2 * nk * k_dim + nv * vs
-        state = slots * (nv * k_dim * vs + channels * (conv - 1)) * state_bytes
-        state += (channels * conv + 2 * nv + v_dim) * weight_bytes
-        inputs = micro_batch * (channels + nv * v_dim + 2 * nv) * ACT_BYTES
+        parameters (at `weight_bytes`); buffers: the column's share of the input (its q / k
+        channels, where the gathered convolved q / k land, its v slice, the z and gate
+        inputs of its heads), the head outputs."""
+        nv = _shares(k_heads, v_heads, v_dim, w, h)[0]
+        qk, own, vs = DeltaNetOp.channels(k_heads, v_heads, k_dim, v_dim, w, h)
+        state = slots * (nv * k_dim * vs + own * (conv - 1)) * state_bytes
+        state += (own * conv + 2 * nv + v_dim) * weight_bytes
+        inputs = micro_batch * (qk + nv * vs + nv * v_dim + 2 * nv) * ACT_BYTES
         outputs = 2 * micro_batch * nv * v_dim * ACT_BYTES
         return Footprint(state, inputs + outputs)
 
@@ -116,15 +134,17 @@ class DeltaNetOp(KernelOp):
         _, _, w, h = self.grid()
         kh, vh, kd, vd, conv = self.dims()
         b = kctx.micro_batch
-        nv, nk, vs = _shares(kh, vh, vd, w, h)
-        channels = 2 * nk * kd + nv * vs
+        nv = _shares(kh, vh, vd, w, h)[0]
+        qk, own, vs = self.channels(kh, vh, kd, vd, w, h)
         state = self.footprint(kctx.slots, kh, vh, kd, vd, conv, kctx.kv_bytes, kctx.weight_bytes,
                                b, w, h).state
-        local = [("compute", "delta_conv", b * channels * conv),
-                 ("compute", "delta", b * nv * kd * vs * 4)]  # decay, read, write, read out
+        # the column's convolved q / k, fp32 like any partial on its way through a chain
+        qk_gather = Gather([("compute", "delta_conv", b * own * conv)], "qk_merge",
+                           b * qk * ACT_BYTES)
+        local = [("compute", "delta", b * nv * kd * vs * 4)]  # decay, read, write, read out
         msg = b * nv * vd * ACT_BYTES  # the column's head outputs, the slices filled so far
         roles, flows = chain(self, local, "delta_merge", msg,
-                             [("compute", "norm_gate", b * nv * vd)], int(state))
+                             [("compute", "norm_gate", b * nv * vd)], int(state), gather=qk_gather)
         for r in roles:
             r.ctrl = kctx.slots * 16  # request descriptor table: per-slot positions
         return roles, flows
