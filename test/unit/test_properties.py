@@ -112,9 +112,15 @@ UNEVEN_UP_COLUMNS = Model(1, 8, 4, 4, 32, 128, 16, 1, ffn=64, micro_batch=2)
 PIPELINED_MOE_DEADLOCK = Model(3, 2, 2, 8, 16, 64, 16, 1, experts=4, top_k=1, expert_ffn=32,
                                dynamism=("continuous_batching", "moe_routing",
                                          "micro_batch_pipeline"), micro_batch=1)
+# hidden 32 over a 10-row corridor (ceil split: rows 8 and 9 hold no values): combine
+# demanded every routed expert's output on those rows too
+EMPTY_CORRIDOR_ROWS = Model(3, 4, 1, 8, 32, 69, 28, 50, experts=8, top_k=1, expert_ffn=83,
+                            dynamism=("continuous_batching", "micro_batch_pipeline"),
+                            micro_batch=1)
 
 
 @given(model=models(), seed=st.integers(0, 2**16))
+@example(model=EMPTY_CORRIDOR_ROWS, seed=6747)
 @example(model=TINY_DENSE, seed=0)
 @example(model=ONE_ROW_ALLREDUCE, seed=0)
 @example(model=ONE_CORE_COMBINE, seed=1)
