@@ -1,11 +1,13 @@
 """The default mapper: a ModelSpec on a Target becomes `graph` dialect IR.
 
 Layout. Every *unit* (the embedding, each decoder layer, the LM head) is a
-block of full-height *bands*, one per weight-holding kernel, in dataflow
-order: a layer is [qkv | attention | o_proj | up | down] (dense) or
-[qkv | attention | o_proj | gate | relay | expert grid] (MoE). Norms, residual
-adds and the SwiGLU product run on the cores of the band next to them, as a
-real mapping does. Blocks are packed in layer order into rows of height H,
+block of full-height *bands* in dataflow order. A dense layer is one band,
+one region every kernel of the layer runs on (its four GEMVs 2D-tiled in
+alternating orientations, attention's KV spread over every row, the norms,
+residual adds and the SwiGLU product beside them); an MoE layer is
+[layer | gate | relay | expert grid]: its attention half (norm, qkv,
+attention, o, residual add) on one region as a dense layer's, then the
+gate's column, the corridor and the expert regions. Blocks are packed in layer order into rows of height H,
 boustrophedon, row after row, wafer after wafer, so each wafer holds a
 contiguous range of layers; on more wafers than the fewest (`wafers` given)
 the units are cut into contiguous runs of balanced width, one per wafer.
@@ -22,7 +24,7 @@ the rows), else stacked as narrow as they go.
 The embedding also holds a buffer for the largest message it sends (the
 share of the hidden vector a reader in the first layer takes). Where the
 wafers have room, dense layers, the LM head and the MoE layers' expert
-regions and projection bands are widened past their least width (SCALES, as
+regions are widened past their least width (SCALES, as
 far as the target's width allows; `mapping { width_scale = ... }` pins one):
 more cores, less work per core.
 
@@ -169,13 +171,16 @@ class Sizer:
             return relay_footprint(s.top_k, s.hidden, mb, w, h).total
         raise ValueError(kind)
 
-    def layer_gemvs(self, w: int, h: int) -> float:
-        """Bytes per core of a dense layer's four GEMVs sharing one w x h region, in
-        alternating orientations (qkv and up reduce down columns, o and down along rows)."""
+    def layer_gemvs(self, w: int, h: int, ffn: bool = True) -> float:
+        """Bytes per core of a layer's GEMVs sharing one w x h region, in alternating
+        orientations (qkv and up reduce down columns, o and down along rows): a dense
+        layer's four, or (`ffn` off) an MoE layer's qkv and o."""
         s, d = self.shape, self.shape.linear_bytes
-        return (self.matmul(s.hidden, self.mixer_in, d, w, h)
-                + GemvOp.footprint(self.mixer_out, s.hidden, d, self.micro_batch, w, h, "row").total
-                + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
+        mixer = (self.matmul(s.hidden, self.mixer_in, d, w, h)
+                 + GemvOp.footprint(self.mixer_out, s.hidden, d, self.micro_batch, w, h, "row").total)
+        if not ffn:
+            return mixer
+        return (mixer + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
                 + GemvOp.footprint(s.ffn, s.hidden, d, self.micro_batch, w, h, "row").total)
 
     def control(self) -> int:
@@ -252,11 +257,13 @@ def _min_width(fn: Callable[[int], float], max_w: int, usable: int) -> int | Non
 WIDENS = ("dense", "moe", "lm_head")
 """Units the mapper widens past their least width when the wafers have room (the embedding,
 whose every core sends, keeps its least width)."""
-WIDE_MOE_BANDS = ("qkv", "o")
-"""An MoE layer's bands that widen with its expert regions: attention's columns hold whole KV
-heads, and the gate and the corridor stay one column (the tokens move along their rows)."""
 DENSE_BANDS = ("layer",)  # every kernel of the layer on one region
-MOE_BANDS = ("qkv", "attn", "o", "gate", "relay")
+MOE_BANDS = ("layer", "gate", "relay")
+"""An MoE layer: its attention half (qkv, attention, o, the residual add) on one region as a
+dense layer's kernels are, then the gate's column and the corridor's, then the expert
+regions. Only the expert regions widen with the wafers' room (the region keeps its least
+width, which its KV sets); the gate and the corridor stay one column (the tokens move along
+their rows)."""
 
 
 @dataclass(frozen=True)
@@ -354,8 +361,9 @@ class Planner:
                 best = cand
         return best
 
-    def _stack(self, height: int, scale: float = 1.0) -> int | None:
-        """Width of a dense layer `height` rows high, or None.
+    def _stack(self, height: int, scale: float = 1.0, ffn: bool = True) -> int | None:
+        """Width of a dense layer `height` rows high (`ffn` off: an MoE layer's attention
+        half), or None.
 
         The layer is one region and every kernel runs on all of it: each core
         holds its tiles of the four GEMVs (alternating orientations, so each
@@ -368,10 +376,10 @@ class Planner:
         mapping has room to spare (more cores per layer: less work per core).
         """
         sz, s = self.sizer, self.sizer.shape
-        max_w = min(s.qkv_width, s.attn_width, s.ffn, s.kv_heads * s.head_dim)
+        max_w = min(s.qkv_width, s.attn_width, s.kv_heads * s.head_dim, *((s.ffn,) if ffn else ()))
 
         def fits(w: int) -> bool:
-            return sz.layer_gemvs(w, height) + sz.band("attn", w, height) <= sz.usable
+            return sz.layer_gemvs(w, height, ffn) + sz.band("attn", w, height) <= sz.usable
 
         lo = _least(fits, max_w)
         if lo is None:
@@ -392,10 +400,13 @@ class Planner:
         widths = []
         bands = Unit(kind, 0).bands
         for band in bands:
-            w = self.band_width(band, height, msg if kind == "embed" else 0)
+            if band == "layer":  # an MoE layer's attention half, on one region, its least
+                w = self.stack(height, 1.0, False)  # width: the expert regions take the room
+            else:
+                w = self.band_width(band, height, msg if kind == "embed" else 0)
             if w is None:
                 return None
-            if kind in WIDENS and scale > 1.0 and (kind != "moe" or band in WIDE_MOE_BANDS):
+            if kind in WIDENS and scale > 1.0 and kind != "moe":
                 most = min(self.sizer.max_width(band), room or self.max_width or w)
                 w = _widened(w, scale, most)
             widths.append(w)
@@ -404,8 +415,8 @@ class Planner:
             grid = self.grid(height, sum(widths), room, scale)
             if grid is None:
                 return None
-        # the attention band splits head_dim where its columns do not hold whole KV heads
-        splits = "attn" in bands and self.sizer.shape.kv_heads % widths[bands.index("attn")] != 0
+        # attention splits head_dim where its columns do not hold whole KV heads
+        splits = "layer" in bands and self.sizer.shape.kv_heads % widths[bands.index("layer")] != 0
         return UnitShape(tuple(widths), grid, splits_heads=splits)
 
 
@@ -1045,12 +1056,14 @@ class _Emitter:
     def layer(self, p: Placed, b: dict[str, CoreSetAttr], x, common) -> SSAValue:
         s, i = self.s, p.unit.layer
         kw = dict(layer=i, **common)
+        # One region for every kernel of a dense layer and of an MoE layer's attention half
+        # (rows past max_seq hold no KV positions): attention's chains take the GEMV
+        # reductions' routes and its result, multicast back up the columns, is where the o
+        # projection reads it.
+        layer = b["layer"]
+        b = {**b, "qkv": layer, "attn": layer, "o": layer}
         if p.unit.kind == "dense":
-            # One region for every kernel (rows past max_seq hold no KV positions):
-            # attention's chains take the GEMV reductions' routes and its result,
-            # multicast back up the columns, is where the o projection reads it.
-            layer = b["layer"]
-            b = {"qkv": layer, "attn": layer, "o": layer, "up": layer, "down": layer}
+            b.update(up=layer, down=layer)
         n1 = self.add(g.RMSNormOp(f"l{i}_norm1", b["qkv"], x, **kw))
         q = s.linear_quant or None  # attention's and the FFN's stored format (not DeltaNet's)
         if s.is_linear_layer(i):  # Gated DeltaNet on the region's first columns

@@ -34,9 +34,12 @@ Left out: the hand-offs between wafers (the same count for every candidate
 on the same wafers) and stage boundaries. A probe costs a few tenths of a
 second on a whole-wafer model, so the mapper probes at most MAX_PROBES
 candidates: evenly spread over the candidates in order of (height, width
-scale), then the neighbours of the fastest (the time varies smoothly with
-both). Probes are cached per process (a bench compiles the same mapping
-for several builds).
+scale), then the neighbours of the fastest (the time mostly varies smoothly
+with both); then up to MAX_PROBES more: the widest candidate of each height,
+spread over the heights (a threshold such as expert tiles that fit decoded
+only when wide is not smooth). The pick is the fastest probed, so the second
+round can only find a faster one. Probes are cached per process (a bench
+compiles the same mapping for several builds).
 """
 
 from __future__ import annotations
@@ -118,8 +121,8 @@ def fastest(mapper: _Mapper, cands: Sequence[Layout]) -> Layout:
     order = sorted(range(len(cands)), key=lambda i: (cands[i].height, cands[i].scale))
     times: dict[int, float | None] = {}
 
-    def probe(pos: int) -> None:
-        if 0 <= pos < len(order) and order[pos] not in times and len(times) < MAX_PROBES:
+    def probe(pos: int, budget: int = MAX_PROBES) -> None:
+        if 0 <= pos < len(order) and order[pos] not in times and len(times) < budget:
             times[order[pos]] = step_cycles(mapper, cands[order[pos]])
 
     spread = max(1, MAX_PROBES // 2)
@@ -135,6 +138,16 @@ def fastest(mapper: _Mapper, cands: Sequence[Layout]) -> Layout:
             probe(best + d)
         if len(times) == before:
             break
+    # The widest candidate of each height too (spread over the heights): at one height
+    # more cores per unit rarely slow a step, and a threshold the neighbours above do not
+    # cross (expert tiles that fit decoded only when wide) can make it the fastest by far.
+    widest = [pos for pos in range(len(order))
+              if pos + 1 == len(order) or cands[order[pos + 1]].height != cands[order[pos]].height]
+    picks = sorted({widest[round(k * (len(widest) - 1) / max(MAX_PROBES - 1, 1))]
+                    for k in range(min(MAX_PROBES, len(widest)))})
+    budget = len(times) + MAX_PROBES
+    for pos in picks:
+        probe(pos, budget)
     ok = {i: t for i, t in times.items() if t is not None}
     if not ok:
         return cands[0]

@@ -210,7 +210,7 @@ def racing_program(model: str, materialize: str = ""):
     return program_of(module)
 
 
-RACES = [("tiny_dense", "", "l0_o.reduce.down"), ("tiny_moe", "colors=4", "_moe.reduce.down")]
+RACES = [("tiny_dense", "", "l0_o.reduce.down"), ("tiny_moe", "colors=4", "l0_o.reduce.down")]
 
 
 @pytest.mark.parametrize("target", ["test32", "test16"])

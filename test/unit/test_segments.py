@@ -410,17 +410,19 @@ def test_examples_pass_the_checker_on_every_target(model, target):
 
 def test_other_stages_flows_stay_installed_through_a_pipelined_class():
     """With micro-batches in flight, a flow passing through a class from pipeline stages
-    none of the class's kernels is in (the sampled tokens crossing the expert regions back
-    to the embedding) is live in every segment of that class: no boundary releases it, so
-    the class never drains another micro-batch's message, and the stages overlap. Releasing
-    it (as the lockstep positions alone say) ran tiny_moe's pipeline on test32 one
-    micro-batch at a time: an initiation interval of 7,901 cycles, over half the step. The
-    checker re-derives the rule: dropping such a flow from a segment's routes is an error."""
+    none of the class's kernels is in (the sampled tokens crossing the first layer's region
+    back to the embedding) is live in every segment of that class: no boundary releases it,
+    so the class never drains another micro-batch's message, and the stages overlap.
+    Releasing it (as the lockstep positions alone say) ran tiny_moe's pipeline on test32 one
+    micro-batch at a time: an initiation interval of 7,901 cycles, over half the step (tiny_moe's
+    layout on test32 no longer routes the tokens through a multi-segment class; tiny_dense's
+    does). The checker re-derives the rule: dropping such a flow from a segment's routes is
+    an error."""
     from meshrt.analysis.liveness import StageSets
     from meshrt.runtime.cost_model import CostModel
     from meshrt.targets import load_target
 
-    module = parse(_events("tiny_moe.mrt", "test32"), "tiny_moe")
+    module = parse(_events("tiny_dense.mrt", "test32"), "tiny_dense")
     run(module, "materialize-segments,color-routes")
     program = program_of(module)
     live = liveness_of_program(program)

@@ -124,16 +124,17 @@ def test_unsafe_ablation_is_caught_and_safe_never_is():
 
 
 def test_a_broken_metainfo_path_is_a_data_error():
-    # Strip the CF payload from the flow into the first layer's attention:
-    # attention then holds no table for the step and the run says so.
+    # Strip the CF payload from the flow into the first layer's region (its attention
+    # reads q, k and v in place and takes the payload from the norm's input): attention
+    # then holds no table for the step and the run says so.
     from xdsl.printer import Printer
     import io
 
     buf = io.StringIO()
     Printer(stream=buf).print_op(program("tiny_moe"))
     text = buf.getvalue()
-    text = re.sub(r"(event\.(?:send|recv) @l0_attn\.in0 bytes \d+ meta )\d+", r"\g<1>0", text)
-    text = re.sub(r'event\.meta_resolve "continuous_batching" from @l0_attn\.in0 bytes \d+\n', "", text)
+    text = re.sub(r"(event\.(?:send|recv) @l0_norm1\.in0 bytes \d+ meta )\d+", r"\g<1>0", text)
+    text = re.sub(r'event\.meta_resolve "continuous_batching" from @l0_norm1\.in0 bytes \d+\n', "", text)
     res = serve(program_of(parse_ir(text)), load_target("test32"), requests(SMALL[:1]), seed=0)
     s = res.summary()
     assert s["data_error"] and not s["outputs_match_reference"]

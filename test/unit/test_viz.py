@@ -178,7 +178,7 @@ def test_routes_of_one_colour_are_the_flows_on_it():
 def test_segment_filter_keeps_the_flows_live_in_that_segment():
     prog = program("tiny_moe", "segments")
     n = viz.max_segments(prog)
-    assert n == 2  # on test32 some of tiny_moe's classes take two segments
+    assert n > 1  # on test32 some of tiny_moe's classes take several segments
     for s in range(n):
         live = set()
         for c in prog.core_classes():
