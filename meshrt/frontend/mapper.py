@@ -7,8 +7,9 @@ alternating orientations, attention's KV spread over every row, the norms,
 residual adds and the SwiGLU product beside them); an MoE layer is
 [layer | gate | relay | expert grid]: its attention half (norm, qkv,
 attention, o, residual add) on one region as a dense layer's, then the
-gate's column, the corridor and the expert regions. Blocks are packed in layer order into rows of height H,
-boustrophedon, row after row, wafer after wafer, so each wafer holds a
+gate's column, the corridor and the expert regions. Blocks are packed in
+layer order into rows of height H, boustrophedon, row after row, wafer
+after wafer, so each wafer holds a
 contiguous range of layers; on more wafers than the fewest (`wafers` given)
 the units are cut into contiguous runs of balanced width, one per wafer.
 
@@ -376,7 +377,9 @@ class Planner:
         mapping has room to spare (more cores per layer: less work per core).
         """
         sz, s = self.sizer, self.sizer.shape
-        max_w = min(s.qkv_width, s.attn_width, s.kv_heads * s.head_dim, *((s.ffn,) if ffn else ()))
+        max_w = min(s.qkv_width, s.attn_width, s.kv_heads * s.head_dim)
+        if ffn:
+            max_w = min(max_w, s.ffn)
 
         def fits(w: int) -> bool:
             return sz.layer_gemvs(w, height, ffn) + sz.band("attn", w, height) <= sz.usable

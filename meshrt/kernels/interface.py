@@ -502,12 +502,11 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
         m = tree.side_length(side)
         if not m:
             continue
-        leads = set(tree.leads(side))
         for lo, hi in tree.groups(side):
             for d in range(lo, hi + 1):
                 add_role(f"edge{sfx}" if d == hi else f"mid{sfx}", tree.position(side, d),
                          [INPUTS, *before.get((side, d), []), *local, *at_pos[side, d], *out])
-        for d in sorted(leads):
+        for d in tree.leads(side):
             add_role(f"lead{sfx}", tree.position(side, d),
                      [INPUTS, *before.get((side, d), []), *local, *at_pos[side, d], *out])
     roles = [Role(name, at(ps), events, state, sends_output=not outputs_from_root)

@@ -18,6 +18,7 @@ heads and relays the result back up. Continuous batching resolves here: a slot
 whose request starts (position 0) starts from zero state, so a freed and
 re-admitted slot forgets its previous request.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -106,12 +107,12 @@ class DeltaNetOp(KernelOp):
 
     @staticmethod
     def channels(k_heads: int, v_heads: int, k_dim: int, v_dim: int, w: int, h: int
-                 ) -> tuple[int, int, int]:
-        """(the column's q / k channels, the channels one core convolves: its share of those
-        and its v slice, the v_dim elements of its slice) at most."""
+                 ) -> tuple[int, int, int, int]:
+        """(value heads, the column's q / k channels, the channels one core convolves: its
+        share of those and its v slice, the v_dim elements of its slice) at most."""
         nv, nk, vs = _shares(k_heads, v_heads, v_dim, w, h)
         qk = 2 * nk * k_dim
-        return qk, ceil_div(qk, h) + nv * vs, vs
+        return nv, qk, ceil_div(qk, h) + nv * vs, vs
 
     @staticmethod
     def footprint(slots: int, k_heads: int, v_heads: int, k_dim: int, v_dim: int, conv: int,
@@ -122,8 +123,7 @@ class DeltaNetOp(KernelOp):
         parameters (at `weight_bytes`); buffers: the column's share of the input (its q / k
         channels, where the gathered convolved q / k land, its v slice, the z and gate
         inputs of its heads), the head outputs."""
-        nv = _shares(k_heads, v_heads, v_dim, w, h)[0]
-        qk, own, vs = DeltaNetOp.channels(k_heads, v_heads, k_dim, v_dim, w, h)
+        nv, qk, own, vs = DeltaNetOp.channels(k_heads, v_heads, k_dim, v_dim, w, h)
         state = slots * (nv * k_dim * vs + own * (conv - 1)) * state_bytes
         state += (own * conv + 2 * nv + v_dim) * weight_bytes
         inputs = micro_batch * (qk + nv * vs + nv * v_dim + 2 * nv) * ACT_BYTES
@@ -134,8 +134,7 @@ class DeltaNetOp(KernelOp):
         _, _, w, h = self.grid()
         kh, vh, kd, vd, conv = self.dims()
         b = kctx.micro_batch
-        nv = _shares(kh, vh, vd, w, h)[0]
-        qk, own, vs = self.channels(kh, vh, kd, vd, w, h)
+        nv, qk, own, vs = self.channels(kh, vh, kd, vd, w, h)
         state = self.footprint(kctx.slots, kh, vh, kd, vd, conv, kctx.kv_bytes, kctx.weight_bytes,
                                b, w, h).state
         # the column's convolved q / k, fp32 like any partial on its way through a chain
