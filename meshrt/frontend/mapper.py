@@ -103,10 +103,16 @@ UNIT_LOAD = {"embed": 1, "dense": 5, "moe": 6, "lm_head": 2}
 # ---------------------------------------------------------------------------
 
 
-def delta_width(shape: ModelShape, w: int) -> int:
-    """Columns a Gated DeltaNet takes of a token-mixer band w wide: at most one per value
-    head (its columns hold whole value heads), the rest of the band idles in that layer."""
-    return min(w, shape.linear_v_heads)
+def delta_shape(shape: ModelShape, w: int, micro_batch: int) -> tuple[int, int]:
+    """(columns, token groups) a Gated DeltaNet takes of a token-mixer band w wide: at most
+    one column per value head in each group (its columns hold whole value heads), and as
+    many groups side by side as fit and divide the micro-batch (each runs its share of
+    the tokens and keeps their slots' state); the rest of the band idles in that layer."""
+    vh = shape.linear_v_heads
+    if w <= vh:
+        return w, 1
+    groups = max(g for g in range(1, micro_batch + 1) if micro_batch % g == 0 and g * vh <= w)
+    return groups * vh, groups
 
 
 @dataclass(frozen=True)
@@ -143,9 +149,10 @@ class Sizer:
                                      s.kv_bytes, self.micro_batch, w, h).total
         if not s.linear_layers:
             return attn
+        cols, groups = delta_shape(s, w, self.micro_batch)
         return max(attn, DeltaNetOp.footprint(
             self.kv_slots, s.linear_k_heads, s.linear_v_heads, s.linear_k_dim, s.linear_v_dim,
-            s.linear_conv, s.kv_bytes, s.dtype_bytes, self.micro_batch, delta_width(s, w), h).total)
+            s.linear_conv, s.kv_bytes, s.dtype_bytes, self.micro_batch, cols, h, groups).total)
 
     def band(self, kind: str, w: int, h: int) -> float:
         """Bytes per core of the kernel a band holds, by the kernel kind's own formula."""
@@ -1072,7 +1079,7 @@ class _Emitter:
         if s.is_linear_layer(i):  # Gated DeltaNet on the region's first columns
             qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.linear_in_width, **kw))
             x0, y0, x1, y1 = b["attn"].extent
-            w = delta_width(s, x1 - x0)
+            w, _ = delta_shape(s, x1 - x0, self.m.mb)
             # its inner rows where there are three or more: the qkv reduction's end row
             # sends the DeltaNet its input and is not among the receivers (the CSL
             # backend routes no gather whose receivers are partly its senders)

@@ -230,6 +230,12 @@ class KernelOp(MappedKernelOp):
         """How the kernel's result is laid out over the cores that hold it (one of LAYOUTS)."""
         raise NotImplementedError(f"kernel kind {self.kernel_kind()} does not define its output layout")
 
+    def holds_all_tokens(self) -> bool:
+        """Whether each core holding the result holds it for every token of the micro-batch
+        (a kernel splitting the tokens over groups of its cores does not: its consumers
+        gather, never read it in place)."""
+        return True
+
     def is_collective(self) -> bool:
         """Completion is all-or-nothing (a reduction tree every core joins)."""
         return False
@@ -314,6 +320,8 @@ def holds_input(producer: KernelOp, consumer: KernelOp) -> bool:
     the part of the producer's value it needs (so no flow is needed)."""
     px, py, pw, ph = producer.tiles()[0]
     cx, cy, cw, ch = consumer.tiles()[0]
+    if not producer.holds_all_tokens():
+        return False
     held = effective_layout(producer.output_layout(), pw, ph)
     need = consumer.input_layout()
     if need == "flat":

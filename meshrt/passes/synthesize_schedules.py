@@ -158,7 +158,8 @@ def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAt
     Only one replica of the value sends: a value split over rows and the same
     in every column is sent by one column, one split over columns by one row
     (the line nearest the consumer). Where the producer's split lines up with
-    the consumer's (the same rows, or the same columns), each sender
+    the consumer's (the same rows, or the same columns) and each core holds
+    its slice for every token, each sender
     multicasts its slice along its row (column) to exactly the receivers that
     need it: one message per receiver. Otherwise every receiver gathers the
     replica's slices (an `all` flow from that one line): one multicast per
@@ -187,6 +188,7 @@ def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAt
     if held not in ("rows", "cols", "full") or not producer.resident_cores.covers(src):
         return src, "all", None
     x0, y0, x1, y1 = dst.extent
+    whole = op.holds_all_tokens()  # else a line's cores hold other lines' tokens: gather
     if held == "full":
         b = next(iter(out))
         return (CoreSetAttr.of(_nearest([(b[0], b[2])], x0, x1), _nearest([(b[1], b[3])], y0, y1), 1, 1),
@@ -197,14 +199,14 @@ def _redistribution(producer: _KernelPlan, consumer: mk.KernelOp, src: CoreSetAt
             return src, "all", None
         x = _nearest(full, x0, x1)
         line = CoreSetAttr.of(x, py, 1, ph)
-        aligned = need == "rows" and (py, ph) == (cy, ch) and not cross_wafer
+        aligned = need == "rows" and (py, ph) == (cy, ch) and not cross_wafer and whole
         return (line, "row", None) if aligned else (line, "all", held)
     full = [(b[1], b[3]) for b in out if b[0] <= px and b[2] >= px + pw]
     if not full:
         return src, "all", None
     y = _nearest(full, y0, y1)
     line = CoreSetAttr.of(px, y, pw, 1)
-    aligned = need == "cols" and (px, pw) == (cx, cw) and not cross_wafer
+    aligned = need == "cols" and (px, pw) == (cx, cw) and not cross_wafer and whole
     return (line, "col", None) if aligned else (line, "all", held)
 
 

@@ -434,6 +434,30 @@ def test_a_deltanet_narrower_than_its_layer_computes(tmp_path):
     assert rc == 0 and json.loads(out.getvalue())["outputs_match_reference"]
 
 
+@pytest.mark.parametrize("micro_batch", [2, 4])
+def test_deltanet_token_groups_compute(tmp_path, micro_batch):
+    """Two value heads on a layer four columns wide at micro-batch 2 and 4: the DeltaNet
+    takes all four columns as two token groups side by side, each running every other
+    token of the micro-batch over its own slots' state. Eight requests through the slots
+    (each slot reused), three asynchrony seeds: the reference's tokens."""
+    from meshrt.runtime.serving import serve
+    from meshrt.runtime.workloads import Request
+
+    cfg = json.loads((DATA / "qwen3_5" / "config.json").read_text())
+    cfg.update(linear_num_key_heads=1, linear_num_value_heads=2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    program = driver.segment_program(tmp_path / "config.json", "test32", micro_batch=micro_batch)
+    (delta,) = [k for k in program.kernels() if k.kernel_name == "l0_delta"]
+    assert delta.region.rects.data[0].tuple[2] == 4 and delta.param("groups") == 2
+    rng = np.random.default_rng(2)
+    reqs = [Request(i, 0.0, rng.integers(0, 128, 2 + i % 3).tolist(), 2 + i % 3, 3, 3)
+            for i in range(8)]
+    for seed in range(3):
+        res = serve(program, driver.load_target("test32"), reqs, seed=seed)
+        assert len(res.records) == 8 and not res.sim.reports
+        assert res.outputs_match_reference, seed
+
+
 @pytest.mark.parametrize("spoil, where, needle", [
     (lambda d: (d / "model.safetensors").write_bytes(b"garbage"), "model.safetensors",
      "not a safetensors file (bad header)"),

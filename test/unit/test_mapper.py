@@ -254,14 +254,29 @@ def test_qwen3_5_9b_maps_at_micro_batch_2():
     assert HParams.of(model).int("kv_slots") == 2 * int_value(model.stages) > 2
 
 
+@pytest.mark.parametrize("micro_batch", [4, 8])
+def test_qwen3_5_9b_maps_at_micro_batch_4_and_8_with_deltanet_token_groups(micro_batch):
+    """With one value head per column a DeltaNet holds every slot's state on 32 columns:
+    at micro-batch 4 that left each stage needing more wafers than it added, and no
+    mapping. As token groups side by side (each its share of the tokens and their slots)
+    it spreads over its layer's band, and the model maps."""
+    cfg = REPO / "examples" / "configs" / "qwen3.5-9b.json"
+    module = driver.compile(cfg, "wse3", "graph", micro_batch=micro_batch)
+    model = next(op for op in module.walk() if isinstance(op, graph.ModelOp))
+    assert HParams.of(model).int("kv_slots") == micro_batch * int_value(model.stages)
+    widths = {op.region.extent[2] - op.region.extent[0]
+              for op in module.walk() if isinstance(op, graph.DeltaNetOp)}
+    (w,) = widths
+    assert w % 32 == 0 and micro_batch % (w // 32) == 0 and w // 32 > 1
+
+
 def test_a_model_that_fits_no_wafer_names_the_unit_that_does_not_tile():
-    """Qwen3.5-9B at micro-batch 4: each stage more needs more wafers (its request slots'
-    KV and DeltaNet state), up to the most stages, where no layer's region holds its
-    DeltaNet's per-core share; the error names a layer and the slots (it named the
-    embedding, the largest unit, which tiles)."""
+    """Qwen3.5-9B at micro-batch 16: the LM head's per-token buffers leave its GEMV no
+    block height where it tiles onto one wafer; the error names it and the slots (it
+    named the embedding, as large, which tiles)."""
     cfg = REPO / "examples" / "configs" / "qwen3.5-9b.json"
     with pytest.raises(FrontendError) as e:
-        driver.compile(cfg, "wse3", "graph", micro_batch=4)
+        driver.compile(cfg, "wse3", "graph", micro_batch=16)
     msg = str(e.value)
-    assert "model does not fit: layer " in msg and "request slots of KV: micro-batch 4 x" in msg
+    assert "model does not fit: lm_head " in msg and "request slots of KV: micro-batch 16 x" in msg
     assert "tile onto one wafer's mesh at no block height" in msg and "embed needs" not in msg

@@ -22,6 +22,11 @@ def _taps(b: ComputeBody) -> int:
     return max(2, int(b.param("conv") or 2))
 
 
+def _tokens(b: ComputeBody) -> int:
+    """Tokens this core runs: its token group's share of the micro-batch."""
+    return max(1, b.b // max(1, int(b.param("groups") or 1)))
+
+
 def conv(b: ComputeBody) -> list[str]:
     b.w.uses_math = True
     reg = b.w.region(b.sub)
@@ -29,11 +34,12 @@ def conv(b: ComputeBody) -> list[str]:
         return b.passthrough()
     arr, off, length = reg
     k = _taps(b)
-    n = max(1, min(b.e.work // (b.b * k), b.w.nx // b.b, length // (2 * k)))
+    t = _tokens(b)
+    n = max(1, min(b.e.work // (t * k), b.w.nx // t, length // (2 * k)))
     return [
         f"// causal conv of {n} channels over the slot's last {k - 1} inputs, then silu;",
         "// taps first in w, the conv state after them (oldest input first)",
-        f"for (@range(u16, {b.b})) |j| {{",
+        f"for (@range(u16, {t})) |j| {{",
         f"  for (@range(u16, {n})) |c| {{",
         f"    var s: {b.T} = x[j * {n} + c] * {arr}[{off} + c * {k} + {k - 1}];",
         f"    for (@range(u16, {k - 1})) |t| {{",
@@ -70,11 +76,12 @@ def delta(b: ComputeBody) -> list[str]:
         return b.passthrough()
     arr, off, length = reg
     kd = _k(b)
-    vs = max(1, min(b.e.work // (4 * b.b * kd), b.w.ny // b.b, length // max(1, kd)))
+    t = _tokens(b)
+    vs = max(1, min(b.e.work // (4 * t * kd), b.w.ny // t, length // max(1, kd)))
     return [
         f"// gated delta rule on {vs} state columns of {kd} rows: S *= exp(g);",
         "// m = S^T k; S += k (beta (v - m))^T; y = S^T q (q, k, v, g, beta in x)",
-        f"for (@range(u16, {b.b})) |j| {{",
+        f"for (@range(u16, {t})) |j| {{",
         f"  const decay: {b.T} = math.exp_{b.T}(x[j * {2 * kd + vs + 2} + {2 * kd + vs}]);",
         f"  const beta: {b.T} = x[j * {2 * kd + vs + 2} + {2 * kd + vs + 1}];",
         f"  for (@range(u16, {vs})) |c| {{",
@@ -102,10 +109,11 @@ def delta_merge(b: ComputeBody) -> list[str]:
 def norm_gate(b: ComputeBody) -> list[str]:
     b.w.uses_math = True
     vd = max(1, int(b.param("v_dim") or 1))
-    heads = max(1, min(b.e.work // (b.b * vd), b.w.ny // (b.b * vd)))
+    t = _tokens(b)
+    heads = max(1, min(b.e.work // (t * vd), b.w.ny // (t * vd)))
     return [
         f"// per head of {vd}: y = y / sqrt(mean(y^2) + eps) * gain * silu(z) (z in x)",
-        f"for (@range(u16, {b.b * heads})) |hh| {{",
+        f"for (@range(u16, {t * heads})) |hh| {{",
         f"  var ss: {b.T} = 0.0;",
         f"  for (@range(u16, {vd})) |c| {{",
         f"    ss += y[hh * {vd} + c] * y[hh * {vd} + c];",

@@ -16,7 +16,8 @@ from meshrt.runtime import reference as ref
 
 class DeltaNet(KernelExec):
     """Value heads over the columns, v_dim over the rows; the column's convolved q / k
-    all-gathered up and down it, the head outputs gathered down it."""
+    all-gathered up and down it, the head outputs gathered down it. Token groups side by
+    side: each its own tokens and their slots' state."""
 
     OPS = frozenset({"delta_conv", "qk_merge", "delta", "delta_merge", "norm_gate"})
 
@@ -25,6 +26,7 @@ class DeltaNet(KernelExec):
         p = info.param
         self.kh, self.vh, self.kd, self.vd = p("k_heads"), p("v_heads"), p("k_dim"), p("v_dim")
         self.taps, self.slots = p("conv"), p("slots")
+        self.groups = p("groups", 1)
         self.eps = plane.shape.rms_eps
         self.w = plane.deltanet(self.layer)
         self.kw, self.vw = self.kh * self.kd, self.vh * self.vd
@@ -54,16 +56,34 @@ class DeltaNet(KernelExec):
     def _state(self, cd, idx, nv, ds):
         st = cd.kv.get(self.name)
         if st is None:
+            slots = -(-self.slots // self.groups)  # its group's: slots kv = group mod groups
             st = cd.kv[self.name] = (
-                np.zeros((self.slots, len(idx), self.taps - 1), F32),  # conv state
-                np.zeros((self.slots, nv, self.kd, ds), F32))  # recurrent state
+                np.zeros((slots, len(idx), self.taps - 1), F32),  # conv state
+                np.zeros((slots, nv, self.kd, ds), F32))  # recurrent state
         return st
 
     def admit(self, cd, kv: int) -> None:
         """Continuous batching gave slot `kv` a new request: it starts from zero state, none
         of the request the slot held before."""
         for state in cd.kv[self.name]:
-            state[kv] = 0.0
+            state[kv // self.groups] = 0.0
+
+    def _group(self, i: int, w: int) -> tuple[int, int, int]:
+        """(token group, column within it, its width) of column i of a w-wide region."""
+        wc = w // self.groups
+        return (*divmod(i, wc), wc)
+
+    def _mine(self, cb, group: int, where: str):
+        """(micro-batch position, slot) of the live tokens token group `group` runs."""
+        out = []
+        for b, slot in enumerate(cb.slots):
+            if slot.rid < 0 or b % self.groups != group:
+                continue
+            if slot.kv % self.groups != group:
+                raise DataLayoutError(f"{where}: slot {slot.kv} at micro-batch position {b} is "
+                                      f"not a slot of token group {group} of {self.groups}")
+            out.append((b, slot))
+        return out
 
     def _gathered(self, cd, where):
         """The column's whole convolved q / k once the gather has merged every row's slice."""
@@ -75,6 +95,7 @@ class DeltaNet(KernelExec):
     def compute(self, cd, op):
         where = self.where(cd)
         _, i, j, w, h = self.grid_pos(cd)
+        group, i, w = self._group(i, w)
         (v0, v1), (k0, k1), (d0, d1), (c0, c1), idx, of = self.layout(i, j, w, h)
         nv, nk, ds, nc = v1 - v0, k1 - k0, d1 - d0, c1 - c0
         if op == "delta_conv":
@@ -90,19 +111,18 @@ class DeltaNet(KernelExec):
             held = np.zeros(2 * nk * self.kd, bool)
             held[c0:c1] = True
             prep = {}
-            for b, slot in enumerate(cb.slots):
-                if slot.rid < 0:
-                    continue
+            for b, slot in self._mine(cb, group, where):
                 if slot.pos == 0:  # a request starts in this slot
                     self.admit(cd, slot.kv)
-                y, conv_st[slot.kv] = ref.causal_conv(x[b, idx][None], conv_st[slot.kv], taps)
+                kv = slot.kv // self.groups
+                y, conv_st[kv] = ref.causal_conv(x[b, idx][None], conv_st[kv], taps)
                 qk[b, c0:c1] = y[0, :nc]
                 v = y[0, nc:].reshape(1, nv, ds)
                 ab = self.conv_w + self.vw
                 g, beta = ref.deltanet_gates(x[b, ab + v0:ab + v1][None],
                                              x[b, ab + self.vh + v0:ab + self.vh + v1][None],
                                              self.w.dt_bias[v0:v1], self.w.a_log[v0:v1])
-                prep[b] = (slot.kv, v, g, beta)
+                prep[b] = (kv, v, g, beta)
             cd.acc[self.name, "prep"] = prep
             cd.acc[self.name, "qk"] = (qk, held)
         elif op == "qk_merge":
@@ -140,7 +160,9 @@ class DeltaNet(KernelExec):
             cb = cd.cb if self.plane.cb else self.plane.host.installed_table(cd.step)
             idle = [b for b, slot in enumerate(cb.slots) if slot.rid < 0]
             y[idle] = 0.0
-            cd.values[self.name] = Vec.of(y.reshape(self.b, nv * self.vd), v0 * self.vd, self.vw)
+            v = Vec.of(y.reshape(self.b, nv * self.vd), v0 * self.vd, self.vw)
+            v.mask[[b for b in range(self.b) if b % self.groups != group]] = False
+            cd.values[self.name] = v
 
     def _gathering(self, cd) -> bool:
         """Whether the core is inside the q / k gather (between its conv and its rule)."""

@@ -17,6 +17,16 @@ the rule on its slice and sends its slice of the head outputs down the column
 heads and relays the result back up. Continuous batching resolves here: a slot
 whose request starts (position 0) starts from zero state, so a freed and
 re-admitted slot forgets its previous request.
+
+A region wider than the value heads (`groups` > 1) is that many column groups
+side by side, each tiled as above: group c runs the micro-batch's tokens
+c, c + groups, ... and keeps the state of their request slots only (slot kv
+sits at micro-batch position kv mod micro_batch, so its group is kv mod
+groups). The groups share nothing: no flow between them, and each core's
+state, buffers and work are 1 / groups of a single group's. A column holds
+at least one whole value head, so this is how a DeltaNet uses more cores
+than its value heads have columns (the per-slot state would otherwise fill a
+32-column band at micro-batch 4).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, IntegerAttr
-from xdsl.irdl import irdl_op_definition, operand_def, prop_def, result_def
+from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, result_def
 
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
@@ -77,6 +87,7 @@ class DeltaNetOp(KernelOp):
     v_dim = prop_def(IntegerAttr[I64])
     conv = prop_def(IntegerAttr[I64])
     slots = prop_def(IntegerAttr[I64])
+    groups = opt_prop_def(IntegerAttr[I64])  # column groups splitting the tokens (absent: 1)
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = UNARY_FORMAT
@@ -93,17 +104,34 @@ class DeltaNetOp(KernelOp):
         return tuple(int_value(p) for p in (self.k_heads, self.v_heads, self.k_dim, self.v_dim,
                                              self.conv))
 
+    def token_groups(self) -> int:
+        return 1 if self.groups is None else int_value(self.groups)
+
+    def group_width(self) -> int:
+        """Columns of one token group."""
+        return self.grid()[2] // self.token_groups()
+
     def verify_kernel(self) -> None:
         _, _, w, _ = self.grid()
         kh, vh, _, _, conv = self.dims()
+        g = self.token_groups()
+        if g < 1:
+            raise self.fail(f"groups must be >= 1, got {g}")
+        if w % g:
+            raise self.fail(f"{w} columns do not split into {g} equal token groups")
+        prog = self.parent_op()
+        mb = getattr(prog, "micro_batch", None)
+        if mb is not None and int_value(mb) % g:
+            raise self.fail(f"{g} token groups do not divide micro-batch {int_value(mb)}")
         if int_value(self.slots) <= 0:
             raise self.fail("slots must be > 0")
         if kh <= 0 or vh % kh:
             raise self.fail("v_heads must be a positive multiple of k_heads")
         if conv < 2:
             raise self.fail(f"the conv needs at least 2 taps, got {conv}")
-        if vh < w:
-            raise self.fail(f"{vh} value heads cannot be tiled over {w} columns")
+        if vh < w // g:
+            raise self.fail(f"{vh} value heads cannot be tiled over {w // g} columns"
+                            + (f" (one of {g} token groups of {w} columns)" if g > 1 else ""))
 
     @staticmethod
     def channels(k_heads: int, v_heads: int, k_dim: int, v_dim: int, w: int, h: int
@@ -117,13 +145,15 @@ class DeltaNetOp(KernelOp):
     @staticmethod
     def footprint(slots: int, k_heads: int, v_heads: int, k_dim: int, v_dim: int, conv: int,
                   state_bytes: float, weight_bytes: float, micro_batch: int, w: int,
-                  h: int) -> Footprint:
+                  h: int, groups: int = 1) -> Footprint:
         """Per slot the recurrent state of the core's heads' v_dim slice and the conv state of
         its channels (at `state_bytes`, like a KV cache), the conv taps and per-head
         parameters (at `weight_bytes`); buffers: the column's share of the input (its q / k
         channels, where the gathered convolved q / k land, its v slice, the z and gate
-        inputs of its heads), the head outputs."""
-        nv, qk, own, vs = DeltaNetOp.channels(k_heads, v_heads, k_dim, v_dim, w, h)
+        inputs of its heads), the head outputs. With token groups, a group's slots and
+        tokens on its w / groups columns."""
+        slots, micro_batch = ceil_div(slots, groups), ceil_div(micro_batch, groups)
+        nv, qk, own, vs = DeltaNetOp.channels(k_heads, v_heads, k_dim, v_dim, w // groups, h)
         state = slots * (nv * k_dim * vs + own * (conv - 1)) * state_bytes
         state += (own * conv + 2 * nv + v_dim) * weight_bytes
         inputs = micro_batch * (qk + nv * vs + nv * v_dim + 2 * nv) * ACT_BYTES
@@ -133,10 +163,11 @@ class DeltaNetOp(KernelOp):
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()
         kh, vh, kd, vd, conv = self.dims()
-        b = kctx.micro_batch
-        nv, qk, own, vs = self.channels(kh, vh, kd, vd, w, h)
+        g = self.token_groups()
+        b = kctx.micro_batch // g  # the tokens of one group (the verifier saw g divide it)
+        nv, qk, own, vs = self.channels(kh, vh, kd, vd, w // g, h)
         state = self.footprint(kctx.slots, kh, vh, kd, vd, conv, kctx.kv_bytes, kctx.weight_bytes,
-                               b, w, h).state
+                               kctx.micro_batch, w, h, g).state
         # the column's convolved q / k, fp32 like any partial on its way through a chain
         qk_gather = Gather([("compute", "delta_conv", b * own * conv)], "qk_merge",
                            b * qk * ACT_BYTES)
@@ -145,7 +176,7 @@ class DeltaNetOp(KernelOp):
         roles, flows = chain(self, local, "delta_merge", msg,
                              [("compute", "norm_gate", b * nv * vd)], int(state), gather=qk_gather)
         for r in roles:
-            r.ctrl = kctx.slots * 16  # request descriptor table: per-slot positions
+            r.ctrl = ceil_div(kctx.slots, g) * 16  # request descriptor table: its slots' positions
         return roles, flows
 
     def input_share(self, width: int) -> int:
@@ -155,7 +186,10 @@ class DeltaNetOp(KernelOp):
         return "full"
 
     def output_layout(self) -> str:
-        return "cols"
+        return "cols"  # with token groups: each column its heads for its group's tokens
+
+    def holds_all_tokens(self) -> bool:
+        return self.token_groups() == 1
 
     def is_collective(self) -> bool:
         return True
@@ -164,5 +198,9 @@ class DeltaNetOp(KernelOp):
     def lower_props(cls, op):
         model = op.parent_op()
         assert isinstance(model, graph.ModelOp)
-        return dict(k_heads=op.k_heads, v_heads=op.v_heads, k_dim=op.k_dim, v_dim=op.v_dim,
-                    conv=op.conv, slots=HParams.of(model).kv_slots(model))
+        props = dict(k_heads=op.k_heads, v_heads=op.v_heads, k_dim=op.k_dim, v_dim=op.v_dim,
+                     conv=op.conv, slots=HParams.of(model).kv_slots(model))
+        w, vh = op.region.extent[2] - op.region.extent[0], op.v_heads.value.data
+        if w > vh:  # wider than its value heads: side-by-side token groups of them
+            props["groups"] = IntegerAttr(w // vh, 64)
+        return props

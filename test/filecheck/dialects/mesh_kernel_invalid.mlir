@@ -108,6 +108,31 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 d
 
 // -----
 
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<32>
+  %d = mesh_kernel.deltanet @delta(%x) on <(4, 1, 8, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 2 : i64, v_heads = 4 : i64, k_dim = 2 : i64, v_dim = 2 : i64, conv = 4 : i64, slots = 2 : i64, groups = 3 : i64} : !graph.act<32> -> !graph.act<8>
+}
+// CHECK: error: 'mesh_kernel.deltanet' op kernel @delta: 8 columns do not split into 3 equal token groups
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<32>
+  %d = mesh_kernel.deltanet @delta(%x) on <(4, 1, 12, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 2 : i64, v_heads = 4 : i64, k_dim = 2 : i64, v_dim = 2 : i64, conv = 4 : i64, slots = 2 : i64, groups = 2 : i64} : !graph.act<32> -> !graph.act<8>
+}
+// CHECK: error: 'mesh_kernel.deltanet' op kernel @delta: 4 value heads cannot be tiled over 6 columns (one of 2 token groups of 12 columns)
+
+// -----
+
+// Token groups split the micro-batch: two groups cannot share one token.
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<32>
+  %d = mesh_kernel.deltanet @delta(%x) on <(4, 1, 8, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 2 : i64, v_heads = 4 : i64, k_dim = 2 : i64, v_dim = 2 : i64, conv = 4 : i64, slots = 2 : i64, groups = 2 : i64} : !graph.act<32> -> !graph.act<8>
+}
+// CHECK: error: 'mesh_kernel.deltanet' op kernel @delta: 2 token groups do not divide micro-batch 1
+
+// -----
+
 mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<32>
   %d = mesh_kernel.deltanet @delta(%x) on <(4, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 2 : i64, v_heads = 4 : i64, k_dim = 2 : i64, v_dim = 2 : i64, conv = 1 : i64, slots = 2 : i64} : !graph.act<32> -> !graph.act<8>

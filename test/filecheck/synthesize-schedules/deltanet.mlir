@@ -1,4 +1,4 @@
-// RUN: meshrt-opt %s -p lower-to-mesh-kernels,synthesize-schedules | filecheck %s
+// RUN: meshrt-opt %s -p lower-to-mesh-kernels,synthesize-schedules --split-input-file | filecheck %s
 
 // Gated DeltaNet on a 2 x 4 region: one value head (v_dim 4) and its key head
 // (k_dim 8) per column, so a column's convolved q / k is 16 channels, split over
@@ -51,3 +51,29 @@ graph.model @dn target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dyn
 // CHECK-NEXT:     event.compute "norm_gate" work 4
 // CHECK-NEXT:     event.send @l0_in.reduce.up bytes 16
 // CHECK-NEXT:   }
+
+// -----
+
+// The same heads on a region twice as wide at micro-batch 2: two token groups of
+// two columns side by side (lowering sets groups = 2), each running one token of the
+// micro-batch over its own slot's state (slots 2 / 2 groups). Per core the work and
+// the messages are one token's, as at micro-batch 1 above, and no flow joins the groups.
+graph.model @dn target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dynamism [] hparams {dtype_bytes = 4 : i64, kv_slots = 2 : i64, linear_k_heads = 1 : i64, linear_v_heads = 2 : i64, linear_k_dim = 8 : i64, linear_v_dim = 4 : i64, linear_conv = 3 : i64, linear_layers = array<i64: 0>} {
+  %x = graph.embed @embed on <(0, 0, 4, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %p = graph.matmul @l0_in(%x) on <(4, 0, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<36>
+  %d = graph.deltanet @l0_delta(%p) on <(4, 0, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 1 : i64, v_heads = 2 : i64, k_dim = 8 : i64, v_dim = 4 : i64, conv = 3 : i64} : !graph.act<36> -> !graph.act<8>
+}
+
+// CHECK:      event.kernel @l0_delta "deltanet" on <(4, 0, 4, 4)> {{.*}}slots = 2 : i64, groups = 2 : i64
+// CHECK:      event.core_class @l0_delta.edge wafer 0 cores <(4, 0, 4, 1)> {
+// CHECK:        event.sub @l0_delta "edge"
+// CHECK-NEXT:     event.recv @l0_delta.in0 bytes 72
+// CHECK-NEXT:     event.compute "delta_conv" work 15
+// CHECK-NEXT:     event.send @l0_in.reduce.down bytes 64
+// CHECK-NEXT:     event.recv @l0_in.reduce.up bytes 64
+// CHECK-NEXT:     event.compute "delta" work 32
+// CHECK-NEXT:     event.send @l0_in.reduce.down bytes 16
+// CHECK-NEXT:     event.recv @l0_in.reduce.up bytes 16
+// CHECK-NEXT:   }
+// CHECK:      event.core_class @l0_delta.root wafer 0 cores <(4, 3, 4, 1)> {
+// CHECK:        event.compute "norm_gate" work 4
