@@ -406,7 +406,7 @@ class Planner:
         `room` the columns it may take (an explicit region's; default the target's)."""
         if kind == "dense":
             w = self.stack(height, scale)
-            return None if w is None else UnitShape((w,), None, w > self.sizer.shape.kv_heads)
+            return None if w is None else UnitShape((w,), None, self.sizer.shape.kv_heads % w != 0)
         widths = []
         bands = Unit(kind, 0).bands
         for band in bands:

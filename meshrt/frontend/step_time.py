@@ -143,8 +143,8 @@ def fastest(mapper: _Mapper, cands: Sequence[Layout]) -> Layout:
     # cross (expert tiles that fit decoded only when wide) can make it the fastest by far.
     widest = [pos for pos in range(len(order))
               if pos + 1 == len(order) or cands[order[pos + 1]].height != cands[order[pos]].height]
-    picks = sorted({widest[round(k * (len(widest) - 1) / max(MAX_PROBES - 1, 1))]
-                    for k in range(min(MAX_PROBES, len(widest)))})
+    n = min(MAX_PROBES, len(widest))
+    picks = sorted({widest[round(k * (len(widest) - 1) / max(n - 1, 1))] for k in range(n)})
     budget = len(times) + MAX_PROBES
     for pos in picks:
         probe(pos, budget)

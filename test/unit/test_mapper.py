@@ -73,6 +73,41 @@ def test_the_search_probes_the_widest_candidate_of_each_height(monkeypatch):
     assert len(probed) <= 2 * step_time.MAX_PROBES and len(set(probed)) == len(probed)
 
 
+def test_with_fewer_heights_than_probes_the_widest_of_every_height_is_timed(monkeypatch):
+    """Five heights of six scales, the step smooth but for one height's widest: the second
+    round times the widest of all five heights (it took the first three only: its spread
+    assumed MAX_PROBES heights), and finds it."""
+    heights = [40 + 10 * k for k in range(5)]
+    scales = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
+    cands = [M.Layout([], 1, h, 1, scale=sc) for h in heights for sc in scales]
+    step = {(lay.height, lay.scale): 1000.0 + k for k, lay in enumerate(cands)}
+    target = (heights[3], scales[-1])
+    step[target] = 100.0
+    probed = set()
+
+    def fake(_mapper, lay):
+        probed.add((lay.height, lay.scale))
+        return step[lay.height, lay.scale]
+
+    monkeypatch.setattr(step_time, "step_cycles", fake)
+    pick = step_time.fastest(None, cands)
+    assert (pick.height, pick.scale) == target
+    assert {(h, scales[-1]) for h in heights} <= probed
+
+
+def test_a_dense_layer_narrower_than_its_kv_heads_splits_them_unless_its_width_divides():
+    """A dense layer widened to 3 or 6 columns for 8 KV heads splits head_dim as a wider
+    one does (it counted as splitting only past 8 columns), so the mapper's preference
+    for whole KV heads per column sees it."""
+    spec = parse_spec("model m { layers = 3 hidden = 96 heads = 24 kv_heads = 8 vocab = 64 "
+                      "ffn = 64 max_seq = 16 } runtime { dynamism = [continuous_batching] }")
+    mp = _mapper(spec)
+    dense = [p.shape for lay in mp.candidates(1, mp.fewest_wafers(1)) for p in lay.placed
+             if p.unit.kind == "dense"]
+    assert any(sh.widths[0] < 8 and 8 % sh.widths[0] for sh in dense)
+    assert all(sh.splits_heads == (8 % sh.widths[0] != 0) for sh in dense)
+
+
 def test_probe_predicts_the_full_build():
     """The probe (two layers) extrapolated to the model is the full build's cost-model step."""
     spec = parse_spec(SMALL)
