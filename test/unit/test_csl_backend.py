@@ -835,12 +835,15 @@ def test_switch_chain_ends_mid_side_with_a_strip(rx):
         (src, [dst], 9, 9, random.Random(rx)))
 
 
-def test_lint_takes_the_void_argument_only_as_an_argument():
-    # `<control>`'s encoders take `{}` for "no entrypoint" (SDK docs); elsewhere
-    # `{}` is a block, never an expression.
+def test_lint_takes_the_void_value_only_as_an_argument_or_initializer():
+    # `<control>`'s encoders take `{}` for "no entrypoint" (SDK docs), the SDK's
+    # memcpy edge modules declare `param MEMCPYD2H_1 = {};`; elsewhere `{}` is a
+    # block, never an operand.
     ok = "const p: u32 = ctrl.encode_single_payload(ctrl.opcode.TEARDOWN, true, {}, 0);\n"
     assert check_csl(ok, "ok.csl") == []
-    assert check_csl("var a = {};\n", "bad.csl")
+    assert check_csl("param a = {};\nvar b = {};\n", "init.csl") == []
+    assert check_csl("var a = 1 + {};\n", "bad.csl")
+    assert check_csl("var a = .{ {} };\n", "bad.csl")
     assert check_csl("fn f() void {\n  {}\n}\n", "block.csl") == []
 
 
