@@ -40,6 +40,7 @@ between its senders and receivers: its route is empty, it takes no colour.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 
 from meshrt.dialects.mesh import CoreSetAttr, RectAttr
@@ -130,10 +131,26 @@ def _canonical(boxes: Iterable[Box]) -> tuple[Box, ...]:
 class RectSet:
     """A set of routers (cores) as canonical disjoint dense boxes."""
 
-    __slots__ = ("boxes",)
+    __slots__ = ("boxes", "_bands")
 
     def __init__(self, boxes: Iterable[Box] = ()):
         self.boxes: tuple[Box, ...] = _canonical(boxes)
+        self._bands: tuple | None = None
+
+    def _band_index(self) -> tuple:
+        """(tops, bottoms, bands): the canonical boxes by band, each band (y0, y1, x0s,
+        x1s) with its boxes' x ranges in order (bands are disjoint and go down the
+        mesh; a band's boxes are disjoint and go along it), for intersections by
+        bisection instead of box against box."""
+        if self._bands is None:
+            bands: list[tuple[int, int, list[int], list[int]]] = []
+            for x0, y0, x1, y1 in self.boxes:
+                if not bands or bands[-1][0] != y0:
+                    bands.append((y0, y1, [], []))
+                bands[-1][2].append(x0)
+                bands[-1][3].append(x1)
+            self._bands = ([b[0] for b in bands], [b[1] for b in bands], bands)
+        return self._bands
 
     # -- construction ----------------------------------------------------
     @staticmethod
@@ -149,12 +166,14 @@ class RectSet:
         return RectSet(self.boxes + other.boxes)
 
     def __and__(self, other: RectSet) -> RectSet:
+        few, many = sorted((self, other), key=lambda r: len(r.boxes))
+        tops, bottoms, bands = many._band_index()
         out = []
-        for a in self.boxes:
-            for b in other.boxes:
-                c = box_intersection(a, b)
-                if c is not None:
-                    out.append(c)
+        for a in few.boxes:
+            # the bands a spans, then the boxes of each that a spans
+            for y0, y1, x0s, x1s in bands[bisect_right(bottoms, a[1]):bisect_left(tops, a[3])]:
+                for k in range(bisect_right(x1s, a[0]), bisect_left(x0s, a[2])):
+                    out.append((max(a[0], x0s[k]), max(a[1], y0), min(a[2], x1s[k]), min(a[3], y1)))
         return RectSet(out)
 
     def __sub__(self, other: RectSet) -> RectSet:
