@@ -318,10 +318,10 @@ def held_share(width: int, layout: str, w: int, h: int) -> int:
 def holds_input(producer: KernelOp, consumer: KernelOp) -> bool:
     """Whether every core of `consumer` that also runs `producer` already holds
     the part of the producer's value it needs (so no flow is needed)."""
-    px, py, pw, ph = producer.tiles()[0]
-    cx, cy, cw, ch = consumer.tiles()[0]
     if not producer.holds_all_tokens():
         return False
+    px, py, pw, ph = producer.tiles()[0]
+    cx, cy, cw, ch = consumer.tiles()[0]
     held = effective_layout(producer.output_layout(), pw, ph)
     need = consumer.input_layout()
     if need == "flat":

@@ -14,6 +14,12 @@ from meshrt.kernels.numerics import F32, DataLayoutError, KernelExec, Vec, part
 from meshrt.runtime import reference as ref
 
 
+def group_slots(slots: int, groups: int) -> int:
+    """Request slots one token group keeps state for: slot kv belongs to group kv mod
+    groups, held at index kv // groups."""
+    return -(-slots // groups)
+
+
 class DeltaNet(KernelExec):
     """Value heads over the columns, v_dim over the rows; the column's convolved q / k
     all-gathered up and down it, the head outputs gathered down it. Token groups side by
@@ -56,7 +62,7 @@ class DeltaNet(KernelExec):
     def _state(self, cd, idx, nv, ds):
         st = cd.kv.get(self.name)
         if st is None:
-            slots = -(-self.slots // self.groups)  # its group's: slots kv = group mod groups
+            slots = group_slots(self.slots, self.groups)
             st = cd.kv[self.name] = (
                 np.zeros((slots, len(idx), self.taps - 1), F32),  # conv state
                 np.zeros((slots, nv, self.kd, ds), F32))  # recurrent state
@@ -161,7 +167,7 @@ class DeltaNet(KernelExec):
             idle = [b for b, slot in enumerate(cb.slots) if slot.rid < 0]
             y[idle] = 0.0
             v = Vec.of(y.reshape(self.b, nv * self.vd), v0 * self.vd, self.vw)
-            v.mask[[b for b in range(self.b) if b % self.groups != group]] = False
+            v.mask[np.arange(self.b) % self.groups != group] = False  # other groups' tokens
             cd.values[self.name] = v
 
     def _gathering(self, cd) -> bool:

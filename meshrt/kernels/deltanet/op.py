@@ -37,11 +37,11 @@ from xdsl.dialects.builtin import I64, IntegerAttr
 from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, result_def
 
 from meshrt.dialects import graph
-from meshrt.dialects.base import int_value
+from meshrt.dialects.base import enclosing_program, int_value
 from meshrt.dialects.graph import ActType
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.deltanet import csl
-from meshrt.kernels.deltanet.numerics import DeltaNet
+from meshrt.kernels.deltanet.numerics import DeltaNet, group_slots
 from meshrt.kernels.interface import (
     ACT_BYTES,
     UNARY_FORMAT,
@@ -107,10 +107,6 @@ class DeltaNetOp(KernelOp):
     def token_groups(self) -> int:
         return 1 if self.groups is None else int_value(self.groups)
 
-    def group_width(self) -> int:
-        """Columns of one token group."""
-        return self.grid()[2] // self.token_groups()
-
     def verify_kernel(self) -> None:
         _, _, w, _ = self.grid()
         kh, vh, _, _, conv = self.dims()
@@ -119,10 +115,9 @@ class DeltaNetOp(KernelOp):
             raise self.fail(f"groups must be >= 1, got {g}")
         if w % g:
             raise self.fail(f"{w} columns do not split into {g} equal token groups")
-        prog = self.parent_op()
-        mb = getattr(prog, "micro_batch", None)
-        if mb is not None and int_value(mb) % g:
-            raise self.fail(f"{g} token groups do not divide micro-batch {int_value(mb)}")
+        prog = enclosing_program(self)
+        if prog is not None and prog.micro_batch_size % g:
+            raise self.fail(f"{g} token groups do not divide micro-batch {prog.micro_batch_size}")
         if int_value(self.slots) <= 0:
             raise self.fail("slots must be > 0")
         if kh <= 0 or vh % kh:
@@ -152,7 +147,7 @@ class DeltaNetOp(KernelOp):
         channels, where the gathered convolved q / k land, its v slice, the z and gate
         inputs of its heads), the head outputs. With token groups, a group's slots and
         tokens on its w / groups columns."""
-        slots, micro_batch = ceil_div(slots, groups), ceil_div(micro_batch, groups)
+        slots, micro_batch = group_slots(slots, groups), ceil_div(micro_batch, groups)
         nv, qk, own, vs = DeltaNetOp.channels(k_heads, v_heads, k_dim, v_dim, w // groups, h)
         state = slots * (nv * k_dim * vs + own * (conv - 1)) * state_bytes
         state += (own * conv + 2 * nv + v_dim) * weight_bytes
@@ -176,7 +171,7 @@ class DeltaNetOp(KernelOp):
         roles, flows = chain(self, local, "delta_merge", msg,
                              [("compute", "norm_gate", b * nv * vd)], int(state), gather=qk_gather)
         for r in roles:
-            r.ctrl = ceil_div(kctx.slots, g) * 16  # request descriptor table: its slots' positions
+            r.ctrl = group_slots(kctx.slots, g) * 16  # request descriptor table: its slots' positions
         return roles, flows
 
     def input_share(self, width: int) -> int:
