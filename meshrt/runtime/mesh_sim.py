@@ -24,9 +24,11 @@ kernels' subs on the same core have always completed before it starts.
 Time is integer cycles. Each event costs `ceil(base * speed * jitter)`
 cycles (at least 1): `speed` is a per-core factor drawn once from
 1 + U(-s, s) with s = `target.speed_spread`, `jitter` is drawn per event from
-1 + U(0, j) (default j = s); all randomness comes from one `random.Random(seed)`
-and the event order is total (time, sequence number), so a seed gives
-identical results. Base costs:
+1 + U(0, j) (default j = s). Every draw is a pure function of the seed, the
+core (its router id) and how many draws that core has made
+(`meshrt.runtime.counter_rng`), not of the order in which the simulator
+visits cores; the event order is total (time, sequence number), so a seed
+gives identical results. Base costs:
 
 - `event.compute "op" work N`: N * cost[key], key the cost key the kernel
   kind declares for the op (`meshrt.kernels`; e.g. qk / av / square_sum ->
@@ -144,7 +146,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import random
 import time as _time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -153,6 +154,7 @@ from dataclasses import dataclass, field
 from meshrt.kernels.numerics import DataLayoutError
 from meshrt.dialects import segment as sg
 from meshrt.routing import RectSet, xy_path
+from meshrt.runtime import counter_rng
 from meshrt.runtime.schedule import (
     AwaitCredits,
     Compute,
@@ -370,9 +372,11 @@ class _Core:
         "got",
         "cap",
         "cls",
+        "draws",
         "credit",
         "eseg",
         "idx",
+        "key",
         "inq",
         "marker_lat",
         "marker_wait",
@@ -405,8 +409,10 @@ class _Core:
         "want",
     )
 
-    def __init__(self, idx, rid, pos, cls, prog, speed):
+    def __init__(self, idx, rid, pos, cls, prog, speed, key):
         self.idx = idx
+        self.key = key  # this core's random stream (counter_rng), draw 0 its speed
+        self.draws = 1
         self.rid = rid
         self.pos = pos
         self.cls = cls
@@ -477,7 +483,6 @@ class MeshSim:
         self.target = target
         self.seed = seed
         self.safe = safe
-        self.rng = random.Random(seed)
         self.jitter = target.speed_spread if jitter is None else jitter
         self.queue_depth = max(1, queue_depth)
         self.out_cap = max(1, out_queue if out_queue is not None else len(target.user_output_queues))
@@ -532,10 +537,11 @@ class MeshSim:
             w = c.wafer_index
             for x, y in c.cores.cores():
                 rid = self._rid(w, x, y)
-                speed = 1.0 + self.rng.uniform(-spread, spread)
+                key = counter_rng.stream_key(self.seed, rid)
+                speed = 1.0 + spread * (2.0 * counter_rng.unit(key, 0) - 1.0)
                 if self.speed_scale is not None:
                     speed *= self.speed_scale((w, x, y))
-                core = _Core(len(self.cores), rid, (w, x, y), ci, self.class_progs[ci], speed)
+                core = _Core(len(self.cores), rid, (w, x, y), ci, self.class_progs[ci], speed, key)
                 if self.data is not None:
                     core.cd = self.data.core_data((w, x, y))
                 self.cores.append(core)
@@ -752,7 +758,9 @@ class MeshSim:
         return min(c.step for c in self.cores) if self.cores else 0
 
     def _cost(self, core: _Core, base: float) -> int:
-        c = base * core.speed * (1.0 + self.jitter * self.rng.random())
+        u = counter_rng.unit(core.key, core.draws)
+        core.draws += 1
+        c = base * core.speed * (1.0 + self.jitter * u)
         return int(c) + 1 if c > 0 else 0
 
     def _at(self, t: int, kind: int, a, b=None) -> None:

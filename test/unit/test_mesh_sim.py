@@ -385,3 +385,53 @@ def test_trace_export(tmp_path, test32, by_class):
     assert any(e["name"] == "marker sync" for e in xs)
     with pytest.raises(ValueError):
         trace_events(MeshSim(program_of(parse_ir(RACE)), test32).run(1))
+
+
+class _Recording(MeshSim):
+    """Records every timed event's (base cost, drawn cost) per core position."""
+
+    def _cost(self, core, base):
+        c = super()._cost(core, base)
+        self.costs_by_core.setdefault(core.pos, []).append((base, c))
+        return c
+
+
+def _recorded(program, target, **kw):
+    sim = _Recording.__new__(_Recording)
+    sim.costs_by_core = {}
+    sim.__init__(program, target, **kw)
+    res = sim.run(2)
+    assert res.completed
+    return sim
+
+
+def test_timing_draws_do_not_depend_on_event_order(programs, test32):
+    """Slowing one core reorders the whole simulation's events; every other core still
+    draws the same cost for each of its events (a pure function of seed, core, index)."""
+    program = programs("tiny_moe", "test32")
+    a = _recorded(program, test32, seed=3)
+    slow = next(iter(a.costs_by_core))
+    b = _recorded(program, test32, seed=3, speed_scale=lambda p: 1.7 if p == slow else 1.0)
+    assert b.costs_by_core[slow] != a.costs_by_core[slow]
+    others = [p for p in a.costs_by_core if p != slow]
+    assert len(others) > 100
+    for p in others:
+        ca, cb = a.costs_by_core[p], b.costs_by_core[p]
+        n = min(len(ca), len(cb))
+        assert n > 0 and ca[:n] == cb[:n], p
+
+
+def test_speed_factors_follow_the_core_not_the_build_order(programs, test32):
+    """A core's speed is its stream's draw 0: the same wherever the core sits in the
+    simulator's lists, different across seeds, within the target's spread."""
+    from meshrt.runtime import counter_rng
+
+    program = programs("tiny_moe", "test32")
+    sims = [MeshSim(program, test32, seed=s) for s in (5, 6)]
+    spread = test32.speed_spread
+    for sim in sims:
+        for core in sim.cores:
+            key = counter_rng.stream_key(sim.seed, core.rid)
+            assert core.speed == 1.0 + spread * (2.0 * counter_rng.unit(key, 0) - 1.0)
+            assert abs(core.speed - 1.0) <= spread
+    assert [c.speed for c in sims[0].cores] != [c.speed for c in sims[1].cores]
