@@ -1,6 +1,7 @@
 """`meshrt bench`: the paper's evaluation (§6) for one model on one target, side by side.
 
-    meshrt bench MODEL --target T [--micro-batch 1,2,4,8] [--wafers 1,2,4] [--workload NAME]
+    meshrt bench MODEL --target T [--micro-batch 1,2,4,8] [--wafers 1,2,4] [--deploy-wafers N]
+                 [--workload NAME] [--jobs N]
                  [--out DIR] [--placement [--placement-seeds 0,1] [--spreads 0,0.03,0.07]
                   [--placement-steps 3]]
 
@@ -34,6 +35,19 @@ from and how each configuration is modelled) and PNG plots into DIR:
   scenario with and without recalibration ("placement" in bench.json,
   placement.png).
 
+By default each build is mapped onto the fewest wafers it needs, so the two
+systems and the micro-batches may run on different hardware. `--deploy-wafers
+N` maps every build of the governance, ablation and throughput questions onto
+N wafers, as the paper's placements do (Qwen3.5-9B on 2 CS-3s, GPT-OSS-20B on
+4, Qwen3.5-35B-A3B on 6, GPT-OSS-120B on 8): both systems then compare on
+the same hardware. A build that does not fit N wafers is a row saying so.
+
+The builds (compile + cost model, and the interpreter where it runs) are
+independent: after the first, which checks the input, they run in `--jobs`
+worker processes (default: one per CPU, at most 4; `--jobs 1` runs them in
+this process). The numbers do not depend on it; bench.json's timing gives
+the wall time beside each build's own compile and model seconds.
+
 Beside each TPOT the tables and bench.json give the build's lower bound
 (`meshrt.runtime.lower_bound`: each layer's compute at the SIMD rate over the
 cores the layer uses, plus one hop per core along each dependent reduction)
@@ -53,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -141,6 +156,16 @@ def wafer_list(text: str) -> tuple[int, ...]:
     return _list_arg(text, int, lambda v: v >= 1, "positive integers", ordered=True)
 
 
+def positive_int(text: str) -> int:
+    """`--deploy-wafers N`, `--jobs N`: a positive integer."""
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def default_jobs() -> int:
+    """One worker per CPU, at most 4 (each holds a compiled model in memory)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 def seed_list(text: str) -> tuple[int, ...]:
     """`--placement-seeds 0,1`: distinct non-negative integers, in the order given."""
     return _list_arg(text, int, lambda v: v >= 0, "non-negative integers", ordered=False)
@@ -154,12 +179,16 @@ def spread_list(text: str) -> tuple[float, ...]:
 
 def step_count(text: str) -> int:
     """`--placement-steps N`: simulated decode steps per run, at least 2 (one is warm-up)."""
+    return _int_at_least(text, 2, "an integer of at least 2")
+
+
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        v = 0
-    if v < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 2, got '{text}'")
+        v = low - 1
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'")
     return v
 
 
@@ -175,6 +204,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wafers", type=wafer_list, metavar="LIST",
                    help="wafer counts for the TPOT-vs-wafers table (default: the fewest the "
                         "model needs and twice that)")
+    p.add_argument("--deploy-wafers", type=positive_int, metavar="N",
+                   help="map every build of the governance, ablation and throughput questions "
+                        "onto N wafers, both systems alike (the paper's placements: "
+                        "GPT-OSS-20B on 4); default: each build on the fewest it needs")
+    p.add_argument("--jobs", type=positive_int, metavar="N",
+                   help="worker processes for the builds (default: one per CPU, at most 4; "
+                        "1: in this process)")
     p.add_argument("--workload", default="chat", metavar="NAME",
                    help="workload whose padding prices continuous batching: chat, reasoning "
                         "(synthetic) or a .jsonl file (default chat)")
@@ -207,7 +243,9 @@ def main(args: argparse.Namespace) -> int:
         placement = placement_options(args)
         results = run_bench(args.model, args.target, args.micro_batch, args.workload,
                             progress=_progress, placement=placement,
-                            wafers=getattr(args, "wafers", None))
+                            wafers=getattr(args, "wafers", None),
+                            deploy_wafers=getattr(args, "deploy_wafers", None),
+                            jobs=getattr(args, "jobs", None) or default_jobs())
         results["meta"]["command"] = _command_line(args)
         print_tables(results)
         write_outputs(results, out)
@@ -247,6 +285,10 @@ def _command_line(args: argparse.Namespace) -> str:
     out = f" --out {args.out}" if args.out else ""
     if getattr(args, "wafers", None):
         out = f" --wafers {','.join(map(str, args.wafers))}" + out
+    if getattr(args, "deploy_wafers", None):
+        out = f" --deploy-wafers {args.deploy_wafers}" + out
+    if getattr(args, "jobs", None):
+        out = f" --jobs {args.jobs}" + out
     place = ""
     opts = placement_options(args)
     if opts:
@@ -302,11 +344,13 @@ class Build:
 class Builder:
     """Compiles and times builds of one model on one target, each once."""
 
-    def __init__(self, model: str, target: str, progress: Callable[[str], None] | None = None):
+    def __init__(self, model: str, target: str, progress: Callable[[str], None] | None = None,
+                 deploy_wafers: int | None = None):
         from meshrt import driver
         from meshrt.frontend.errors import FrontendError
 
         self.model = model
+        self.target_arg = target  # what workers load the target from
         try:
             self.target = driver.load_target(target)
         except FrontendError as e:
@@ -316,14 +360,20 @@ class Builder:
         self.hparams: dict[str, float] = {}
         self.spec_dynamism: tuple[str, ...] = ()
         self.simulate = self.target.cores <= INTERPRETER_MAX_CORES
+        self.deploy_wafers = deploy_wafers  # wafers of every build not given its own
 
     def build(self, label: str, micro_batch: int, dynamism: Sequence[str] | None,
               required: bool = False, wafers: int | None = None) -> Build:
-        """Compile (dynamism None: the spec's own kinds; wafers None: the fewest) and time;
-        errors kept unless required."""
+        """Compile (dynamism None: the spec's own kinds; wafers None: `deploy_wafers`, else
+        the fewest) and time; errors kept unless required."""
+        if wafers is None:
+            wafers = self.deploy_wafers
         key = (micro_batch, None if dynamism is None else tuple(dynamism), wafers)
         if key in self.cache:
-            return self.cache[key]
+            b = self.cache[key]
+            if required and not b.ok:  # built in a worker (`prefetch`), which keeps errors
+                raise BenchError(b.error)
+            return b
         b = Build(label, micro_batch, tuple(dynamism or ()))
         t0 = time.perf_counter()
         try:
@@ -334,14 +384,46 @@ class Builder:
             if required:
                 raise
             b.error = str(e)
-            self.progress(f"{label} at micro-batch {micro_batch}: skipped ({b.error})")
-            self.cache[key] = b
-            return b
-        self.progress(f"{label} at micro-batch {micro_batch}: {b.stages} stage(s), "
-                      f"{b.latency_cycles:,.0f} cycles/step (compile {b.compile_s:.1f} s, "
-                      f"model {b.model_s:.1f} s)")
+        self._report(b)
         self.cache[key] = b
         return b
+
+    def prefetch(self, wanted: Sequence[tuple[str, int, Sequence[str] | None, int | None]],
+                 jobs: int) -> None:
+        """Build (label, micro-batch, dynamism, wafers) of `wanted` not built yet in `jobs`
+        worker processes, each a Builder of its own; the first label of a key names it,
+        as a call of `build` in that order would."""
+        todo: dict[tuple, tuple] = {}
+        for label, mb, dyn, wafers in wanted:
+            w = self.deploy_wafers if wafers is None else wafers
+            key = (mb, None if dyn is None else tuple(dyn), w)
+            if key not in self.cache and key not in todo:
+                todo[key] = (label, mb, None if dyn is None else tuple(dyn), w)
+        if jobs <= 1 or len(todo) <= 1:
+            return  # `build` makes them one by one where they are asked for
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited state
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+            futures = {pool.submit(_build_in_worker, self.model, self.target_arg, self.simulate,
+                                   *job): key for key, job in todo.items()}
+            for f in as_completed(futures):
+                b, hparams, spec_dynamism = f.result()
+                key = futures[f]
+                self.cache[key] = b
+                self.hparams = self.hparams or hparams
+                if key[1] is None and spec_dynamism is not None:
+                    self.spec_dynamism = spec_dynamism
+                self._report(b)
+
+    def _report(self, b: Build) -> None:
+        if b.ok:
+            self.progress(f"{b.label} at micro-batch {b.micro_batch}: {b.stages} stage(s), "
+                          f"{b.latency_cycles:,.0f} cycles/step (compile {b.compile_s:.1f} s, "
+                          f"model {b.model_s:.1f} s)")
+        else:
+            self.progress(f"{b.label} at micro-batch {b.micro_batch}: skipped ({b.error})")
 
     def _compile(self, micro_batch: int, dynamism: Sequence[str] | None, wafers: int | None = None):
         from meshrt import driver
@@ -415,6 +497,33 @@ class Builder:
         return int(self.hparams.get("top_k", 0) or 0)
 
 
+def _build_in_worker(model: str, target: str, simulate: bool, label: str, micro_batch: int,
+                     dynamism: tuple[str, ...] | None, wafers: int | None):
+    """One build in a worker process: (Build, the model's hparams, its spec's dynamism or
+    None when the build was not of the spec's own kinds)."""
+    builder = Builder(model, target)
+    builder.simulate = simulate
+    b = builder.build(label, micro_batch, dynamism, wafers=wafers)
+    return b, builder.hparams, builder.spec_dynamism if dynamism is None else None
+
+
+def wanted_builds(builder: Builder, micro_batches: Sequence[int], kinds: Sequence[str],
+                  base: Build, wafers: Sequence[int] | None) -> list[tuple]:
+    """The builds the questions below ask for, in the order they ask (the ablation's
+    micro-batch as `ablation_micro_batch` picks it when every build succeeds)."""
+    out: list[tuple] = [("static", b, (), None) for b in micro_batches]
+    out += [("meshrt", b, None, None) for b in micro_batches]
+    out += [("governed", 1, tuple(k for k in kinds if k != PIPELINE), None), ("static", 1, (), None)]
+    if builder.is_moe:
+        out.append(("expert-parallel", 1, (ROUTING,), None))
+    mb = ABLATION_MICRO_BATCH if ABLATION_MICRO_BATCH in micro_batches else max(micro_batches)
+    out += [("pipelined", mb, tuple(k for k in kinds if k != CB), None), ("meshrt", mb, None, None)]
+    if base.ok:
+        out += [(f"wafers {n}", base.micro_batch, None, n)
+                for n in wafer_counts(base.wafers, wafers) if n != base.wafers]
+    return out
+
+
 # ---------------------------------------------------------------------------
 # The four questions
 # ---------------------------------------------------------------------------
@@ -423,20 +532,23 @@ class Builder:
 def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: str,
               progress: Callable[[str], None] | None = None,
               placement: PlacementOptions | None = None,
-              wafers: Sequence[int] | None = None) -> dict:
-    """Every number of the benchmark as one JSON-ready dict."""
+              wafers: Sequence[int] | None = None, deploy_wafers: int | None = None,
+              jobs: int = 1) -> dict:
+    """Every number of the benchmark as one JSON-ready dict; the builds after the first in
+    `jobs` worker processes."""
     t0 = time.perf_counter()
-    builder = Builder(model, target, progress)
+    builder = Builder(model, target, progress, deploy_wafers)
     placed = None
     if placement:
         from meshrt.tools.placement_bench import check_model, check_target
 
         check_target(builder.target, target)  # before any compilation
         check_model(model)
-    builder.build("meshrt", micro_batches[0], None, required=True)  # bad input fails here
+    first = builder.build("meshrt", micro_batches[0], None, required=True)  # bad input fails here
     if placement:
         placed = _compile_placement(model, target, progress)
     kinds = builder.spec_dynamism
+    builder.prefetch(wanted_builds(builder, micro_batches, kinds, first, wafers), jobs)
     padding = padding_curves(sorted(set(PADDING_BATCHES) | set(micro_batches)))
     cb_padding = workload_padding(workload, micro_batches, builder.hparams.get("vocab", 32000))
     clock = builder.target.clock_hz
@@ -448,7 +560,7 @@ def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: s
             "model": model, "target": builder.target.name, "clock_hz": clock,
             "micro_batches": list(micro_batches), "workload": workload,
             "moe": builder.is_moe, "top_k": builder.top_k, "dynamism": list(kinds),
-            "interpreter": builder.simulate,
+            "interpreter": builder.simulate, "deploy_wafers": deploy_wafers, "jobs": jobs,
         },
         "sources": SOURCES,
         "governance": governance(builder, kinds, clock),
@@ -654,7 +766,8 @@ def wafer_scaling(builder: Builder, base: Build, asked: Sequence[int] | None,
                         "system_tokens_per_s": b * clock / m.interval_cycles,
                         **_bound_json(m, m.tpot_cycles, clock)})
         points.append(row)
-    return {"micro_batch": b, "fewest": base.wafers if base.ok else None, "points": points,
+    fewest = base.wafers if base.ok and builder.deploy_wafers is None else None
+    return {"micro_batch": b, "fewest": fewest, "points": points,
             "source": "cost_model",
             "modelling": "the full build (the spec's dynamism) with --wafers N: the mapper puts "
                          "contiguous runs of units on each of the N wafers (a stage each at "

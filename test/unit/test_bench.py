@@ -32,6 +32,25 @@ def bench_run(tmp_path_factory):
     return out, stdout, json.loads((out / "bench.json").read_text())
 
 
+def test_bench_numbers_do_not_depend_on_the_worker_processes(bench_run, tmp_path):
+    """The fixture's builds ran in worker processes (the default, on a machine with more
+    than one CPU); in this process (--jobs 1) every number is the same."""
+    _, _, res = bench_run
+    rc, _, stderr = _run("bench", TINY, "--target", "test32", "--micro-batch", "2,1",
+                         "--jobs", "1", "--out", str(tmp_path))
+    assert rc == 0, stderr
+    one = json.loads((tmp_path / "bench.json").read_text())
+    assert one["meta"]["jobs"] == 1
+    timing = ("compile_s", "model_s", "interpreter_s")
+
+    def numbers(r):
+        builds = {(b["micro_batch"], tuple(b["dynamism"]), b["label"]):
+                  {k: v for k, v in b.items() if k not in timing} for b in r["builds"]}
+        return builds, r["governance"], r["ablation"], r["pareto"], r["wafers"]
+
+    assert numbers(one) == numbers(res)
+
+
 def test_bench_writes_json_and_plots(bench_run):
     out, stdout, res = bench_run
     for title in ("Governance overhead", "Policy ablation", "Single-user vs system",
@@ -119,8 +138,27 @@ def test_bench_wafers_too_few_is_a_row(tmp_path):
     assert two["ok"] and two["wafers_used"] == 2
 
 
+def test_bench_deploy_wafers_maps_every_build_onto_them():
+    """--deploy-wafers 2: both systems' builds on 2 wafers (tiny_dense on test32 needs one), a
+    build given its own wafers keeps them; the wafer table claims no fewest it did not measure."""
+    from meshrt.tools.bench import Builder, wafer_scaling
+
+    builder = Builder(TINY, "test32", deploy_wafers=2)
+    builder.simulate = False
+    static = builder.build("static", 1, (), required=True)
+    full = builder.build("meshrt", 1, None, required=True)
+    own = builder.build("meshrt", 1, None, wafers=1, required=True)
+    assert (static.wafers, full.wafers, own.wafers) == (2, 2, 1)
+    assert full.stages >= 2 and static.stages >= 2
+    wf = wafer_scaling(builder, full, None, 1.0)
+    assert wf["fewest"] is None and [p["wafers"] for p in wf["points"]] == [2, 4]
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["bench", TINY], "--target"),
+    (["bench", TINY, "--target", "test32", "--deploy-wafers", "0"], "--deploy-wafers"),
+    (["bench", TINY, "--target", "test32", "--deploy-wafers", "two"], "--deploy-wafers"),
+    (["bench", TINY, "--target", "test32", "--jobs", "0"], "--jobs"),
     (["bench", TINY, "--target", "test32", "--wafers", "0"], "--wafers"),
     (["bench", TINY, "--target", "test32", "--micro-batch", "0"], "--micro-batch"),
     (["bench", TINY, "--target", "test32", "--micro-batch", "1,x"], "--micro-batch"),
