@@ -1167,7 +1167,10 @@ _LAYER = re.compile(r"l(\d+)_")  # a kernel name's layer
 def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
     """(embedding cycles, LM head cycles, {layer kind: cycles of its first layer},
     {layer kind: cycles of its second layer}) on the probe's critical path, or None."""
+    from xdsl.utils.exceptions import VerifyException
+
     from meshrt.diagnostics import MeshrtError
+    from meshrt.kernels.interface import KernelOp
     from meshrt.passes.pipeline import lower_to
     from meshrt.runtime.cost_model import CostModel, CostModelError
 
@@ -1204,11 +1207,18 @@ def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
     lay.stages = [p.wafer for p in lay.placed]  # a stage cannot span wafers
     try:
         module = _Emitter(pm, lay).emit()
+        # the kernels' own checks (a grid no larger than its matrix, ...): the probe skips
+        # verifying the IR between passes, and a packing whose kernels the compile would
+        # reject must not win
+        lower_to(module, "kernels", target, verify=False)
+        for op in module.walk():
+            if isinstance(op, KernelOp):
+                op.verify_kernel()
         # the probe's module holds one program (not driver.program_of: the driver maps
         # through this module, so the frontend does not import it)
         program = next(iter(lower_to(module, "segments", target, verify=False).body.block.ops))
         est = CostModel(program, target).estimate(1)
-    except (MeshrtError, FrontendError, CostModelError):
+    except (MeshrtError, FrontendError, CostModelError, VerifyException):
         return None
     unit: dict[int, float] = {}  # layer index (-1: the embedding, -2: the LM head) -> cycles
     for name, cycles in est.kernel_path.items():

@@ -16,6 +16,13 @@ per slot) rides the sampler's token send back to the first stage, every
 handoff to the next stage, and the activation into attention; routing
 metainfo rides the tokens from the gate through dispatch, the experts and
 combine.
+
+A value moves from its producer's layout to its consumer's as
+`_redistribution` says. Where an `all` gather's sending line lies inside
+its receivers (several senders' multicast trees through each other's
+routers: no router configuration forwards that), the line's end core
+gathers the line first and multicasts the whole value alone
+(`_needs_relay`, `_relayed`).
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ class _Flow:
     cross_wafer: bool = False
     meta: int = 0
     meta_kind: str | None = None
+    gathered_by: str | None = None  # a relay: the flow its one sender gathers the value on first
 
 
 @dataclass
@@ -222,6 +230,23 @@ def _forwarded(gate: mk.KernelOp, consumer: mk.KernelOp, cross_wafer: bool) -> s
     return "row" if aligned else "all"
 
 
+def _needs_relay(src: CoreSetAttr, dst: CoreSetAttr) -> bool:
+    """Whether an `all` gather from the line `src` into `dst` must go through one of its
+    senders: several senders whose multicast trees would run through each other's routers
+    on one colour (some senders are receivers too). A router forwards one colour one way,
+    so the only such gathers a fabric routes are a line whose every core sends and
+    receives (passed along the line); any other overlap is gathered into the line's end
+    core first, which then multicasts the whole value."""
+    senders, receivers = RectSet.from_cores(src), RectSet.from_cores(dst)
+    overlap = senders & receivers
+    if senders.count <= 1 or not overlap:
+        return False
+    if overlap == receivers and len(receivers.boxes) == 1:
+        x0, y0, x1, y1 = receivers.boxes[0]
+        return x1 - x0 > 1 and y1 - y0 > 1
+    return True
+
+
 SWITCH_CHAIN_POSITIONS = 2
 """Switch positions of a router whose core's messages are serialised with other senders'
 on one colour: forward the stream from upstream, or take its own ramp."""
@@ -293,16 +318,38 @@ class Synthesizer:
                                role=ev.FlowRole.INPUT, operand=operand)
         else:
             src, pattern, held_as = _redistribution(producer, consumer, src, dst, cross)
+            share, held = data, data
             if held_as is not None:  # a sender's slice, where smaller than a receiver's share
                 width = consumer.operands[operand].type.width.data
                 _, _, pw, ph = producer.op.tiles()[0]
                 held = (self.kctx.micro_batch * producer.op.value_bytes(self.kctx)
                         * kr.held_share(width, held_as, pw, ph))
                 data = min(data, held)
+            if pattern == "all" and not cross and _needs_relay(src, dst):
+                return self._relayed(name, operand, producer, consumer, src, dst, share, held)
             spec = kr.FlowSpec(name, src, dst, pattern, data, role=ev.FlowRole.INPUT, operand=operand)
         flow = _Flow(spec, consumer.kernel_name, producer.op.wafer_index, cross)
         self.flows[name] = flow
         producer.outputs.append(flow)
+        return flow
+
+    def _relayed(self, name: str, operand: int, producer: _KernelPlan, consumer: mk.KernelOp,
+                  src: CoreSetAttr, dst: CoreSetAttr, share: int, held: int) -> _Flow:
+        """An `all` gather through one sender (`_needs_relay`): the line's last core gathers
+        the other senders' slices (`NAME.relay`, each message a sender's slice, `held`
+        bytes), then multicasts the whole value to the receivers (`NAME`, a message of a
+        receiver's `share`)."""
+        x0, y0, x1, y1 = max(RectSet.from_cores(src).boxes, key=lambda b: (b[3], b[2]))
+        head = CoreSetAttr.of(x1 - 1, y1 - 1, 1, 1)
+        rest = (RectSet.from_cores(src) - RectSet.from_cores(head)).to_coreset()
+        wafer = producer.op.wafer_index
+        gather = _Flow(kr.FlowSpec(f"{name}.relay", rest, head, "all", held, role=ev.FlowRole.INPUT,
+                                   operand=operand), consumer.kernel_name, wafer)
+        flow = _Flow(kr.FlowSpec(name, head, dst, "all", share, role=ev.FlowRole.INPUT, operand=operand),
+                     consumer.kernel_name, wafer, gathered_by=gather.spec.name)
+        self.flows[gather.spec.name] = gather
+        self.flows[name] = flow
+        producer.outputs += [gather, flow]
         return flow
 
     def _received_before(self, producer: _KernelPlan, consumer: mk.KernelOp, data: int) -> bool:
@@ -536,6 +583,11 @@ class Synthesizer:
                 for f in plan.outputs:
                     if not f.spec.src.overlaps(role.cores):
                         continue  # another line of the kernel sends this one
+                    if f.gathered_by is not None:  # a relay: the other senders' slices first
+                        g = self.flows[f.gathered_by].spec
+                        events.append(_recv(g.name, g.bytes, 0))
+                        recvs.add(g.name)
+                        max_msg = max(max_msg, g.bytes)
                     # Metainfo producers, right before the send the metainfo rides on
                     if f.meta_kind in prod_kinds:
                         events.append(ev.MetaProduceOp.create(properties={

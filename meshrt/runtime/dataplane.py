@@ -79,6 +79,7 @@ class DataPlane:
         self.routing_counts = np.zeros((self.shape.layers, max(self.shape.experts, 1)), np.int64)
         # flow name -> role: the kernels' hooks see a flow's role, not its name
         self.roles = {f.flow_name: f.flow_role for f in program.flows()}
+        self.consumer = {f.flow_name: f.kernel.root_reference.data for f in program.flows()}
         # live re-placements: layer -> [(first step, placement, cycles per destination region)]
         self.replacements: dict[int, list[tuple[int, tuple[int, ...], dict[int, int]]]] = {}
         # per-kernel values of one micro-batch step, kept when asked (`watch`, a step
@@ -291,8 +292,15 @@ class DataPlane:
             value = k.send(cd, role)
         except KeyError as e:
             raise _missing(cd, f"the send on @{flow}", e) from None
+        src = k.payload_src(role)
+        gathered = cd.recvd.get(src) if self._flow_kind(role) == "input" else None
+        if gathered is not None and isinstance(value, Vec):
+            # a relay (synthesize_schedules._relayed): the slices it gathered of its own
+            # kernel's value go on with its own
+            value = Vec(value.data.copy(), value.mask.copy())
+            value.merge(gathered, k.where(cd))
         cb, route = k.metainfo(cd, role, meta)
-        return Payload(k.payload_src(role), value, cb, route)
+        return Payload(src, value, cb, route)
 
     @staticmethod
     def _flow_kind(role: FlowRole) -> str:
@@ -321,7 +329,7 @@ class DataPlane:
         if internal:
             k.recv(cd, role, [p.value for p in payloads])
             return
-        if k.RAW_INPUTS:
+        if k.RAW_INPUTS and self.consumer[flow] == k.name:  # not a relay gathering k's own value
             k.recv(cd, role, [p.value for p in payloads])
             return
         for p in payloads:

@@ -419,19 +419,41 @@ def test_a_reused_slot_starts_deltanet_from_zero_state(reset, monkeypatch):
     assert res.outputs_match_reference is reset
 
 
-def test_a_deltanet_narrower_than_its_layer_computes(tmp_path):
-    """Two value heads on a layer four columns wide: the DeltaNet takes two columns of the
-    attention rows, the out projection (transposed) reads its heads from there."""
+def _two_value_heads(tmp_path) -> tuple[Path, Path]:
+    """The qwen3_5 fixture with one key and two value heads, and test32 with two more user
+    colours (8): a DeltaNet narrower than its layer, or token groups whose outputs the
+    whole layer gathers, reach the out projection through a relay (`_relayed` in
+    synthesize_schedules: the output row's end core gathers it, then multicasts it
+    alone), one colour more than test32's six hold beside the layer's other flows."""
     cfg = json.loads((DATA / "qwen3_5" / "config.json").read_text())
     cfg.update(linear_num_key_heads=1, linear_num_value_heads=2)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    program = driver.segment_program(tmp_path / "config.json", "test32")
+    toml = (REPO / "meshrt" / "targets" / "test32.toml").read_text()
+    for a, b in (('name = "test32"', 'name = "test32c10"'), ("colors = 8", "colors = 10"),
+                 ("reserved_colors = [6, 7]", "reserved_colors = [8, 9]"),
+                 ("reserved_task_ids = [6, 7, 15]", "reserved_task_ids = [8, 9, 15]")):
+        assert a in toml
+        toml = toml.replace(a, b)
+    (tmp_path / "test32c10.toml").write_text(toml)
+    return tmp_path / "config.json", tmp_path / "test32c10.toml"
+
+
+def test_a_deltanet_narrower_than_its_layer_computes(tmp_path):
+    """Two value heads on a layer four columns wide: the DeltaNet takes two columns of the
+    attention rows, the out projection (transposed) reads its heads from there through
+    the relay (on test32 itself the mapper gives the layer the DeltaNet's width)."""
+    config, target = _two_value_heads(tmp_path)
+    program = driver.segment_program(config, target)
     regions = {k.kernel_name: k.region.rects.data[0].tuple[2] for k in program.kernels()}
     assert regions["l0_delta"] == 2 and regions["l0_o"] == 4
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = main(["run", str(tmp_path / "config.json"), "--requests", "3", "--json"])
-    assert rc == 0 and json.loads(out.getvalue())["outputs_match_reference"]
+    relay = {f.flow_name: f for f in program.flows()}["l0_o.in0.relay"]
+    assert relay.src.count == 1 and relay.dst.count == 1
+    for seed in ("0", "1"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["run", str(config), "--target", str(target), "--requests", "3",
+                       "--seed", seed, "--json"])
+        assert rc == 0 and json.loads(out.getvalue())["outputs_match_reference"]
 
 
 @pytest.mark.parametrize("micro_batch", [2, 4])
@@ -443,17 +465,15 @@ def test_deltanet_token_groups_compute(tmp_path, micro_batch):
     from meshrt.runtime.serving import serve
     from meshrt.runtime.workloads import Request
 
-    cfg = json.loads((DATA / "qwen3_5" / "config.json").read_text())
-    cfg.update(linear_num_key_heads=1, linear_num_value_heads=2)
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    program = driver.segment_program(tmp_path / "config.json", "test32", micro_batch=micro_batch)
+    config, target = _two_value_heads(tmp_path)
+    program = driver.segment_program(config, target, micro_batch=micro_batch)
     (delta,) = [k for k in program.kernels() if k.kernel_name == "l0_delta"]
     assert delta.region.rects.data[0].tuple[2] == 4 and delta.param("groups") == 2
     rng = np.random.default_rng(2)
     reqs = [Request(i, 0.0, rng.integers(0, 128, 2 + i % 3).tolist(), 2 + i % 3, 3, 3)
             for i in range(8)]
     for seed in range(3):
-        res = serve(program, driver.load_target("test32"), reqs, seed=seed)
+        res = serve(program, driver.load_target(target), reqs, seed=seed)
         assert len(res.records) == 8 and not res.sim.reports
         assert res.outputs_match_reference, seed
 

@@ -7,13 +7,18 @@
 // (64 bytes streaming down to the root, merged by `qk_merge`, multicast back up),
 // then the head outputs (16 bytes) are gathered down the column for the root's
 // gated norm and relayed back. Both passes take the in projection's reduction
-// route, so they share its flows.
+// route, so they share its flows. The in projection's value reaches the DeltaNet
+// from its last row, which lies inside the DeltaNet's region: its two cores'
+// trees would cross each other's routers, so the row's end core gathers the
+// other's slice (@l0_delta.in0.relay) and multicasts the value alone.
 graph.model @dn target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {dtype_bytes = 4 : i64, kv_slots = 2 : i64, linear_k_heads = 1 : i64, linear_v_heads = 2 : i64, linear_k_dim = 8 : i64, linear_v_dim = 4 : i64, linear_conv = 3 : i64, linear_layers = array<i64: 0>} {
   %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
   %p = graph.matmul @l0_in(%x) on <(2, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<36>
   %d = graph.deltanet @l0_delta(%p) on <(2, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 1 : i64, v_heads = 2 : i64, k_dim = 8 : i64, v_dim = 4 : i64, conv = 3 : i64} : !graph.act<36> -> !graph.act<8>
 }
 
+// CHECK:      event.flow @l0_delta.in0.relay kernel @l0_delta role "input" operand 0 wafer 0 from <(2, 3, 1, 1)> to <(3, 3, 1, 1)> pattern "all" bytes 72
+// CHECK-NEXT: event.flow @l0_delta.in0 kernel @l0_delta role "input" operand 0 wafer 0 from <(3, 3, 1, 1)> to <(2, 1, 2, 2), (2, 0, 2, 1), (2, 3, 2, 1)> pattern "all" bytes 72
 // CHECK:      event.core_class @l0_delta.edge wafer 0 cores <(2, 0, 2, 1)> {
 // CHECK:        event.sub @l0_delta "edge"
 // CHECK-NEXT:     event.recv @l0_delta.in0 bytes 72
@@ -38,7 +43,11 @@ graph.model @dn target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dyn
 // CHECK-NEXT:     event.send @l0_in.reduce.down bytes 16
 // CHECK-NEXT:     event.recv @l0_in.reduce.up bytes 16
 // CHECK-NEXT:   }
-// CHECK:      event.core_class @l0_delta.root wafer 0 cores <(2, 3, 2, 1)> {
+// CHECK:      event.core_class @l0_delta.root wafer 0 cores <(2, 3, 1, 1)> {
+// CHECK:        event.sub @l0_in.reduce "root
+// CHECK:          event.send @l0_in.reduce.up bytes 72
+// CHECK-NEXT:     event.send @l0_delta.in0.relay bytes 72
+// CHECK-NEXT:   }
 // CHECK:        event.sub @l0_delta "root"
 // CHECK-NEXT:     event.recv @l0_delta.in0 bytes 72
 // CHECK-NEXT:     event.compute "delta_conv" work 15
@@ -51,6 +60,14 @@ graph.model @dn target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dyn
 // CHECK-NEXT:     event.compute "norm_gate" work 4
 // CHECK-NEXT:     event.send @l0_in.reduce.up bytes 16
 // CHECK-NEXT:   }
+// CHECK:      event.core_class @l0_delta.root.2 wafer 0 cores <(3, 3, 1, 1)> {
+// CHECK:        event.sub @l0_in.reduce "root"
+// CHECK:          event.send @l0_in.reduce.up bytes 72
+// CHECK-NEXT:     event.recv @l0_delta.in0.relay bytes 72
+// CHECK-NEXT:     event.send @l0_delta.in0 bytes 72
+// CHECK-NEXT:   }
+// CHECK:        event.sub @l0_delta "root"
+// CHECK-NEXT:     event.recv @l0_delta.in0 bytes 72
 
 // -----
 
@@ -75,5 +92,9 @@ graph.model @dn target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dyn
 // CHECK-NEXT:     event.send @l0_in.reduce.down bytes 16
 // CHECK-NEXT:     event.recv @l0_in.reduce.up bytes 16
 // CHECK-NEXT:   }
-// CHECK:      event.core_class @l0_delta.root wafer 0 cores <(4, 3, 4, 1)> {
+// CHECK:      event.core_class @l0_delta.root wafer 0 cores <(4, 3, 3, 1)> {
+// CHECK:        event.compute "norm_gate" work 4
+// CHECK:      event.core_class @l0_delta.root.2 wafer 0 cores <(7, 3, 1, 1)> {
+// CHECK:          event.recv @l0_delta.in0.relay bytes 72
+// CHECK-NEXT:     event.send @l0_delta.in0 bytes 72
 // CHECK:        event.compute "norm_gate" work 4
