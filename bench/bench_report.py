@@ -268,7 +268,8 @@ def model_section(name: str, res: dict) -> list[str]:
         f"{res['meta'].get('git', 'unrecorded')}"
         + (f" on {res['meta']['date']}." if "date" in res["meta"] else "."),
         "",
-        "Governance overhead at micro-batch 1, same one-stage mapping (cost model):",
+        f"Governance overhead at micro-batch 1, the same mapping for both ({g['static']['stages']} "
+        "stage(s), one micro-batch in flight; cost model):",
         "",
         "| build | dynamism | TPOT cycles | TPOT us |",
         "| --- | --- | ---: | ---: |",
@@ -310,9 +311,10 @@ def model_section(name: str, res: dict) -> list[str]:
                    f"{_n(pt['system_tokens_per_s'], 1)} |")
     wf = res.get("wafers") or {}
     if wf.get("points"):
-        out += ["", f"TPOT against wafer count, micro-batch {wf['micro_batch']} (cost model; the "
-                    "fewest wafers the model fits is "
-                    f"{wf['fewest'] if wf['fewest'] is not None else '-'}):", "",
+        fewest = (f"the fewest wafers the model fits is {wf['fewest']}" if wf["fewest"] is not None
+                  else "every other build of this run on the same wafers, --deploy-wafers")
+        out += ["", f"TPOT against wafer count, micro-batch {wf['micro_batch']} (cost model; "
+                    f"{fewest}):", "",
                 "| wafers | stages | cores | step cycles | TPOT us | bound us | TPOT / bound | "
                 "user tok/s | system tok/s |",
                 "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -652,8 +652,8 @@ def governance(builder: Builder, kinds: Sequence[str], clock: float) -> dict:
         "source": "cost_model",
         "paper": "7.6-9.5 % (25-40 us per token) for Qwen3.5-9B and GPT-OSS-20B on CS-3",
         "modelling": "both builds leave out micro_batch_pipeline so that the mapper gives them "
-                     "the same one-stage mapping; TPOT is the decode step with one request in "
-                     "flight",
+                     "the same mapping (one stage, or one per wafer on several); TPOT is the "
+                     "decode step with one request in flight",
     }
     if dyn.interpreter_cycles is not None and st.interpreter_cycles is not None:
         out["interpreter"] = {
@@ -838,7 +838,8 @@ def print_tables(results: dict, file=None) -> None:
               + ("; interpreter beside it" if meta["interpreter"] else ""))
 
     g = results["governance"]
-    t = Table(title="Governance overhead (micro-batch 1, same one-stage mapping)")
+    t = Table(title=f"Governance overhead (micro-batch 1, the same {g['static']['stages']}-stage "
+                    "mapping for both)")
     for col in ("build", "dynamism", "TPOT cycles", "TPOT us", "bound us", "TPOT / bound",
                 "interpreter cycles"):
         t.add_column(col, justify="left" if col in ("build", "dynamism") else "right")
