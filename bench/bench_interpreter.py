@@ -5,6 +5,7 @@
     python bench/bench_interpreter.py --sweep 100 --jobs 2     # fewer seeds, 2 processes
     python bench/bench_interpreter.py --sweep 300 --first-seed 700   # seeds 700..999 (a split sweep)
     python bench/bench_interpreter.py --sweep 50 --unsafe      # the ablation: must fail on some
+    python bench/bench_interpreter.py --sweep 100 --ray local  # as Ray tasks (the ray extra)
     python bench/bench_interpreter.py --profile                # + where the time goes
 
 Speed: events per second and wall time per decode step of tiny_moe on the
@@ -15,7 +16,9 @@ run. A decode step here is one micro-batch through one core's table.
 Sweep: every asynchrony seed serves the same staggered five-request workload
 on tiny_dense and tiny_moe on test32 and test16 (their bundled dynamism:
 continuous batching, micro-batch pipelining, MoE routing; tiny_moe spans two
-test16 wafers), in parallel over `--jobs` processes. Each run is one of:
+test16 wafers), in parallel over `--jobs` processes (or Ray tasks with
+`--ray ADDRESS`); each (model, target) is compiled once here and its printed
+IR parsed by the workers. Each run is one of:
 match (every completed request is NumPy's, every request completed or was
 rejected for a reason), mismatch, deadlock, corruption, data error, time
 bound or incomplete; the table gives the counts and the first seed of each
@@ -33,23 +36,25 @@ from __future__ import annotations
 import argparse
 import cProfile
 import hashlib
-import os
+import io
 import pstats
 import signal
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
-from functools import cache
 
 import numpy as np
 
 from meshrt.runtime.cost_model import default_in_flight
-from meshrt.driver import segment_program
+from xdsl.printer import Printer
+
+from meshrt.driver import compile as compile_model
+from meshrt.driver import parse_ir, program_of, segment_program
 from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.runtime.serving import serve
 from meshrt.runtime.workloads import Request
 from meshrt.targets import load_target
+from meshrt.tools.workers import WorkerError, default_workers, run_jobs
 
 
 def workload(n: int, seed: int = 7) -> list[Request]:
@@ -83,9 +88,25 @@ OUTCOMES = ("match", "mismatch", "deadlock", "corruption", "data_error", "time_b
 SWEEP_REQUESTS = 5
 
 
-@cache
-def _compiled(model: str, target_name: str):
-    return segment_program(f"examples/{model}.mrt", target_name), load_target(target_name)
+def printed_program(model: str, target_name: str) -> str:
+    """The segment IR of `model` on `target_name`, printed: compiled once, parsed by each
+    worker (a compile of tiny_moe takes seconds, a parse a fraction of one)."""
+    out = io.StringIO()
+    Printer(stream=out).print_op(compile_model(f"examples/{model}.mrt", target_name))
+    return out.getvalue()
+
+
+_PARSED: dict[tuple[str, str, str], tuple] = {}  # per worker process
+
+
+def _parsed(model: str, target_name: str, text: str):
+    # a plain dict, not functools.cache: Ray ships this script's functions by value, and a
+    # cache wrapper only by reference to a __main__ its workers do not have
+    key = (model, target_name, text)
+    if key not in _PARSED:
+        _PARSED[key] = (program_of(parse_ir(text, f"<{model} on {target_name}>")),
+                        load_target(target_name))
+    return _PARSED[key]
 
 
 def outcome(s: dict, requests: int) -> str:
@@ -100,12 +121,18 @@ def outcome(s: dict, requests: int) -> str:
     return "match"
 
 
-def sweep_one(job: tuple[str, str, int, bool]) -> tuple[str, str, int, str, str, float, str]:
+def sweep_chunk(job: tuple[str, str, str, tuple[int, ...], bool]) -> list[tuple]:
+    """`sweep_one` of each seed of a chunk; job = (model, target, printed IR, seeds, unsafe)."""
+    model, target_name, text, seeds, unsafe = job
+    return [sweep_one(model, target_name, text, seed, unsafe) for seed in seeds]
+
+
+def sweep_one(model: str, target_name: str, text: str, seed: int,
+              unsafe: bool) -> tuple[str, str, int, str, str, float, str]:
     """(model, target, seed, outcome, first report line, CPU seconds, fingerprint) of one
     seeded run; the fingerprint is its cycles, events and every request's tokens."""
-    model, target_name, seed, unsafe = job
     t0 = time.process_time()
-    prog, t = _compiled(model, target_name)
+    prog, t = _parsed(model, target_name, text)
     res = serve(prog, t, workload(SWEEP_REQUESTS), seed=seed, safe=not unsafe, check=not unsafe)
     s = res.summary()
     what = outcome(s, SWEEP_REQUESTS)
@@ -115,40 +142,52 @@ def sweep_one(job: tuple[str, str, int, bool]) -> tuple[str, str, int, str, str,
     return model, target_name, seed, what, first, time.process_time() - t0, fingerprint
 
 
+SWEEP_CHUNK = 8  # seeds per job: the printed IR travels (and is parsed) once per chunk
+
+
 def sweep(models: list[str], targets: list[str], seeds: int, jobs: int, unsafe: bool = False,
-          first_seed: int = 0) -> int:
+          first_seed: int = 0, ray_address: str | None = None) -> int:
     """Seeds first_seed..first_seed+seeds-1 on every (model, target); prints the table,
     returns the exit code."""
-    # seed by seed over the configurations, so an interrupted sweep (Ctrl-C, SIGTERM) still
-    # covers them all evenly: it prints the table of the runs done
-    work = [(m, t, seed, unsafe) for seed in range(first_seed, first_seed + seeds)
-            for m in models for t in targets]
+    t_compile = time.perf_counter()
+    texts = {(m, t): printed_program(m, t) for m in models for t in targets}
+    t_compile = time.perf_counter() - t_compile
+    # chunk by chunk over the configurations, so an interrupted sweep (Ctrl-C, SIGTERM)
+    # still covers them all evenly: it prints the table of the runs done
+    all_seeds = list(range(first_seed, first_seed + seeds))
+    work = [(m, t, texts[m, t], tuple(all_seeds[i:i + SWEEP_CHUNK]), unsafe)
+            for i in range(0, len(all_seeds), SWEEP_CHUNK) for m in models for t in targets]
+    n_runs = seeds * len(texts)
     counts: dict[tuple[str, str], Counter] = {(m, t): Counter() for m in models for t in targets}
     first: dict[tuple[str, str, str], tuple[int, str]] = {}
     cpu, t0, done = 0.0, time.perf_counter(), 0
     prints: list[str] = []
-    pool = ProcessPoolExecutor(max_workers=jobs)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     interrupted = False
+    results = run_jobs(sweep_chunk, work, jobs, ray_address)
     try:
-        for model, tgt, seed, what, report, secs, fp in pool.map(sweep_one, work, chunksize=4):
-            counts[model, tgt][what] += 1
-            prints.append(fp)
-            cpu += secs
-            if what != "match":
-                first.setdefault((model, tgt, what), (seed, report))
-            done += 1
-            if done % 200 == 0:
-                print(f"  {done}/{len(work)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        for _, runs in results:
+            for model, tgt, seed, what, report, secs, fp in runs:
+                counts[model, tgt][what] += 1
+                prints.append(fp)
+                cpu += secs
+                if what != "match":
+                    first.setdefault((model, tgt, what), (seed, report))
+                done += 1
+                if done % 200 == 0:
+                    print(f"  {done}/{n_runs} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     except KeyboardInterrupt:
         interrupted = True
-    pool.shutdown(wait=not interrupted, cancel_futures=True)
+    finally:
+        results.close()  # cancels the jobs not started
     wall = time.perf_counter() - t0
     mode = "unsafe (no marker syncs or handshakes, no NumPy check)" if unsafe else "safe"
+    where = f"Ray at {ray_address}" if ray_address else f"{jobs} process(es)"
     print(f"sweep, {mode}: {seeds} seeds ({first_seed}..{first_seed + seeds - 1}) x {len(counts)} "
-          f"(model, target), {done} of {len(work)} runs"
-          f"{' (interrupted)' if interrupted else ''}, {jobs} process(es): wall {wall:.0f} s, "
-          f"CPU {cpu:.0f} s in the runs")
+          f"(model, target), {done} of {n_runs} runs"
+          f"{' (interrupted)' if interrupted else ''}, {where}: wall {wall:.0f} s, "
+          f"CPU {cpu:.0f} s in the runs, speed-up over one process {cpu / max(wall, 1e-9):.2f}x "
+          f"(compiled once in {t_compile:.0f} s, the workers parse the printed IR)")
     print(f"  {'model':12} {'target':8} " + " ".join(f"{o:>10}" for o in OUTCOMES))
     for (model, tgt), c in counts.items():
         print(f"  {model:12} {tgt:8} " + " ".join(f"{c[o]:>10}" for o in OUTCOMES))
@@ -171,8 +210,10 @@ def main() -> int:
                     help="asynchrony seeds per model and target (default 1000)")
     ap.add_argument("--first-seed", type=int, default=0, metavar="S",
                     help="the sweep's first seed (split a sweep over machines or sessions)")
-    ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+    ap.add_argument("--jobs", type=int, default=default_workers(),
                     help="sweep processes")
+    ap.add_argument("--ray", metavar="ADDRESS",
+                    help="sweep as tasks on the Ray cluster at ADDRESS ('local': start one here)")
     ap.add_argument("--unsafe", action="store_true", help="sweep the ablation: must fail on some seeds")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--models", default=",".join(SWEEP_MODELS), help="models to sweep")
@@ -183,8 +224,12 @@ def main() -> int:
             ap.error(f"--jobs must be at least 1, got {args.jobs}")
         if args.first_seed < 0:
             ap.error(f"--first-seed must be at least 0, got {args.first_seed}")
-        return sweep(args.models.split(","), args.targets.split(","), args.sweep, args.jobs,
-                     args.unsafe, args.first_seed)
+        try:
+            return sweep(args.models.split(","), args.targets.split(","), args.sweep, args.jobs,
+                         args.unsafe, args.first_seed, args.ray)
+        except WorkerError as e:
+            print(f"bench_interpreter: error: {e}", file=sys.stderr)
+            return 1
     speed("tiny_moe", "test32", args.requests)
     speed("tiny_dense", "test32", args.requests)
     if args.profile:

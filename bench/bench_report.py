@@ -41,7 +41,8 @@ from meshrt.driver import segment_program
 from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.output import write_text
 from meshrt.targets import load_target
-from meshrt.tools.bench import PADDING_WORKLOADS, default_jobs, run_bench, write_outputs
+from meshrt.tools.bench import PADDING_WORKLOADS, run_bench, write_outputs
+from meshrt.tools.workers import default_workers
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
             config, deploy = DEPLOYED.get(name, (name, None))
             res = run_bench(f"examples/configs/{config}.json", TARGET, MICRO_BATCHES, WORKLOAD,
                             progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
-                            wafers=wafers, deploy_wafers=deploy, jobs=default_jobs())
+                            wafers=wafers, deploy_wafers=deploy, jobs=default_workers())
             res["meta"]["command"] = (f"meshrt bench examples/configs/{config}.json --target {TARGET} "
                                       f"--micro-batch {','.join(map(str, MICRO_BATCHES))} "
                                       + (f"--wafers {','.join(map(str, wafers))} " if wafers else "")
@@ -262,7 +263,7 @@ def model_section(name: str, res: dict) -> list[str]:
         f"## {name}",
         "",
         f"`{res['meta']['command']}`: {wall:.0f} s on this machine ({t['builds']} builds"
-        + (f" in {res['meta']['jobs']} processes" if res["meta"].get("jobs", 1) > 1 else "")
+        + (f" in {res['meta']['jobs']} processes" if (res["meta"].get("jobs") or 1) > 1 else "")
         + f": compile {t['compile_s']:.0f} s, cost model {t['cost_model_s']:.0f} s, summed over "
         "the builds); run at git "
         f"{res['meta'].get('git', 'unrecorded')}"

@@ -45,7 +45,8 @@ the same hardware. A build that does not fit N wafers is a row saying so.
 The builds (compile + cost model, and the interpreter where it runs) are
 independent: after the first, which checks the input, they run in `--jobs`
 worker processes (default: one per CPU, at most 4; `--jobs 1` runs them in
-this process). The numbers do not depend on it; bench.json's timing gives
+this process), or as tasks on a Ray cluster with `--ray ADDRESS`
+(`meshrt.tools.workers`). The numbers do not depend on it; bench.json's timing gives
 the wall time beside each build's own compile and model seconds.
 
 Beside each TPOT the tables and bench.json give the build's lower bound
@@ -67,7 +68,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -75,6 +75,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError
+from meshrt.tools.workers import default_workers
 from meshrt.output import save_figure, write_text
 
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
@@ -161,11 +162,6 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
 
 
-def default_jobs() -> int:
-    """One worker per CPU, at most 4 (each holds a compiled model in memory)."""
-    return max(1, min(4, os.cpu_count() or 1))
-
-
 def seed_list(text: str) -> tuple[int, ...]:
     """`--placement-seeds 0,1`: distinct non-negative integers, in the order given."""
     return _list_arg(text, int, lambda v: v >= 0, "non-negative integers", ordered=False)
@@ -211,6 +207,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=positive_int, metavar="N",
                    help="worker processes for the builds (default: one per CPU, at most 4; "
                         "1: in this process)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run the builds as tasks on the Ray cluster at ADDRESS ('local': start "
+                        "one here); needs the ray extra")
     p.add_argument("--workload", default="chat", metavar="NAME",
                    help="workload whose padding prices continuous batching: chat, reasoning "
                         "(synthetic) or a .jsonl file (default chat)")
@@ -245,7 +244,8 @@ def main(args: argparse.Namespace) -> int:
                             progress=_progress, placement=placement,
                             wafers=getattr(args, "wafers", None),
                             deploy_wafers=getattr(args, "deploy_wafers", None),
-                            jobs=getattr(args, "jobs", None) or default_jobs())
+                            jobs=getattr(args, "jobs", None) or default_workers(),
+                            ray_address=getattr(args, "ray", None))
         results["meta"]["command"] = _command_line(args)
         print_tables(results)
         write_outputs(results, out)
@@ -289,6 +289,8 @@ def _command_line(args: argparse.Namespace) -> str:
         out = f" --deploy-wafers {args.deploy_wafers}" + out
     if getattr(args, "jobs", None):
         out = f" --jobs {args.jobs}" + out
+    if getattr(args, "ray", None):
+        out = f" --ray {args.ray}" + out
     place = ""
     opts = placement_options(args)
     if opts:
@@ -389,33 +391,33 @@ class Builder:
         return b
 
     def prefetch(self, wanted: Sequence[tuple[str, int, Sequence[str] | None, int | None]],
-                 jobs: int) -> None:
+                 jobs: int, ray_address: str | None = None) -> None:
         """Build (label, micro-batch, dynamism, wafers) of `wanted` not built yet in `jobs`
-        worker processes, each a Builder of its own; the first label of a key names it,
-        as a call of `build` in that order would."""
+        worker processes (or as Ray tasks at `ray_address`), each a Builder of its own;
+        the first label of a key names it, as a call of `build` in that order would."""
         todo: dict[tuple, tuple] = {}
         for label, mb, dyn, wafers in wanted:
             w = self.deploy_wafers if wafers is None else wafers
             key = (mb, None if dyn is None else tuple(dyn), w)
             if key not in self.cache and key not in todo:
                 todo[key] = (label, mb, None if dyn is None else tuple(dyn), w)
-        if jobs <= 1 or len(todo) <= 1:
+        if (jobs <= 1 and not ray_address) or not todo:
             return  # `build` makes them one by one where they are asked for
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from meshrt.tools.workers import WorkerError, run_jobs
 
-        ctx = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited state
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
-            futures = {pool.submit(_build_in_worker, self.model, self.target_arg, self.simulate,
-                                   *job): key for key, job in todo.items()}
-            for f in as_completed(futures):
-                b, hparams, spec_dynamism = f.result()
-                key = futures[f]
+        keys = list(todo)
+        work = [(self.model, self.target_arg, self.simulate, *todo[k]) for k in keys]
+        try:
+            for i, (b, hparams, spec_dynamism) in run_jobs(_build_in_worker, work, jobs,
+                                                            ray_address):
+                key = keys[i]
                 self.cache[key] = b
                 self.hparams = self.hparams or hparams
                 if key[1] is None and spec_dynamism is not None:
                     self.spec_dynamism = spec_dynamism
                 self._report(b)
+        except WorkerError as e:
+            raise BenchError(f"meshrt bench: error: {e}") from None
 
     def _report(self, b: Build) -> None:
         if b.ok:
@@ -497,10 +499,11 @@ class Builder:
         return int(self.hparams.get("top_k", 0) or 0)
 
 
-def _build_in_worker(model: str, target: str, simulate: bool, label: str, micro_batch: int,
-                     dynamism: tuple[str, ...] | None, wafers: int | None):
-    """One build in a worker process: (Build, the model's hparams, its spec's dynamism or
-    None when the build was not of the spec's own kinds)."""
+def _build_in_worker(job: tuple):
+    """One build in a worker: job = (model, target, simulate, label, micro-batch, dynamism,
+    wafers); returns (Build, the model's hparams, its spec's dynamism or None when the
+    build was not of the spec's own kinds)."""
+    model, target, simulate, label, micro_batch, dynamism, wafers = job
     builder = Builder(model, target)
     builder.simulate = simulate
     b = builder.build(label, micro_batch, dynamism, wafers=wafers)
@@ -533,7 +536,7 @@ def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: s
               progress: Callable[[str], None] | None = None,
               placement: PlacementOptions | None = None,
               wafers: Sequence[int] | None = None, deploy_wafers: int | None = None,
-              jobs: int = 1) -> dict:
+              jobs: int = 1, ray_address: str | None = None) -> dict:
     """Every number of the benchmark as one JSON-ready dict; the builds after the first in
     `jobs` worker processes."""
     t0 = time.perf_counter()
@@ -548,7 +551,7 @@ def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: s
     if placement:
         placed = _compile_placement(model, target, progress)
     kinds = builder.spec_dynamism
-    builder.prefetch(wanted_builds(builder, micro_batches, kinds, first, wafers), jobs)
+    builder.prefetch(wanted_builds(builder, micro_batches, kinds, first, wafers), jobs, ray_address)
     padding = padding_curves(sorted(set(PADDING_BATCHES) | set(micro_batches)))
     cb_padding = workload_padding(workload, micro_batches, builder.hparams.get("vocab", 32000))
     clock = builder.target.clock_hz
@@ -560,7 +563,8 @@ def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: s
             "model": model, "target": builder.target.name, "clock_hz": clock,
             "micro_batches": list(micro_batches), "workload": workload,
             "moe": builder.is_moe, "top_k": builder.top_k, "dynamism": list(kinds),
-            "interpreter": builder.simulate, "deploy_wafers": deploy_wafers, "jobs": jobs,
+            "interpreter": builder.simulate, "deploy_wafers": deploy_wafers,
+            "jobs": None if ray_address else jobs, "ray": ray_address,
         },
         "sources": SOURCES,
         "governance": governance(builder, kinds, clock),
