@@ -54,7 +54,7 @@ from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.runtime.serving import serve
 from meshrt.runtime.workloads import Request
 from meshrt.targets import load_target
-from meshrt.tools.workers import WorkerError, default_workers, run_jobs
+from meshrt.tools.workers import WorkerError, default_workers, parse_ray_address, run_jobs
 
 
 def workload(n: int, seed: int = 7) -> list[Request]:
@@ -212,7 +212,7 @@ def main() -> int:
                     help="the sweep's first seed (split a sweep over machines or sessions)")
     ap.add_argument("--jobs", type=int, default=default_workers(),
                     help="sweep processes")
-    ap.add_argument("--ray", metavar="ADDRESS",
+    ap.add_argument("--ray", type=parse_ray_address, metavar="ADDRESS",
                     help="sweep as tasks on the Ray cluster at ADDRESS ('local': start one here)")
     ap.add_argument("--unsafe", action="store_true", help="sweep the ablation: must fail on some seeds")
     ap.add_argument("--profile", action="store_true")

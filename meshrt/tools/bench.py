@@ -75,7 +75,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError
-from meshrt.tools.workers import default_workers
+from meshrt.tools.workers import default_workers, parse_ray_address
 from meshrt.output import save_figure, write_text
 
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
@@ -207,7 +207,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=positive_int, metavar="N",
                    help="worker processes for the builds (default: one per CPU, at most 4; "
                         "1: in this process)")
-    p.add_argument("--ray", metavar="ADDRESS",
+    p.add_argument("--ray", type=parse_ray_address, metavar="ADDRESS",
                    help="run the builds as tasks on the Ray cluster at ADDRESS ('local': start "
                         "one here); needs the ray extra")
     p.add_argument("--workload", default="chat", metavar="NAME",
@@ -540,6 +540,13 @@ def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: s
     """Every number of the benchmark as one JSON-ready dict; the builds after the first in
     `jobs` worker processes."""
     t0 = time.perf_counter()
+    if ray_address:  # before any compilation, like every other input check
+        from meshrt.tools.workers import WorkerError, check_cluster
+
+        try:
+            check_cluster(ray_address)
+        except WorkerError as e:
+            raise BenchError(f"meshrt bench: error: {e}") from None
     builder = Builder(model, target, progress, deploy_wafers)
     placed = None
     if placement:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import TypeVar
 
-__all__ = ["WorkerError", "default_workers", "run_jobs"]
+__all__ = ["WorkerError", "check_cluster", "default_workers", "parse_ray_address", "run_jobs"]
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -54,11 +54,44 @@ def run_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int = 1,
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+CONNECT_TIMEOUT_S = 10.0
+
+
+def parse_ray_address(text: str) -> str:
+    """`--ray ADDRESS`: 'local', 'auto' (the cluster this machine belongs to), HOST:PORT or
+    ray://HOST:PORT; an argparse error otherwise."""
+    import argparse
+
+    if text in ("local", "auto"):
+        return text
+    host, sep, port = text.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected 'local', 'auto', HOST:PORT or ray://HOST:PORT, got '{text}'")
+    return text
+
+
+def check_cluster(address: str) -> None:
+    """WorkerError unless a HOST:PORT (or ray://HOST:PORT) address takes a TCP connection
+    within CONNECT_TIMEOUT_S (Ray itself retries an unreachable address for minutes);
+    'local' and 'auto' pass."""
+    import socket
+
+    if address in ("local", "auto"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise WorkerError(f"--ray {address}: cannot connect: {e.strerror or e}") from None
+
+
 def _ray_jobs(fn, jobs, address: str):
     try:
         import ray
     except ImportError:
         raise WorkerError("--ray needs the ray package: pip install -e \".[ray]\"") from None
+    check_cluster(address)
     try:
         if not ray.is_initialized():
             ray.init(address=None if address == "local" else address, log_to_driver=False,

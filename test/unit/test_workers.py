@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from meshrt.tools.bench import micro_batch_list
-from meshrt.tools.workers import WorkerError, run_jobs
+from meshrt.tools.workers import WorkerError, parse_ray_address, run_jobs
 
 # a job: a module-level Python function (Ray takes no builtins) and a picklable argument
 JOBS = ["4,2,1", "8", "16,1", "3,3", "2", "64,32"]
@@ -40,3 +40,20 @@ def test_a_local_ray_instance_runs_the_jobs():
     finally:
         ray.shutdown()
     assert got == {i: micro_batch_list(n) for i, n in enumerate(JOBS)}
+
+
+@pytest.mark.parametrize("text, ok", [("local", True), ("auto", True), ("10.0.0.2:6379", True),
+                                      ("ray://head:10001", True), ("nowhere", False),
+                                      ("host:", False), (":6379", False), ("ray://h:p", False)])
+def test_ray_addresses(text, ok):
+    if ok:
+        assert parse_ray_address(text) == text
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="expected 'local', 'auto'"):
+            parse_ray_address(text)
+
+
+def test_an_unreachable_cluster_is_an_error_within_seconds():
+    """Ray retries an address nothing listens on for minutes; the TCP check says so first."""
+    with pytest.raises(WorkerError, match=r"--ray 127.0.0.1:1: cannot connect"):
+        dict(run_jobs(micro_batch_list, JOBS, ray_address="127.0.0.1:1"))
