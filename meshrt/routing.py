@@ -227,6 +227,22 @@ class RectSet:
         return f"RectSet<{self}>"
 
 
+def line_relay_obstacle(senders: RectSet, receivers: RectSet) -> str | None:
+    """Why a gather of several `senders` on one colour whose receivers include some of
+    them cannot run as a relay along the receivers (each receiver passes the stream on),
+    or None when it can: every receiver must be a sender, and the receivers one line. A
+    router forwards a colour one way, so no other overlap of senders and receivers has a
+    route (`synthesize_schedules` sends those through one sender first)."""
+    if (senders & receivers) != receivers or len(receivers.boxes) != 1:
+        return ("its receivers are partly senders; the relay needs every receiver to be a "
+                "sender and the receivers to form one box")
+    x0, y0, x1, y1 = receivers.boxes[0]
+    if x1 - x0 > 1 and y1 - y0 > 1:
+        return ("its receivers are also its senders and do not form one line (the relay "
+                "runs along a line)")
+    return None
+
+
 def line_count(senders: RectSet, receivers: RectSet, along_rows: bool) -> int:
     """Most sender cores in one row (column) that holds a receiver."""
     lo, hi = (1, 3) if along_rows else (0, 2)

@@ -64,7 +64,7 @@ from meshrt.dialects.mesh import (
     ResourceAttr,
     Resources,
 )
-from meshrt.routing import RectSet, line_count
+from meshrt.routing import RectSet, line_count, line_relay_obstacle
 from meshrt.shape import HParams
 from meshrt.targets import Target, target_for
 
@@ -232,19 +232,12 @@ def _forwarded(gate: mk.KernelOp, consumer: mk.KernelOp, cross_wafer: bool) -> s
 
 def _needs_relay(src: CoreSetAttr, dst: CoreSetAttr) -> bool:
     """Whether an `all` gather from the line `src` into `dst` must go through one of its
-    senders: several senders whose multicast trees would run through each other's routers
-    on one colour (some senders are receivers too). A router forwards one colour one way,
-    so the only such gathers a fabric routes are a line whose every core sends and
-    receives (passed along the line); any other overlap is gathered into the line's end
-    core first, which then multicasts the whole value."""
+    senders: several senders, some of them receivers, that no relay along the receivers
+    can carry (`line_relay_obstacle`); the line's end core then gathers the line first
+    and multicasts the whole value."""
     senders, receivers = RectSet.from_cores(src), RectSet.from_cores(dst)
-    overlap = senders & receivers
-    if senders.count <= 1 or not overlap:
-        return False
-    if overlap == receivers and len(receivers.boxes) == 1:
-        x0, y0, x1, y1 = receivers.boxes[0]
-        return x1 - x0 > 1 and y1 - y0 > 1
-    return True
+    return (senders.count > 1 and bool(senders & receivers)
+            and line_relay_obstacle(senders, receivers) is not None)
 
 
 SWITCH_CHAIN_POSITIONS = 2
@@ -339,9 +332,10 @@ class Synthesizer:
         the other senders' slices (`NAME.relay`, each message a sender's slice, `held`
         bytes), then multicasts the whole value to the receivers (`NAME`, a message of a
         receiver's `share`)."""
-        x0, y0, x1, y1 = max(RectSet.from_cores(src).boxes, key=lambda b: (b[3], b[2]))
+        senders = RectSet.from_cores(src)
+        _, _, x1, y1 = max(senders.boxes, key=lambda b: (b[3], b[2]))
         head = CoreSetAttr.of(x1 - 1, y1 - 1, 1, 1)
-        rest = (RectSet.from_cores(src) - RectSet.from_cores(head)).to_coreset()
+        rest = (senders - RectSet.from_cores(head)).to_coreset()
         wafer = producer.op.wafer_index
         gather = _Flow(kr.FlowSpec(f"{name}.relay", rest, head, "all", held, role=ev.FlowRole.INPUT,
                                    operand=operand), consumer.kernel_name, wafer)

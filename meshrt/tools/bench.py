@@ -368,9 +368,7 @@ class Builder:
               required: bool = False, wafers: int | None = None) -> Build:
         """Compile (dynamism None: the spec's own kinds; wafers None: `deploy_wafers`, else
         the fewest) and time; errors kept unless required."""
-        if wafers is None:
-            wafers = self.deploy_wafers
-        key = (micro_batch, None if dynamism is None else tuple(dynamism), wafers)
+        key = self._key(micro_batch, dynamism, wafers)
         if key in self.cache:
             b = self.cache[key]
             if required and not b.ok:  # built in a worker (`prefetch`), which keeps errors
@@ -379,7 +377,7 @@ class Builder:
         b = Build(label, micro_batch, tuple(dynamism or ()))
         t0 = time.perf_counter()
         try:
-            program = self._compile(micro_batch, dynamism, wafers)
+            program = self._compile(micro_batch, dynamism, key[2])
             b.compile_s = time.perf_counter() - t0
             self._time(b, program)
         except BenchError as e:
@@ -390,6 +388,13 @@ class Builder:
         self.cache[key] = b
         return b
 
+    def _key(self, micro_batch: int, dynamism: Sequence[str] | None,
+              wafers: int | None) -> tuple[int, tuple[str, ...] | None, int | None]:
+        """A build's cache key: (micro-batch, dynamism, wafers), wafers None meaning
+        `deploy_wafers`."""
+        return (micro_batch, None if dynamism is None else tuple(dynamism),
+                self.deploy_wafers if wafers is None else wafers)
+
     def prefetch(self, wanted: Sequence[tuple[str, int, Sequence[str] | None, int | None]],
                  jobs: int, ray_address: str | None = None) -> None:
         """Build (label, micro-batch, dynamism, wafers) of `wanted` not built yet in `jobs`
@@ -397,10 +402,9 @@ class Builder:
         the first label of a key names it, as a call of `build` in that order would."""
         todo: dict[tuple, tuple] = {}
         for label, mb, dyn, wafers in wanted:
-            w = self.deploy_wafers if wafers is None else wafers
-            key = (mb, None if dyn is None else tuple(dyn), w)
+            key = self._key(mb, dyn, wafers)
             if key not in self.cache and key not in todo:
-                todo[key] = (label, mb, None if dyn is None else tuple(dyn), w)
+                todo[key] = (label, *key)
         if (jobs <= 1 and not ray_address) or not todo:
             return  # `build` makes them one by one where they are asked for
         from meshrt.tools.workers import WorkerError, run_jobs
@@ -516,11 +520,11 @@ def wanted_builds(builder: Builder, micro_batches: Sequence[int], kinds: Sequenc
     micro-batch as `ablation_micro_batch` picks it when every build succeeds)."""
     out: list[tuple] = [("static", b, (), None) for b in micro_batches]
     out += [("meshrt", b, None, None) for b in micro_batches]
-    out += [("governed", 1, tuple(k for k in kinds if k != PIPELINE), None), ("static", 1, (), None)]
+    out += [("governed", 1, governed_kinds(kinds), None), ("static", 1, (), None)]
     if builder.is_moe:
         out.append(("expert-parallel", 1, (ROUTING,), None))
-    mb = ABLATION_MICRO_BATCH if ABLATION_MICRO_BATCH in micro_batches else max(micro_batches)
-    out += [("pipelined", mb, tuple(k for k in kinds if k != CB), None), ("meshrt", mb, None, None)]
+    mb = _ablation_micro_batch(micro_batches)
+    out += [("pipelined", mb, pipelined_kinds(kinds), None), ("meshrt", mb, None, None)]
     if base.ok:
         out += [(f"wafers {n}", base.micro_batch, None, n)
                 for n in wafer_counts(base.wafers, wafers) if n != base.wafers]
@@ -644,8 +648,7 @@ def no_ep_cycles(b: Build) -> float:
 
 def governance(builder: Builder, kinds: Sequence[str], clock: float) -> dict:
     """TPOT of the dynamic build vs the static build of the same (single-stage) mapping."""
-    dyn_kinds = tuple(k for k in kinds if k != PIPELINE)
-    dyn = builder.build("governed", 1, dyn_kinds, required=True)
+    dyn = builder.build("governed", 1, governed_kinds(kinds), required=True)
     st = builder.build("static", 1, (), required=True)
     out = {
         "micro_batch": 1,
@@ -679,8 +682,22 @@ def governance(builder: Builder, kinds: Sequence[str], clock: float) -> dict:
 
 def ablation_micro_batch(meshrt: dict[int, Build]) -> int:
     """The paper's micro-batch 4 when it builds, else the largest micro-batch that does."""
-    built = [b for b, m in meshrt.items() if m.ok] or list(meshrt)
+    return _ablation_micro_batch([b for b, m in meshrt.items() if m.ok] or list(meshrt))
+
+
+def _ablation_micro_batch(built: Sequence[int]) -> int:
     return ABLATION_MICRO_BATCH if ABLATION_MICRO_BATCH in built else max(built)
+
+
+def governed_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
+    """The governance question's dynamic build: the spec's kinds but pipelining (so that
+    the mapper gives it the static build's mapping)."""
+    return tuple(k for k in kinds if k != PIPELINE)
+
+
+def pipelined_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
+    """The ablation's pipelining step: the spec's kinds but continuous batching."""
+    return tuple(k for k in kinds if k != CB)
 
 
 def ablation(builder: Builder, kinds: Sequence[str], mb: int, padding: dict[int, float],
@@ -689,7 +706,7 @@ def ablation(builder: Builder, kinds: Sequence[str], mb: int, padding: dict[int,
     k = builder.top_k if builder.is_moe else 1
     st = builder.build("static", 1, (), required=True)
     ep = builder.build("expert-parallel", 1, (ROUTING,), required=True) if builder.is_moe else st
-    pipe = builder.build("pipelined", mb, tuple(x for x in kinds if x != CB))
+    pipe = builder.build("pipelined", mb, pipelined_kinds(kinds))
     full = builder.build("meshrt", mb, None)
     pad = padding[mb]
     steps = [("static_bs1", 1, no_ep_cycles(st), 1.0, st),

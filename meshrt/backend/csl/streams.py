@@ -62,7 +62,7 @@ from meshrt.backend.csl.routes import (
     flow_router_configs,
 )
 from meshrt.diagnostics import MeshrtError
-from meshrt.routing import Box, RectSet, line_count, rect_boxes
+from meshrt.routing import Box, RectSet, line_count, line_relay_obstacle, rect_boxes
 
 TREE, SHIFT, CHAIN, RELAY = "tree", "shift", "chain", "relay"
 
@@ -693,10 +693,9 @@ def plan_flow(flow, width: int, height: int) -> FlowPlan:
         if line_count(senders, senders, pattern == "row") <= 1:  # the trees are disjoint
             return FlowPlan(flow.name, TREE, _tree_cells(flow.configs(width, height)), n, flow.color)
         return _plan_line_chains(flow, senders, receivers, pattern)
-    overlap = senders & receivers
-    if not overlap:
+    if not senders & receivers:
         return _plan_chain(flow, senders, receivers, width, height)
-    return _plan_relay(flow, senders, receivers, overlap, width, height)
+    return _plan_relay(flow, senders, receivers, width, height)
 
 
 def _plan_line_chains(flow, senders: RectSet, receivers: RectSet, pattern: str) -> FlowPlan:
@@ -898,15 +897,11 @@ def _plan_chain(flow, senders: RectSet, receivers: RectSet, width: int, height: 
     return _chain_plan(flow, senders, snakes, tree)
 
 
-def _plan_relay(flow, senders: RectSet, receivers: RectSet, overlap: RectSet, width: int,
-                height: int) -> FlowPlan:
-    if overlap != receivers or len(receivers.boxes) != 1:
-        _fail(flow, "its receivers are partly senders; the relay needs every receiver to be a "
-              "sender and the receivers to form one box")
+def _plan_relay(flow, senders: RectSet, receivers: RectSet, width: int, height: int) -> FlowPlan:
+    why = line_relay_obstacle(senders, receivers)
+    if why is not None:
+        _fail(flow, why)
     rb = receivers.boxes[0]
-    if rb[2] - rb[0] > 1 and rb[3] - rb[1] > 1:
-        _fail(flow, "its receivers are also its senders and do not form one line (the relay "
-              "runs along a line)")
     others = senders - receivers
     ends = [(rb[0], rb[1]), (rb[2] - 1, rb[3] - 1)]
     chosen = None
