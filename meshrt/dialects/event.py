@@ -189,12 +189,19 @@ class FlowOp(IRDLOperation):
     # col flows on one wafer only (a row / col multicast streams the result
     # of a reduction back along its line).
     streams = opt_prop_def(UnitAttr)
+    # `routed`: the senders are expert regions' root columns; in a step only
+    # the regions the step routed a token to (and shared experts' regions)
+    # send, the others pass only their switch advance, and a recv gathers one
+    # message from each sender of a chosen region that targets the core
+    # (`meshrt.kernels.expert_reduce.routed`).
+    routed = opt_prop_def(UnitAttr)
 
     traits = traits_def(SymbolOpInterface())
     assembly_format = (
         "$sym_name `kernel` $kernel `role` $role (`operand` $operand^)? "
         "`wafer` $wafer `from` $src `to` $dst (`cross_wafer` $cross_wafer^)? "
-        "`pattern` $pattern (`by` $dx^ `,` $dy)? `bytes` $bytes (`streams` $streams^)? attr-dict"
+        "`pattern` $pattern (`by` $dx^ `,` $dy)? `bytes` $bytes (`streams` $streams^)? "
+        "(`routed` $routed^)? attr-dict"
     )
 
     @property
@@ -221,6 +228,10 @@ class FlowOp(IRDLOperation):
     @property
     def is_streaming(self) -> bool:
         return self.streams is not None
+
+    @property
+    def is_routed(self) -> bool:
+        return self.routed is not None
 
     @property
     def offset(self) -> tuple[int, int]:
@@ -270,6 +281,9 @@ class FlowOp(IRDLOperation):
         if self.is_streaming and (pattern == "all" or self.crosses_wafer):
             raise VerifyException(f"{where}: only shift, row and col flows on one wafer stream "
                                   f"(pattern '{pattern}'{', across the wafer link' if self.crosses_wafer else ''})")
+        if self.is_routed and (self.is_streaming or pattern not in ("row", "all")):
+            raise VerifyException(f"{where}: only row and all flows that do not stream are routed "
+                                  f"(pattern '{pattern}'{', streaming' if self.is_streaming else ''})")
 
 
 def lookup_flow(op: Operation, ref: SymbolRefAttr) -> FlowOp:

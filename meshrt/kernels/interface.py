@@ -191,6 +191,9 @@ class KernelOp(MappedKernelOp):
     TOKEN_SINK: ClassVar[bool] = False  # receives them
     PLACES_EXPERTS: ClassVar[bool] = False  # has an expert -> region placement
     TILES_HOLD_OWN_VALUES: ClassVar[bool] = False  # each tile holds a value of its own (an expert's)
+    # With MoE routing, a tile's outputs travel only in steps that routed a token to it
+    # (the flows of its outputs are `routed`, see event.flow)
+    SENDS_ONLY_ROUTED: ClassVar[bool] = False
     # its value is partial sums or per-expert values, summed further on: it travels in
     # fp32, not in the model's activation format (`value_bytes`; the interpreter rounds
     # every other kernel's value where a consumer reads it)

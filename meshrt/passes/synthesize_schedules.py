@@ -105,6 +105,7 @@ class _Flow:
     meta: int = 0
     meta_kind: str | None = None
     gathered_by: str | None = None  # a relay: the flow its one sender gathers the value on first
+    routed: bool = False  # only the expert regions a step routed to send data (see event.flow)
 
 
 @dataclass
@@ -321,7 +322,9 @@ class Synthesizer:
             if pattern == "all" and not cross and _needs_relay(src, dst):
                 return self._relayed(name, operand, producer, consumer, src, dst, share, held)
             spec = kr.FlowSpec(name, src, dst, pattern, data, role=ev.FlowRole.INPUT, operand=operand)
-        flow = _Flow(spec, consumer.kernel_name, producer.op.wafer_index, cross)
+        flow = _Flow(spec, consumer.kernel_name, producer.op.wafer_index, cross,
+                     routed=(producer.op.SENDS_ONLY_ROUTED and "moe_routing" in self.kctx.dynamism
+                             and spec.pattern in ("row", "all") and not spec.streams))
         self.flows[name] = flow
         producer.outputs.append(flow)
         return flow
@@ -663,6 +666,8 @@ class Synthesizer:
             props["cross_wafer"] = UnitAttr()
         if s.streams:
             props["streams"] = UnitAttr()
+        if flow.routed:
+            props["routed"] = UnitAttr()
         return ev.FlowOp.create(properties=props)
 
 

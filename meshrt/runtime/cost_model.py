@@ -93,11 +93,12 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshrt.dialects import segment as sg
 from meshrt.kernels import registry
-from meshrt.kernels.interface import KernelOp
+from meshrt.kernels.expert_reduce.routed import RoutedSenders
+from meshrt.kernels.interface import WAVELET_BYTES, KernelOp, wavelets
 from meshrt.routing import Box, RectSet, boxes_intersect, line_count, pattern_routers
 from meshrt.runtime.schedule import (
     AwaitCredits,
@@ -368,6 +369,7 @@ class CostModel:
         self.src = [RectSet.from_cores(f.src) for f in flows]
         self.dst = [RectSet.from_cores(f.dst) for f in flows]
         self.loads: dict[tuple[int, int], int] = {}
+        self.routed_share: dict[tuple[int, RectSet], float] = {}  # (flow, senders) -> data share
         self.stream_chains: dict[int, tuple[int, list[_Peer]]] = {}
         self.sending: dict[int, list[tuple[int, RectSet, Box]]] = {}
         self.peers: dict[tuple[int, int, int], list[_Peer]] = {}
@@ -397,6 +399,8 @@ class CostModel:
             kind = type(ins)
             if kind is EnterSegment or kind is Switch:
                 continue
+            if (kind is Send or kind is Recv) and ins.routed:
+                ins = self._expected_routed(ins, cl.cores if kind is Send else None)
             at = len(cl.instrs)
             cycles = 0.0
             if kind is Sub:
@@ -436,6 +440,23 @@ class CostModel:
                     net = spec.chain_parts["network"]
                     spec.chain_step = net + spec.stream[0]
                     spec.chain_parts = {"network": net, "compute": spec.stream[0]}
+
+    def _expected_routed(self, ins, senders: RectSet | None):
+        """A send or recv of a routed flow as expected (see
+        `meshrt.kernels.expert_reduce.routed`): the share of its senders (`senders`,
+        default all of the flow's) that a step routes to send their message, the
+        others only a switch advance (one wavelet, which no core receives)."""
+        f = ins.flow
+        src = self.src[f] if senders is None else self.src[f] & senders
+        key = (f, src)
+        share = self.routed_share.get(key)
+        if share is None:
+            share = self.routed_share[key] = RoutedSenders.of(self.program, self.flow_ops[f]).send_share(
+                src, self.slots)
+        if type(ins) is Send:
+            return replace(ins, nbytes=round(WAVELET_BYTES + share * (ins.nbytes - WAVELET_BYTES)),
+                           cycles=self.costs["send_wavelet"] * (1 + share * (wavelets(ins.nbytes) - 1)))
+        return replace(ins, nbytes=max(1, round(share * ins.nbytes)), cycles=share * ins.cycles)
 
     def _corner_distance(self, cores: RectSet, box: Box) -> int:
         """Largest distance from a core of the class to the furthest corner of the box."""

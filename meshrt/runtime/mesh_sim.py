@@ -151,6 +151,8 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from meshrt.kernels.expert_reduce.routed import RoutedSenders, draw, routing_key
+from meshrt.kernels.interface import WAVELET_BYTES
 from meshrt.kernels.numerics import DataLayoutError
 from meshrt.dialects import segment as sg
 from meshrt.routing import RectSet, xy_path
@@ -337,6 +339,7 @@ class _Msg:
         "id",
         "left",
         "payload",
+        "control",
         "parked_at",
         "seg",
         "sender",
@@ -360,6 +363,7 @@ class _Msg:
         self.parked_at = None
         self.tail_src = 0
         self.tail = None  # a streaming message: receiver -> when its tail reaches it
+        self.control = False  # a routed flow's advance without data: no core receives it
         self.eof = False  # the sender's last message of the flow in its step
         self.payload = None  # numerics mode: what the message carries
 
@@ -582,6 +586,16 @@ class MeshSim:
         # flow endpoints: per sender core its targets (and tree), per receiver its senders
         self.send_plan: dict[tuple[int, int], tuple[dict[int, tuple[int, ...]], frozenset[int], bool]] = {}
         senders_of: dict[tuple[int, int], list[int]] = defaultdict(list)
+        # routed flows: the expert regions that send them, each sender's region, the draws
+        self.routed: dict[int, tuple[RoutedSenders, int]] = {}
+        self.routed_region: dict[tuple[int, int], int] = {}
+        self.drawn: dict[tuple[int, int], frozenset[int]] = {}
+        for f, fo in enumerate(flows):
+            if fo.is_routed:
+                rs = RoutedSenders.of(prog, fo)
+                self.routed[f] = (rs, routing_key(self.seed, fo.kernel.root_reference.data))
+                for sx, sy in fo.src.cores():
+                    self.routed_region[(self._rid(fo.wafer_index, sx, sy), f)] = rs.region_at(sx, sy)
         for f, fo in enumerate(flows):
             w = fo.wafer_index
             dw = (w + 1) % self.wafers if fo.crosses_wafer else w  # the last wafer feeds the first
@@ -807,6 +821,11 @@ class MeshSim:
             if k is Recv:
                 f = ins.flow
                 want = set(core.senders.get(f, ()))
+                if ins.routed:  # only the regions this step routed to send
+                    regions = self._routed_regions(core, f)
+                    if regions is None:
+                        return
+                    want = {s for s in want if self.routed_region[(s, f)] in regions}
                 q = core.inq.get(f)
                 got = 0
                 tail = t
@@ -830,7 +849,7 @@ class MeshSim:
                     if ins.stage is not None:
                         self._stream_in(core, ins, t, tail)
                         return
-                    c = self._cost(core, ins.cycles * max(got, 1))
+                    c = self._cost(core, ins.cycles * (got if ins.routed else max(got, 1)))
                     if self.spans is not None:
                         self._span(core, "recv " + self.flow_names[f], t, t + c)
                     core.pc += 1
@@ -863,6 +882,13 @@ class MeshSim:
                     tail_out = max(core.s_start + core.s_body, start) + core.s_head
                     self._inject(core, f, ins.nbytes, t, ins.last, payload, tail_out - t)
                     c = max(tail_out - t, 1)
+                elif ins.routed and not self._routed_here(core, f):
+                    if self.stop:
+                        return
+                    # no token chose this region: only its switch advance (and end of
+                    # flow) passes the routers; no core receives anything
+                    self._inject(core, f, WAVELET_BYTES, t, ins.last, None, control=True)
+                    c = self._cost(core, self.costs["send_wavelet"])
                 else:
                     self._inject(core, f, ins.nbytes, t, ins.last, payload)
                     c = self._cost(core, ins.cycles)
@@ -1005,7 +1031,7 @@ class MeshSim:
 
     # -- network -------------------------------------------------------------
     def _inject(self, core: _Core, f: int, nbytes: int, t: int, eof: bool = False,
-                payload=None, ser_min: int = 0) -> None:
+                payload=None, ser_min: int = 0, control: bool = False) -> None:
         plan = self.send_plan.get((core.rid, f))
         self.msg_count += 1
         if plan is None or not plan[1]:
@@ -1019,6 +1045,8 @@ class MeshSim:
         m = _Msg(self.msg_count, f, core.rid, core.eseg, ser, len(dests), tree, dests)
         m.eof = eof
         m.payload = payload
+        if control:
+            m.control = True
         self.in_transit[m.id] = m
         core.outstanding[m.id] = m
         m.tail_src = t + ser
@@ -1078,7 +1106,9 @@ class MeshSim:
                         core.await_want = None
                         self._wake(core, t, 5)
         if rid in m.dests:
-            if self.flow_streams[m.flow]:  # a stream is received from its head on
+            if m.control:  # a routed flow's sender that no token chose: nothing to receive
+                self._delivered(m, t + ser)
+            elif self.flow_streams[m.flow]:  # a stream is received from its head on
                 if m.tail is None:
                     m.tail = {}
                 m.tail[rid] = t + ser
@@ -1101,6 +1131,9 @@ class MeshSim:
                 self._at(start + lat, E_HOP, m, nxt)
 
     def _deliver(self, m: _Msg, rid: int, t: int) -> None:
+        if m.control:  # (across the wafer link) a routed flow's advance: nothing to receive
+            self._delivered(m, t)
+            return
         core = self.router_core[rid]
         f = m.flow
         if core.state == W_RECV and core.recv_flow == f and m.sender in core.want:
@@ -1161,6 +1194,37 @@ class MeshSim:
             self._span(core, name, t if waited is None else waited, end)
         core.pc += 1
         self._at(end, E_RESUME, core)
+
+    # -- routed flows (meshrt.kernels.expert_reduce.routed) -----------------
+    def _routed_regions(self, core: _Core, f: int) -> frozenset[int] | None:
+        """The expert regions that send data on routed flow f in the core's current step
+        (senders and receivers ask alike): by the routing the core resolved and the
+        placement its step runs with (numerics; live recalibration may move experts),
+        else by the step's draw. None (and the run stops) where numerics have no routing."""
+        rs, key = self.routed[f]
+        shared = range(rs.routed_regions, len(rs.regions))
+        if core.cd is not None:
+            route = core.cd.route
+            if route is None:
+                self.reports.append(DataReport(self.now, core.pos, self.class_names[core.cls],
+                                               f"@{self.flow_names[f]}: no routing resolved"))
+                self.stop = True
+                return None
+            placement = self.data.placement(rs.layer, core.cd.step, rs.placement)
+            # (ids past the routed experts are the shared ones, already in)
+            return frozenset(placement[e] for e in map(int, route.ids.ravel())
+                             if e < rs.experts).union(shared)
+        got = self.drawn.get((f, core.step))
+        if got is None:
+            got = self.drawn[(f, core.step)] = frozenset(
+                rs.placement[e] for slot in range(self.slots)
+                for e in draw(key, core.step, slot, rs.experts, rs.top_k)).union(shared)
+        return got
+
+    def _routed_here(self, core: _Core, f: int) -> bool:
+        """Whether the core's expert region sends data on routed flow f this step."""
+        regions = self._routed_regions(core, f)
+        return regions is not None and self.routed_region[(core.rid, f)] in regions
 
     # -- numerics ----------------------------------------------------------
     def _data(self, core: _Core, t: int, hook, *args):

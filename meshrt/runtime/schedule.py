@@ -121,6 +121,7 @@ class Send:
     cycles: float  # send_wavelet per wavelet
     last: bool  # the class's last send of the flow in the step (end of flow)
     forward: bool = False  # forwards the stream the sub just received (see `Recv.stage`)
+    routed: bool = False  # sent only in steps routed to the sender's experts (see event.flow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,7 @@ class Recv:
     stage: tuple[float, float] | None = None
     wavelets: int = 0
     fused: bool = False
+    routed: bool = False  # only the senders a step routed to send (see event.flow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +266,7 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
     ts = costs["task_switch"]
     params = {k.kernel_name: k.param for k in program.kernels()}
     streaming = {f.flow_name for f in program.flows() if f.is_streaming}
+    routed = {f.flow_name for f in program.flows() if f.is_routed}
     out = []
     for ci, c in enumerate(classes):
         instrs: list[Instr] = []
@@ -298,7 +301,7 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
                         if f in awaiting:
                             instrs.append(AwaitCredits(f, tuple(sorted(awaiting.pop(f)))))
                         instrs.append(Send(f, nb, meta, wavelets(nb) * costs["send_wavelet"], False,
-                                           i in forward))
+                                           i in forward, e.flow_name in routed))
                     elif isinstance(e, ev.RecvOp):
                         f = fidx[e.flow_name]
                         nb = e.num_bytes + e.meta.value.data
@@ -314,7 +317,8 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
                                                params.get(kernel, _no_params)) / max(wavelets(nb), 1)
                             stage = stream_stage(costs["recv_wavelet"], costs["send_wavelet"], op)
                         instrs.append(Recv(f, nb, wavelets(nb) * costs["recv_wavelet"], host, stage,
-                                           wavelets(nb), i + 1 in fused or i + 1 in forward))
+                                           wavelets(nb), i + 1 in fused or i + 1 in forward,
+                                           e.flow_name in routed))
                     elif isinstance(e, ev.MetaResolveOp):
                         instrs.append(MetaResolve(fidx[e.flow_name], e.kind.data,
                                                   costs["meta_resolve_slot"] * slots))

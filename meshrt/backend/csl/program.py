@@ -51,7 +51,7 @@ from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment
 from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
 from meshrt.diagnostics import MeshrtError
 from meshrt.kernels import registry
-from meshrt.routing import Box
+from meshrt.routing import Box, RectSet, rect_boxes
 
 
 
@@ -181,6 +181,8 @@ class ProgramWriter:
         self.moe = "moe_routing" in kinds
         self.slots = self.p.slots
         self.top_k = max(1, int(self.p.hp("top_k", 1)))
+        self.routed_vars: dict[str, str] = {}  # declarations of the routed flows' state
+        self._hit_len = 0
         # Loop-carried receives the host primes: per flow, (data, metainfo) words of
         # one message; the host loads one message per micro-batch in flight.
         self.groups = self.p.groups
@@ -613,14 +615,19 @@ class ProgramWriter:
             self.emit_relay(s, e, flow, target, comment)
             return
         pre = self.phase(flow, "recv")
-        if msgs > 1:
+        if msgs > 1 or flow.op.is_routed:
             if pre:
                 self.state(pre, False, f"@{flow.name}: receive phase")
             self.state([f"@fmov{self.sh.sfx}({self.mem(target, n)}, 0.0);"], False,
                        comment + f"@{flow.name}: {msgs} senders serialised by the switch chain; their "
                        f"messages are summed into {target} as they arrive")
-            self.loop(str(msgs), self.recv_steps(s, e, flow, target, "lp_i > 0" if meta_taken else None, add=True),
-                      f"receive @{flow.name}: {msgs} message(s) of {e.nbytes} B, one per sender")
+            steps = self.recv_steps(s, e, flow, target, "lp_i > 0" if meta_taken else None, add=True)
+            count, what = str(msgs), f"{msgs} message(s) of {e.nbytes} B, one per sender"
+            if flow.op.is_routed:  # only the senders whose regions a token chose send
+                count = self.routed_count(flow)
+                what = (f"one message of {e.nbytes} B from each of its {msgs} senders whose "
+                        f"region a token chose ({count})")
+            self.loop(count, steps, f"receive @{flow.name}: {what}")
             return
         if e.meta and not meta_taken:
             fim = self.fab("fabin", flow, s, e.meta_words, "meta")
@@ -653,15 +660,102 @@ class ProgramWriter:
                        "which the relay along the receiver line sums (see the receive)")
             return
         pre = self.phase(flow, "send")
+        routed = flow.op.is_routed
+        if routed:  # only a region a token chose sends (see event.flow `routed`)
+            pre = pre + self.routed_flag(flow)
+
+        def sending(line: str, what: str) -> None:
+            nonlocal pre, comment
+            if routed:
+                self.state(pre + ["if (routed_data) {", "  " + line, "}"], "!routed_data",
+                           comment + what + " if a token chose this region")
+            else:
+                self.state(pre + [line], True, comment + what)
+            pre, comment = [], ""
+
         if e.meta:
             fom = self.fab("fabout", flow, s, e.meta_words, "meta")
-            self.state(pre + [f"rt.send_words({fom}, {self.mem(self.meta_buf(flow), e.meta_words)});"], True,
-                       comment + f"send @{flow.name}: {e.meta} B of metainfo ahead of the data")
-            pre, comment = [], ""
+            sending(f"rt.send_words({fom}, {self.mem(self.meta_buf(flow), e.meta_words)});",
+                    f"send @{flow.name}: {e.meta} B of metainfo ahead of the data")
         fo = self.fab("fabout", flow, s, n)
-        self.state(pre + [f"rt.send_{self.sh.elem}({fo}, {self.mem(src, n)});"], True,
-                   comment + f"send @{flow.name}: {e.nbytes} B from {src}")
+        sending(f"rt.send_{self.sh.elem}({fo}, {self.mem(src, n)});", f"send @{flow.name}: {e.nbytes} B from {src}")
         self.after_send(s, flow, marker)
+
+    def routed_regions(self, flow: Flow):
+        """The expert regions of routed `flow` and the placement table (a comptime
+        constant); `meshrt.kernels.expert_reduce.routed` is the rule."""
+        from meshrt.kernels.expert_reduce.routed import RoutedSenders
+
+        rs = RoutedSenders.of(self.p.op, flow.op)
+        table = self.const(f"placement_{flow.ident}", f"[{rs.experts}]i16",
+                           f"[{rs.experts}]i16 {{ " + ", ".join(map(str, rs.placement)) + " }",
+                           f"@{flow.name}: expert -> region, as compiled")
+        return rs, table
+
+    def routed_flag(self, flow: Flow) -> list[str]:
+        """Whether this core's expert region sends on routed `flow` this step
+        (`routed_data`): a shared expert's region always, else when a (token, choice) of
+        the resolved routing table names an expert the region holds. A region that
+        sends nothing still advances its switch chain (after_send)."""
+        rs, table = self.routed_regions(flow)
+        pieces = percore.clip_to([(b, i) for i, r in enumerate(rs.regions) for b in r.boxes],
+                                 self.cls.boxes)
+        here = self.const(f"expert_region_{flow.ident}", "i16",
+                          percore.expr(pieces, self.cls.boxes, -1),
+                          f"@{flow.name}: the expert region of this core")
+        self.routed_vars["routed_data"] = "var routed_data: bool = false; // this region sends on its routed flow"
+        return [f"routed_data = {here} >= {rs.routed_regions}; // a shared expert's region: always",
+                f"for (@range(u16, {self.b * self.top_k})) |i| {{",
+                f"  if (rt_expert[i] < {rs.experts}) {{ // (larger ids: the shared experts)",
+                f"    if ({table}[rt_expert[i]] == {here}) {{",
+                "      routed_data = true;",
+                "    }",
+                "  }",
+                "}"]
+
+    def routed_count(self, flow: Flow) -> str:
+        """A state that counts the messages this core receives on routed `flow` this
+        step: from each region the resolved routing chose (and each shared expert's),
+        as many as the region has senders that target this core. Returns the count's
+        variable."""
+        rs, table = self.routed_regions(flow)
+        pattern = flow.op.pattern.data
+        src = RectSet(b for r in flow.op.src.rects for b in rect_boxes(r))
+        counts = []
+        for region in rs.regions:
+            senders = region & src
+            if pattern == "row":  # the region's senders on each of this class's rows
+                per_core = {(senders & RectSet([(0, y, 1 << 30, y + 1)])).count
+                            for b in self.cls.boxes for y in range(b[1], b[3])}
+            else:
+                per_core = {senders.count}
+            if len(per_core) > 1:
+                raise MeshrtError(f"core class @{self.cls.name}: the routed flow @{flow.name} brings its "
+                                  "cores different numbers of messages from one expert region; the CSL "
+                                  "backend counts them per class", self.cls.op)
+            counts.append(per_core.pop())
+        n = len(rs.regions)
+        per_region = self.const(f"from_region_{flow.ident}", f"[{n}]u16",
+                                f"[{n}]u16 {{ " + ", ".join(map(str, counts)) + " }",
+                                f"@{flow.name}: messages from each expert region's senders")
+        var = f"routed_msgs_{flow.ident}"
+        self.routed_vars[var] = f"var {var}: u16 = 0; // @{flow.name}: messages this step"
+        self.routed_vars["region_hit"] = f"var region_hit = @zeros([{max(n, self._hit_len)}]u16);"
+        self._hit_len = max(n, self._hit_len)
+        self.state([f"for (@range(u16, {n})) |r| {{",
+                    f"  region_hit[r] = if (r >= {rs.routed_regions}) 1 else 0; // shared experts: always",
+                    "}",
+                    f"for (@range(u16, {self.b * self.top_k})) |i| {{",
+                    f"  if (rt_expert[i] < {rs.experts}) {{ // (larger ids: the shared experts)",
+                    f"    region_hit[{table}[rt_expert[i]]] = 1;",
+                    "  }",
+                    "}",
+                    f"{var} = 0;",
+                    f"for (@range(u16, {n})) |r| {{",
+                    f"  {var} += region_hit[r] * {per_region}[r];",
+                    "}"], False,
+                   f"@{flow.name}: the senders whose regions the routing chose send")
+        return var
 
     def after_send(self, s: int, flow: Flow, marker: bool, cond: str | None = None) -> None:
         """Control wavelets behind a message, on the same output queue (FIFO): the
@@ -927,6 +1021,8 @@ class ProgramWriter:
             add("var mb: u16 = 0; // micro-batch whose slots the current step serves")
         if self.moe:
             add(f"var rt_expert = @zeros([{self.b * self.top_k}]u16); // routing table: expert per (token, choice)")
+            for decl in self.routed_vars.values():
+                add(decl)
             add(f"var rt_weight = @zeros([{self.b * self.top_k}]f32); // gate weight per (token, choice)")
             add(f"var mine = @zeros([{self.b}]u16); // tokens whose expert lives in this core's region")
         admits = self.cf and any(e.kind == "compute" and registry.compute_op(e.name).admits_requests

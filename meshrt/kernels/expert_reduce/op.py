@@ -64,6 +64,7 @@ class ExpertReduceOp(KernelOp):
     NUMERICS: ClassVar[type] = ExpertReduce
     HOLDS_RESULT_AT_OUTPUTS: ClassVar[bool] = True  # only the root column keeps the sums
     TILES_HOLD_OWN_VALUES: ClassVar[bool] = True
+    SENDS_ONLY_ROUTED: ClassVar[bool] = True  # only the regions a step routed to send
 
     def tiles(self) -> list[tuple[int, int, int, int]]:
         return region_tiles(self, self.expert_regions)

@@ -7,6 +7,7 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 dynami
   event.flow @r.bc kernel @r role "up" wafer 0 from <(3, 1, 1, 4)> to <(0, 1, 4, 4)> pattern "row" bytes 64
   event.flow @r.in0 kernel @r role "input" operand 0 wafer 0 from <(0, 0, 4, 1)> to <(0, 1, 4, 1)> pattern "col" bytes 64
   event.flow @tok kernel @sample role "tokens" wafer 0 from <(0, 6, 4, 1)> to <(0, 0, 4, 1)> pattern "col" bytes 8
+  event.flow @c.in0 kernel @c role "input" operand 0 wafer 0 from <(9, 0, 1, 4), (12, 0, 1, 4)> to <(8, 0, 1, 4)> pattern "row" bytes 32 routed
   event.core_class @edge wafer 0 cores <(0, 1, 1, 4)> params {upstream = "west"} {
     event.sub @r "edge" after [@qkv] demand <colors = 2, iq = 1, oq = 1, routes = 2, sram = 256> collective {
       event.send @r.up bytes 64 meta 0
@@ -42,6 +43,7 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 2 dynami
 // CHECK-NEXT:   event.flow @r.bc kernel @r role "up" wafer 0 from <(3, 1, 1, 4)> to <(0, 1, 4, 4)> pattern "row" bytes 64
 // CHECK-NEXT:   event.flow @r.in0 kernel @r role "input" operand 0 wafer 0 from <(0, 0, 4, 1)> to <(0, 1, 4, 1)> pattern "col" bytes 64
 // CHECK-NEXT:   event.flow @tok kernel @sample role "tokens" wafer 0 from
+// CHECK-NEXT:   event.flow @c.in0 kernel @c role "input" operand 0 wafer 0 from <(9, 0, 1, 4), (12, 0, 1, 4)> to <(8, 0, 1, 4)> pattern "row" bytes 32 routed{{$}}
 // CHECK-NEXT:   event.core_class @edge wafer 0 cores <(0, 1, 1, 4)> params {upstream = "west"} {
 // CHECK-NEXT:     event.sub @r "edge" after [@qkv] demand <colors = 2, iq = 1, oq = 1, routes = 2, sram = 256> collective {
 // CHECK-NEXT:       event.send @r.up bytes 64 meta 0

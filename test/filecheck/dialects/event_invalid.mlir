@@ -130,3 +130,18 @@ event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynami
   event.flow @f kernel @k role "down" wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 2)> pattern "all" bytes 8 streams
 }
 // CHECK: error: 'event.flow' op flow @f: only shift, row and col flows on one wafer stream (pattern 'all')
+
+// -----
+
+// Only a row or all gather from expert regions carries data conditionally (routed).
+event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 2, 1)> to <(0, 1, 2, 1)> pattern "shift" by 0, 1 bytes 8 routed
+}
+// CHECK: error: 'event.flow' op flow @f: only row and all flows that do not stream are routed (pattern 'shift')
+
+// -----
+
+event.schedule @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, 1, 2)> to <(1, 0, 1, 2)> pattern "row" bytes 8 streams routed
+}
+// CHECK: error: 'event.flow' op flow @f: only row and all flows that do not stream are routed (pattern 'row', streaming)

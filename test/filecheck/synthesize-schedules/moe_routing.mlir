@@ -58,4 +58,5 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // ROLES-NEXT: event.flow @l0.moe.reduce.down_r kernel @l0.moe.reduce role "down" wafer 0
 // The expert regions are stacked, so their rows are not the corridor's: every
 // root column's outputs go to every corridor core (an `all` gather of 4 cores).
-// ROLES-NEXT: event.flow @l0.moe.combine.in0 kernel @l0.moe.combine role "input" operand 0 wafer 0 from <(4, 0, 1, 2), (4, 2, 1, 2)> to <(3, 0, 1, 4)> pattern "all" bytes 256
+// It is routed: only the regions a token chose send.
+// ROLES-NEXT: event.flow @l0.moe.combine.in0 kernel @l0.moe.combine role "input" operand 0 wafer 0 from <(4, 0, 1, 2), (4, 2, 1, 2)> to <(3, 0, 1, 4)> pattern "all" bytes 256 routed{{$}}
