@@ -46,8 +46,10 @@ The builds (compile + cost model, and the interpreter where it runs) are
 independent: after the first, which checks the input, they run in `--jobs`
 worker processes (default: one per CPU, at most 4; `--jobs 1` runs them in
 this process), or as tasks on a Ray cluster with `--ray ADDRESS`
-(`meshrt.tools.workers`). The numbers do not depend on it; bench.json's timing gives
-the wall time beside each build's own compile and model seconds.
+(`meshrt.tools.workers`); so do `--placement`'s simulated chips (one job per
+chip and spread, each worker compiling the model once). The numbers do not
+depend on it; bench.json's timing gives the wall time beside each build's
+own compile and model seconds.
 
 Beside each TPOT the tables and bench.json give the build's lower bound
 (`meshrt.runtime.lower_bound`: each layer's compute at the SIMD rate over the
@@ -205,11 +207,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "onto N wafers, both systems alike (the paper's placements: "
                         "GPT-OSS-20B on 4); default: each build on the fewest it needs")
     p.add_argument("--jobs", type=positive_int, metavar="N",
-                   help="worker processes for the builds (default: one per CPU, at most 4; "
-                        "1: in this process)")
+                   help="worker processes for the builds and --placement's chips (default: "
+                        "one per CPU, at most 4; 1: in this process)")
     p.add_argument("--ray", type=parse_ray_address, metavar="ADDRESS",
-                   help="run the builds as tasks on the Ray cluster at ADDRESS ('local': start "
-                        "one here); needs the ray extra")
+                   help="run the builds and --placement's chips as tasks on the Ray cluster at "
+                        "ADDRESS ('local': start one here); needs the ray extra")
     p.add_argument("--workload", default="chat", metavar="NAME",
                    help="workload whose padding prices continuous batching: chat, reasoning "
                         "(synthetic) or a .jsonl file (default chat)")
@@ -597,7 +599,8 @@ def run_bench(model: str, target: str, micro_batches: Sequence[int], workload: s
         results["placement"] = run_placement(
             c, model=model, seeds=placement.seeds, spreads=placement.spreads,
             steps=placement.steps, drift_spread=max(placement.spreads),
-            drift_seed=placement.seeds[0], compile_s=compile_s, progress=progress)
+            drift_seed=placement.seeds[0], compile_s=compile_s, progress=progress,
+            workers=jobs, ray_address=ray_address, target=target)
         results["sources"] = {**SOURCES, "placement": "measured (interpreter) and predicted "
                               "(fitted region models): see placement.sources"}
         t_place = time.perf_counter() - t1 + compile_s

@@ -60,6 +60,8 @@ only saves simulator runs.
 
 from __future__ import annotations
 
+import functools
+
 import random
 import sys
 import time
@@ -229,43 +231,89 @@ def calibrate(c, seed: int, spread: float, steps: int,
 # ---------------------------------------------------------------------------
 
 
-def run_policies(c, seeds, spreads, steps, zipf, save_models=None, cache=None, progress=None):
-    """{(spread, policy): figures averaged over chips and layers}."""
+FIGURES = ("gap_pred", "gap_meas", "tpot_pred", "tpot_meas", "err")
+
+
+def measure_chip(c, seed: int, spread: float, steps: int, zipf: float,
+                 cache: Calibrations | None = None) -> tuple[dict, Calibration]:
+    """One simulated chip at one spread: its calibration and, per policy, the figures it
+    adds (lists, in layer order) to the averages of `run_policies`."""
     from meshrt.expert_placement import region_times
     from meshrt.runtime.expert_profile import ExpertProfile
     from meshrt.runtime.region_timing import measure
 
-    cache = {} if cache is None else cache
+    prof = ExpertProfile.zipf(next(iter(c.layers.values())).experts, list(c.layers), s=zipf, seed=seed)
+    cal = calibrate(c, seed, spread, steps, cache)
     out = {}
-    for spread in spreads:
-        acc = {p: {"gap_pred": [], "gap_meas": [], "tpot_pred": [], "tpot_meas": [], "err": []}
-               for p in POLICIES}
-        for seed in seeds:
-            prof = ExpertProfile.zipf(next(iter(c.layers.values())).experts, list(c.layers), s=zipf,
-                                      seed=seed)
-            cal = calibrate(c, seed, spread, steps, cache)
-            if save_models:
-                cal.models.save(save_models)
-            for policy in POLICIES:
-                toks, pred_t = {}, {}
-                for l, lay in c.layers.items():
-                    tokens = tokens_of(prof, l, lay)
-                    p = place(policy, tokens, len(lay.regions), cal.models.for_layer(l))
-                    toks[l] = p.region_tokens(tokens)
-                    pred_t[l] = region_times(p, tokens, cal.models.for_layer(l))
-                m = measure(c, seed=seed, slowdowns=cal.slowdowns, region_tokens=toks, steps=steps)
-                a = acc[policy]
-                for l in c.layers:
-                    a["gap_pred"].append(max(pred_t[l]) - min(pred_t[l]))
-                    a["gap_meas"].append(m.gap(l))
-                    a["err"].extend(abs(p - q) / q for p, q in zip(pred_t[l], m.region_cycles[l]))
-                a["tpot_pred"].append(cal.base.tpot_cycles + sum(max(pred_t[l]) - cal.base_pred[l]
-                                                                 for l in c.layers))
-                a["tpot_meas"].append(m.tpot_cycles)
+    for policy in POLICIES:
+        toks, pred_t = {}, {}
+        for l, lay in c.layers.items():
+            tokens = tokens_of(prof, l, lay)
+            p = place(policy, tokens, len(lay.regions), cal.models.for_layer(l))
+            toks[l] = p.region_tokens(tokens)
+            pred_t[l] = region_times(p, tokens, cal.models.for_layer(l))
+        m = measure(c, seed=seed, slowdowns=cal.slowdowns, region_tokens=toks, steps=steps)
+        a = out[policy] = {k: [] for k in FIGURES}
+        for l in c.layers:
+            a["gap_pred"].append(max(pred_t[l]) - min(pred_t[l]))
+            a["gap_meas"].append(m.gap(l))
+            a["err"].extend(abs(p - q) / q for p, q in zip(pred_t[l], m.region_cycles[l]))
+        a["tpot_pred"].append(cal.base.tpot_cycles + sum(max(pred_t[l]) - cal.base_pred[l]
+                                                         for l in c.layers))
+        a["tpot_meas"].append(m.tpot_cycles)
+    return out, cal
+
+
+@functools.lru_cache(maxsize=2)
+def _compiled(model: str, target: str):
+    return compile_placement(model, target)
+
+
+def _chip_in_worker(job: tuple) -> tuple[dict, Calibration]:
+    """`measure_chip` in a worker process: the model compiled once per process."""
+    model, target, seed, spread, steps, zipf = job
+    return measure_chip(_compiled(model, target), seed, spread, steps, zipf)
+
+
+def run_policies(c, seeds, spreads, steps, zipf, save_models=None, cache=None, progress=None,
+                 workers: int = 1, ray_address: str | None = None, model: str | None = None,
+                 target: str | None = None):
+    """{(spread, policy): figures averaged over chips and layers}. With `workers` > 1 (or
+    `ray_address`) each (spread, chip) runs in a worker, which compiles `model` for the
+    target itself; the figures are merged in chip order, so they do not depend on it."""
+    from meshrt.tools.workers import run_jobs
+
+    cache = {} if cache is None else cache
+    pairs = [(spread, seed) for spread in spreads for seed in seeds]
+    found: dict[int, tuple[dict, Calibration]] = {}
+    if (workers > 1 or ray_address) and model is not None and len(pairs) > 1:
+        jobs = [(model, target or c.target.name, seed, spread, steps, zipf) for spread, seed in pairs]
+        for i, got in run_jobs(_chip_in_worker, jobs, workers, ray_address):
+            found[i] = got
+            spread, seed = pairs[i]
+            cache[(seed, spread, steps)] = got[1]
             if progress:
                 progress(f"placement: chip {seed}, spread {spread * 100:g} %: "
                          f"{len(POLICIES)} policies measured")
-        clock = c.target.clock_hz
+    else:
+        for i, (spread, seed) in enumerate(pairs):
+            found[i] = measure_chip(c, seed, spread, steps, zipf, cache)
+            if progress:
+                progress(f"placement: chip {seed}, spread {spread * 100:g} %: "
+                         f"{len(POLICIES)} policies measured")
+    out = {}
+    clock = c.target.clock_hz
+    for spread in spreads:
+        acc = {p: {k: [] for k in FIGURES} for p in POLICIES}
+        for i, (sp, seed) in enumerate(pairs):
+            if sp != spread:
+                continue
+            figures, cal = found[i]
+            if save_models:
+                cal.models.save(save_models)
+            for policy in POLICIES:
+                for k in FIGURES:
+                    acc[policy][k].extend(figures[policy][k])
         for policy, a in acc.items():
             out[(spread, policy)] = {
                 "gap_pred": _mean(a["gap_pred"]), "gap_meas": _mean(a["gap_meas"]),
@@ -346,8 +394,10 @@ def run_placement(c, *, model: str, seeds: Sequence[int] = DEFAULT_SEEDS,
                   zipf: float = DEFAULT_ZIPF, drift_spread: float | None = None,
                   drift_seed: int | None = None, save_models: str | None = None,
                   compile_s: float = 0.0,
-                  progress: Callable[[str], None] | None = None) -> dict:
-    """The policy comparison and (unless drift_spread is None) the drift scenario.
+                  progress: Callable[[str], None] | None = None,
+                  workers: int = 1, ray_address: str | None = None, target: str | None = None) -> dict:
+    """The policy comparison and (unless drift_spread is None) the drift scenario; the
+    chips of the comparison in `workers` processes (or on Ray at `ray_address`).
 
     Simulator failures (a run that does not complete) become a BenchError.
     """
@@ -356,7 +406,8 @@ def run_placement(c, *, model: str, seeds: Sequence[int] = DEFAULT_SEEDS,
     cache: Calibrations = {}
     t0 = time.perf_counter()
     try:
-        rows = run_policies(c, seeds, spreads, steps, zipf, save_models, cache, progress)
+        rows = run_policies(c, seeds, spreads, steps, zipf, save_models, cache, progress,
+                            workers, ray_address, model, target)
         t1 = time.perf_counter()
         drift = None
         if drift_spread is not None:

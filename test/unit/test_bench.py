@@ -259,6 +259,19 @@ def test_placement_numbers(placement_run):
     assert d["measured"]["recalibrated"]["gap_cycles"] < d["measured"]["fixed (chat vibe)"]["gap_cycles"]
 
 
+def test_placement_chips_in_workers_give_the_same_figures(tmp_path):
+    """The chips of the placement comparison run in worker processes (each compiles the
+    model itself) and give the figures of one process, merged in chip order."""
+    from meshrt.tools.placement_bench import compile_placement, run_policies, tiny_moe16
+
+    model = str(tiny_moe16(tmp_path))
+    c = compile_placement(model, "test32")
+    args = (c, [0, 1], [0.07], 2, 1.2)
+    one = run_policies(*args)
+    two = run_policies(*args, workers=2, model=model, target="test32")
+    assert one == two
+
+
 def test_placement_text_table_of_the_script(placement_run):
     from meshrt.tools.placement_bench import print_text
 
