@@ -364,7 +364,10 @@ def notes() -> list[str]:
         "compiled schedules faster than they are. The default mapper puts a dense layer on "
         "one region (attention on its top rows, its GEMVs in alternating orientations "
         "below); an MoE layer is a block of bands (qkv, attention, o, gate, corridor) beside "
-        "a row of full-height expert regions whose outputs move along the rows; reductions "
+        "a row of full-height expert regions whose outputs move along the rows (stacked rows "
+        "of regions where one row does not fit: the corridor then gathers their root "
+        "columns), and with routing only the regions a step chose send their outputs; the "
+        "static build (no routing) hears every region; reductions "
         "stream wavelet by wavelet along their lines. What remains far from the paper's "
         "CS-3 figures is mostly data movement between bands: `all` gathers from one line of "
         "cores (the residual into the next layer, q|k|v into an MoE layer's attention band) "
@@ -374,7 +377,11 @@ def notes() -> list[str]:
         "file's `meta_resolve_slot` / `meta_produce_slot`, a few cycles per slot: the "
         "'metainfo' line of the critical-path change, negligible) and the metainfo bytes "
         "every carrying message gains (the 'send_recv' line). The paper measures 25-40 us "
-        "(7.6-9.5 %) per token on CS-3.",
+        "(7.6-9.5 %) per token on CS-3. On MoE models the comparison also includes what "
+        "routing saves: the dynamic build moves only the routed regions' outputs into "
+        "combine, the `--dynamism none` build every region's (every expert computes every "
+        "token), so the 'overhead' is negative where that gather dominates (stacked expert "
+        "regions: qwen3.5-35b-a3b).",
         "- System throughput need not grow with the micro-batch: a larger micro-batch needs "
         "more KV per stage, so the mapper fits fewer stages (see the stages column), the "
         "paper's 'spatial batching tradeoff'.",
