@@ -47,7 +47,12 @@ receivers in its row / column; `all` to every receiver. A core never sends to
 itself. A recv event completes when it has gathered one message from *each*
 sender that targets the core (so an `all` receiver gathers one message per
 sender); a second message from the same sender (the next step's) stays
-queued for the next recv.
+queued for the next recv. On a `routed` flow (expert outputs into combine,
+`meshrt.kernels.expert_reduce.routed`) only the senders whose expert region
+the step's routing chose send (the routing each core resolved, or with no
+numerics the step's counter-based draw); the others inject a one-wavelet
+control message that crosses the routers (switch advance, end of flow) but
+no core receives, and a recv gathers one message from each chosen sender.
 
 Network. A message travels hop by hop along its XY route (shift) or XY
 multicast tree (row / col / all; copies split where the paths diverge).
@@ -1106,9 +1111,7 @@ class MeshSim:
                         core.await_want = None
                         self._wake(core, t, 5)
         if rid in m.dests:
-            if m.control:  # a routed flow's sender that no token chose: nothing to receive
-                self._delivered(m, t + ser)
-            elif self.flow_streams[m.flow]:  # a stream is received from its head on
+            if self.flow_streams[m.flow]:  # a stream is received from its head on
                 if m.tail is None:
                     m.tail = {}
                 m.tail[rid] = t + ser
@@ -1131,7 +1134,7 @@ class MeshSim:
                 self._at(start + lat, E_HOP, m, nxt)
 
     def _deliver(self, m: _Msg, rid: int, t: int) -> None:
-        if m.control:  # (across the wafer link) a routed flow's advance: nothing to receive
+        if m.control:  # a routed flow's advance without data: no core receives it
             self._delivered(m, t)
             return
         core = self.router_core[rid]
