@@ -369,7 +369,8 @@ class CostModel:
         self.src = [RectSet.from_cores(f.src) for f in flows]
         self.dst = [RectSet.from_cores(f.dst) for f in flows]
         self.loads: dict[tuple[int, int], int] = {}
-        self.routed_share: dict[tuple[int, RectSet], float] = {}  # (flow, senders) -> data share
+        self.routed_senders: dict[int, RoutedSenders] = {}  # routed flow -> its expert regions
+        self.routed_share: dict[tuple[int, RectSet], float] = {}  # (flow, senders) -> send share
         self.stream_chains: dict[int, tuple[int, list[_Peer]]] = {}
         self.sending: dict[int, list[tuple[int, RectSet, Box]]] = {}
         self.peers: dict[tuple[int, int, int], list[_Peer]] = {}
@@ -451,8 +452,10 @@ class CostModel:
         key = (f, src)
         share = self.routed_share.get(key)
         if share is None:
-            share = self.routed_share[key] = RoutedSenders.of(self.program, self.flow_ops[f]).send_share(
-                src, self.slots)
+            rs = self.routed_senders.get(f)
+            if rs is None:
+                rs = self.routed_senders[f] = RoutedSenders.of(self.program, self.flow_ops[f])
+            share = self.routed_share[key] = rs.send_share(src, self.slots)
         if type(ins) is Send:
             return replace(ins, nbytes=round(WAVELET_BYTES + share * (ins.nbytes - WAVELET_BYTES)),
                            cycles=self.costs["send_wavelet"] * (1 + share * (wavelets(ins.nbytes) - 1)))

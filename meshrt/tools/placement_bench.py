@@ -285,22 +285,20 @@ def run_policies(c, seeds, spreads, steps, zipf, save_models=None, cache=None, p
 
     cache = {} if cache is None else cache
     pairs = [(spread, seed) for spread in spreads for seed in seeds]
-    found: dict[int, tuple[dict, Calibration]] = {}
-    if (workers > 1 or ray_address) and model is not None and len(pairs) > 1:
+    if (workers > 1 or ray_address) and model is not None:
         jobs = [(model, target or c.target.name, seed, spread, steps, zipf) for spread, seed in pairs]
-        for i, got in run_jobs(_chip_in_worker, jobs, workers, ray_address):
-            found[i] = got
-            spread, seed = pairs[i]
-            cache[(seed, spread, steps)] = got[1]
-            if progress:
-                progress(f"placement: chip {seed}, spread {spread * 100:g} %: "
-                         f"{len(POLICIES)} policies measured")
+        results = run_jobs(_chip_in_worker, jobs, workers, ray_address)
     else:
-        for i, (spread, seed) in enumerate(pairs):
-            found[i] = measure_chip(c, seed, spread, steps, zipf, cache)
-            if progress:
-                progress(f"placement: chip {seed}, spread {spread * 100:g} %: "
-                         f"{len(POLICIES)} policies measured")
+        results = ((i, measure_chip(c, seed, spread, steps, zipf, cache))
+                   for i, (spread, seed) in enumerate(pairs))
+    found: dict[int, tuple[dict, Calibration]] = {}
+    for i, got in results:
+        found[i] = got
+        spread, seed = pairs[i]
+        cache[(seed, spread, steps)] = got[1]
+        if progress:
+            progress(f"placement: chip {seed}, spread {spread * 100:g} %: "
+                     f"{len(POLICIES)} policies measured")
     out = {}
     clock = c.target.clock_hz
     for spread in spreads:

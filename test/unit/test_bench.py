@@ -259,16 +259,26 @@ def test_placement_numbers(placement_run):
     assert d["measured"]["recalibrated"]["gap_cycles"] < d["measured"]["fixed (chat vibe)"]["gap_cycles"]
 
 
-def test_placement_chips_in_workers_give_the_same_figures(tmp_path):
+def test_placement_chips_in_workers_give_the_same_figures(tmp_path, monkeypatch):
     """The chips of the placement comparison run in worker processes (each compiles the
     model itself) and give the figures of one process, merged in chip order."""
+    from meshrt.tools import workers
     from meshrt.tools.placement_bench import compile_placement, run_policies, tiny_moe16
 
+    pools = []
+    run_jobs = workers.run_jobs
+
+    def recording(fn, jobs, n=1, ray_address=None):
+        pools.append((len(jobs), n))
+        return run_jobs(fn, jobs, n, ray_address)
+
+    monkeypatch.setattr(workers, "run_jobs", recording)
     model = str(tiny_moe16(tmp_path))
     c = compile_placement(model, "test32")
     args = (c, [0, 1], [0.07], 2, 1.2)
     one = run_policies(*args)
     two = run_policies(*args, workers=2, model=model, target="test32")
+    assert pools == [(2, 2)]  # only the second ran its two chips in two workers
     assert one == two
 
 
