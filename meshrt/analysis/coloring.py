@@ -2,6 +2,9 @@
 
 DSatur over the interference graph, with an exact backtracking search per
 connected component when DSatur runs out of colours (see `colour_flows`).
+Some flows may take only part of the palette: a flow whose transport chains
+several senders through router switches needs a colour with switch
+positions, which not every colour of every target has (WSE-3).
 The `color-routes` pass turns the result into `segment.route`s, or splits a
 segment when no colouring exists.
 """
@@ -9,7 +12,7 @@ segment when no colouring exists.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from meshrt.analysis.liveness import Liveness, Witness
@@ -18,12 +21,16 @@ class _Budget(Exception):
     pass
 
 
-def dsatur(nodes: Sequence[int], adj: dict[int, set[int]], palette: Sequence[int],
+Palettes = Callable[[int], Sequence[int]]
+
+
+def dsatur(nodes: Sequence[int], adj: dict[int, set[int]], palette: Palettes,
            order: dict[int, int]) -> tuple[dict[int, int], int | None]:
     """Greedy DSatur: (colouring, first node that could not be coloured or None).
 
     Picks the node with the most distinct neighbour colours (then the most
-    neighbours, then the earliest) and gives it the lowest free colour.
+    neighbours, then the earliest) and gives it the lowest free colour of
+    its palette (`palette(node)`).
     """
     colour: dict[int, int] = {}
     sat: dict[int, set[int]] = {v: set() for v in nodes}
@@ -33,7 +40,7 @@ def dsatur(nodes: Sequence[int], adj: dict[int, set[int]], palette: Sequence[int
         neg_sat, _, _, v = heapq.heappop(heap)
         if v in colour or -neg_sat != len(sat[v]):
             continue  # coloured already, or a stale entry
-        free = [c for c in palette if c not in sat[v]]
+        free = [c for c in palette(v) if c not in sat[v]]
         if not free:
             return colour, v
         c = free[0]
@@ -46,11 +53,14 @@ def dsatur(nodes: Sequence[int], adj: dict[int, set[int]], palette: Sequence[int
 
 
 def exact_colouring(nodes: Sequence[int], adj: dict[int, set[int]], palette: Sequence[int],
-                    order: dict[int, int], limit: int = 20_000) -> dict[int, int] | None:
+                    order: dict[int, int], limit: int = 20_000,
+                    allowed: Callable[[int], Sequence[int]] | None = None) -> dict[int, int] | None:
     """A proper colouring of `nodes` by backtracking, or None (none found within `limit` steps).
 
     Colours are palette indices opened in order (a node may take a used index
     or the next unused one), which removes the symmetric search branches.
+    `allowed(node)`, when given, restricts a node to some of the palette's
+    colours; the colours are then not interchangeable and every index is tried.
     """
     if len(nodes) > 500:  # deeper than the search (and Python's stack) should go
         return None
@@ -79,7 +89,12 @@ def exact_colouring(nodes: Sequence[int], adj: dict[int, set[int]], palette: Seq
             return True
         used = {col[u] for u in adj[v] if u in col}
         top = max(col.values(), default=-1)
-        for c in range(min(top + 2, p)):
+        if allowed is None:
+            tries: Sequence[int] = range(min(top + 2, p))
+        else:
+            ok = set(allowed(v))
+            tries = [i for i in range(p) if palette[i] in ok]
+        for c in tries:
             if c in used:
                 continue
             col[v] = c
@@ -102,8 +117,18 @@ class ColourResult:
 
 
 def colour_flows(live: Liveness, edges: dict[tuple[int, int], list[Witness]],
-                 palette: Sequence[int]) -> ColourResult:
+                 palette: Sequence[int], switched: frozenset[int] = frozenset(),
+                 switch_palette: Sequence[int] | None = None) -> ColourResult:
+    """Colours of the routed flows of `live` from `palette`; the flows in
+    `switched` (indices) only from `switch_palette` (when given)."""
     nodes = [i for i, f in enumerate(live.flows) if f.routed]
+    narrow = switch_palette is not None and set(palette) - set(switch_palette)
+    if narrow:
+        switch_palette = [c for c in palette if c in set(switch_palette)]
+
+    def colours_of(v: int) -> Sequence[int]:
+        return switch_palette if narrow and v in switched else palette
+
     adj: dict[int, set[int]] = {v: set() for v in nodes}
     for i, j in edges:
         adj[i].add(j)
@@ -125,12 +150,14 @@ def colour_flows(live: Liveness, edges: dict[tuple[int, int], list[Witness]],
                     seen.add(w)
                     stack.append(w)
         comp.sort()
-        col, failed = dsatur(comp, adj, palette, order)
+        col, failed = dsatur(comp, adj, colours_of, order)
         if failed is not None:
             # A router where more flows meet than there are colours settles it;
             # otherwise search exhaustively (within a step budget).
             clique = live.densest(failed, edges, comp)
-            exact = None if len(clique.flows) > len(palette) else exact_colouring(comp, adj, palette, order)
+            restricted = narrow and any(u in switched for u in comp)
+            exact = None if len(clique.flows) > len(palette) else exact_colouring(
+                comp, adj, palette, order, allowed=colours_of if restricted else None)
             if exact is None:
                 result.failed, result.component = failed, comp
                 return result

@@ -62,6 +62,7 @@ _ID_LIST_FIELDS = {  # reserved id list -> the count it indexes
     "reserved_input_queues": "input_queues",
     "reserved_output_queues": "output_queues",
     "reserved_task_ids": "task_ids",
+    "switch_colors": "colors",  # not reserved ids: the colours whose routers have switches
 }
 _FLOAT_FIELDS = ("clock_hz", "speed_spread")
 _STR_FIELDS = ("name", "description")
@@ -85,6 +86,7 @@ class Target:
     output_queues: int
     reserved_output_queues: tuple[int, ...]
     switch_positions: int  # switch positions per colour
+    switch_colors: tuple[int, ...]  # colours that have switch positions at all
     route_entries: int  # router configurations one core can hold at once
     task_ids: int
     reserved_task_ids: tuple[int, ...]

@@ -179,7 +179,7 @@ def test_ir_that_is_not_utf8_is_one_located_line(tmp_path, cmd):
 
 # (figures changed in test32.toml, the resource tiny_moe then has too little of)
 TIGHTER = {
-    "colours": ({"colors": "5", "reserved_colors": "[2, 3, 4]"}, "colours"),
+    "colours": ({"colors": "5", "reserved_colors": "[2, 3, 4]", "switch_colors": "[0, 1, 2, 3, 4]"}, "colours"),
     "routes": ({"route_entries": "1"}, "route entries"),
     "iq": ({"input_queues": "2"}, "input queues"),
     "oq": ({"output_queues": "2"}, "output queues"),

@@ -353,9 +353,12 @@ def test_segment_holds_cover_the_step_and_their_own_subs(positions, data):
     assert covered == set(range(k))  # some segment is current at every position
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(1, 7), st.integers(1, 4), st.integers(0, 10**6))
-def test_colouring_is_proper_and_exact_search_is_complete(n, p, seed):
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 4), st.integers(0, 10**6), st.booleans())
+def test_colouring_is_proper_and_exact_search_is_complete(n, p, seed, narrow):
+    """Also with some nodes restricted to part of the palette (flows that need a
+    switch-capable colour): DSatur's and the exact search's colours respect the
+    restriction, and the exact search finds a colouring whenever one exists."""
     rng = random.Random(seed)
     nodes = list(range(n))
     adj = {v: set() for v in nodes}
@@ -364,18 +367,27 @@ def test_colouring_is_proper_and_exact_search_is_complete(n, p, seed):
             adj[a].add(b)
             adj[b].add(a)
     palette = list(range(10, 10 + p))
+    some = [c for c in palette if rng.random() < 0.5] or palette[:1]
+    restricted = {v for v in nodes if narrow and rng.random() < 0.5}
+
+    def allowed(v):
+        return some if v in restricted else palette
+
     order = {v: v for v in nodes}
-    col, failed = dsatur(nodes, adj, palette, order)
+    col, failed = dsatur(nodes, adj, allowed, order)
     for v, c in col.items():
         assert all(col.get(u) != c for u in adj[v])
+        assert c in allowed(v)
     exists = any(
         all(assign[a] != assign[b] for a in nodes for b in adj[a])
+        and all(palette[assign[v]] in allowed(v) for v in nodes)
         for assign in itertools.product(range(p), repeat=n)
     )
-    exact = exact_colouring(nodes, adj, palette, order)
+    exact = exact_colouring(nodes, adj, palette, order, allowed=allowed if restricted else None)
     assert (exact is not None) == exists
     if exact is not None:
         assert all(exact[a] != exact[b] for a in nodes for b in adj[a])
+        assert all(exact[v] in allowed(v) for v in nodes)
     if failed is None:
         assert exists
 

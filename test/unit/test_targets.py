@@ -34,6 +34,8 @@ def test_wse3_figures():
     assert t.input_queues == 8 and t.reserved_input_queues == (0, 1)
     assert t.user_input_queues == tuple(range(2, 8))
     assert t.switch_positions == 4
+    # switches on colours 0-9, 12, 13, 16, 17, 20, 21 only; 21 is memcpy's
+    assert [c for c in t.user_colors if c in t.switch_colors] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 20]
     assert 31 in t.reserved_task_ids
     assert 0 < t.usable_sram_bytes < t.sram_bytes
 
@@ -42,6 +44,18 @@ def test_wse2_figures():
     t = load_target("wse2")
     assert (t.width, t.height) == (757, 996)
     assert t.reserved_colors == (21, 22, 23)
+    assert t.switch_colors == tuple(range(t.colors))
+
+
+def test_switch_colours_outside_the_colours_are_a_located_error(tmp_path):
+    text = (TARGET_DIR / "test32.toml").read_text()
+    text = re.sub(r"^switch_colors = .*$", "switch_colors = [0, 9]", text, flags=re.MULTILINE)
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    line = text[:text.index("switch_colors =")].count("\n") + 1
+    with pytest.raises(FrontendError, match=rf"t.toml:{line}:1: error: target key 'switch_colors': "
+                       r"id 9 is outside 0..7 \(colors = 8\)"):
+        load_target(path)
 
 
 @pytest.mark.parametrize("name", ["test32", "test16"])

@@ -222,15 +222,14 @@ def allocate(cls: CoreClass, program: Program, lim: Limits, marker: int | None) 
     switched = sorted({plans[f].color for seg in cls.segments for f in seg.routes
                        if f in plans and plans[f].switched
                        and any(c.switch for _, c in percore.clip_to(plans[f].cells, cls.boxes))})
-    if lim.arch == "wse3":
-        bad = [c for c in switched if c not in streams.WSE3_SWITCH_COLORS]
-        if bad:
-            flows = sorted(f for seg in cls.segments for f in seg.routes
-                           if f in plans and plans[f].color == bad[0] and plans[f].switched)
-            raise MeshrtError(
-                f"core class @{cls.name}: flow @{flows[0]} is switch-chained (several senders) on "
-                f"colour {bad[0]}, which has no switch positions on wse3 (switch-capable: "
-                f"{', '.join(map(str, sorted(streams.WSE3_SWITCH_COLORS)))})", cls.op)
+    bad = [c for c in switched if c not in lim.target.switch_colors]
+    if bad:
+        flows = sorted(f for seg in cls.segments for f in seg.routes
+                       if f in plans and plans[f].color == bad[0] and plans[f].switched)
+        raise MeshrtError(
+            f"core class @{cls.name}: flow @{flows[0]} is switch-chained (several senders) on "
+            f"colour {bad[0]}, which has no switch positions on target {lim.target.name} "
+            f"(switch-capable: {', '.join(map(str, lim.target.switch_colors))})", cls.op)
     rx_cols = _segment_colors(cls, program, ("recv", "resolve"))
     tx_cols = _segment_colors(cls, program, ("send",), relayed)
     iq = plan_queues(cls, rx_cols, lim.iq, lim.oq_color_bound, "input queue", lim)
@@ -303,8 +302,8 @@ def report_rows(a: ClassAlloc, lim: Limits) -> list[tuple[str, str, str, str]]:
          f"ids {a.dsr_rx}, {a.dsr_tx} (src0: {a.dsr_rx}, receives that add)"),
         ("SRAM bytes", str(a.sram_bytes), str(lim.target.usable_sram_bytes), "arrays of the program"),
     ]
-    if a.switched or lim.arch == "wse3":
-        cap = len([c for c in lim.user_colors if c in _switch_colors(lim)])
+    cap = len([c for c in lim.user_colors if c in lim.target.switch_colors])
+    if a.switched or cap < len(lim.user_colors):
         rows.append(("switch colours", str(len(a.switched)), str(cap),
                      f"ids {ids(a.switched)} (switch-chained senders)"))
     if a.teardown:
@@ -320,12 +319,6 @@ def report_rows(a: ClassAlloc, lim: Limits) -> list[tuple[str, str, str, str]]:
                      f"emitted: {drains} drain, {notifies} notify, {grants} grant, {awaits} await "
                      "(teardown; docs/csl-backend.md)"))
     return rows
-
-
-def _switch_colors(lim: Limits) -> frozenset[int]:
-    from meshrt.backend.csl.streams import WSE3_SWITCH_COLORS
-
-    return WSE3_SWITCH_COLORS if lim.arch == "wse3" else frozenset(lim.user_colors)
 
 
 def format_table(rows: list[tuple[str, ...]], prefix: str = "") -> list[str]:

@@ -71,10 +71,6 @@ ROLE_MIDDLE, ROLE_FIRST, ROLE_HEAD = 0, 1, 2
 
 OPPOSITE = {EAST: WEST, WEST: EAST, NORTH: SOUTH, SOUTH: NORTH}
 
-# WSE-3 implements switches on these colours only (SDK docs, <tile_config>
-# switch_config); every colour supports them on WSE-2.
-WSE3_SWITCH_COLORS = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 20, 21})
-
 # A box of routers that may step by two along x or y: (x0, y0, x1, y1, sx, sy).
 SBox = tuple[int, int, int, int, int, int]
 
@@ -969,6 +965,20 @@ def _plan_relay(flow, senders: RectSet, receivers: RectSet, width: int, height: 
                     head=snakes[-1].last if snakes else None,
                     chain=others if snakes else None, relay=relay,
                     order=[(sn.box, sn.orient, sn.start) for sn in snakes])
+
+
+def switch_chained(op, width: int, height: int) -> bool:
+    """Whether on-mesh flow `op` (an `event.flow`) is carried through router
+    switches (several senders chained on its colour), so that it needs a colour
+    with switch positions; False when the backend cannot plan it at all (the
+    backend reports that itself). Used by `color-routes` before any colour exists."""
+    from meshrt.backend.csl.model import Flow
+
+    flow = Flow(op, op.flow_name, "", op.wafer_index, None, False, "", op.flow_role)
+    try:
+        return plan_flow(flow, width, height).switched
+    except MeshrtError:
+        return False
 
 
 def plans(program) -> dict[str, FlowPlan]:
