@@ -351,6 +351,91 @@ def xy_path(src: tuple[int, int], dst: tuple[int, int]) -> list[tuple[int, int]]
     return path
 
 
+def xy_tree(src: tuple[int, int], targets: Sequence[tuple[int, int]]
+            ) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """The XY multicast tree from `src` to `targets`: router -> next routers.
+
+    The union of the XY routes (along the source's row, then down or up each
+    target's column), built in one pass over the tree rather than route by
+    route. A router's next routers come in the order of the first target
+    (in `targets` order) whose route takes them, as merging the routes one
+    by one would list them.
+    """
+    sx, sy = src
+    first: dict[int, int] = {}  # column -> index of its first target
+    lo: dict[int, int] = {}  # column -> least target y; first target above / below the row
+    hi: dict[int, int] = {}
+    up: dict[int, int] = {}
+    down: dict[int, int] = {}
+    for i, (tx, ty) in enumerate(targets):
+        first.setdefault(tx, i)
+        lo[tx] = min(lo.get(tx, ty), ty)
+        hi[tx] = max(hi.get(tx, ty), ty)
+        if ty < sy:
+            up.setdefault(tx, i)
+        elif ty > sy:
+            down.setdefault(tx, i)
+    if not first:
+        return {}
+    cols = sorted(first)
+    # along the row: the edge x -> x +- 1 is first taken by the first target beyond it
+    right: dict[int, int] = {}
+    left: dict[int, int] = {}
+    best = None
+    for x in reversed(cols):
+        if x <= sx:
+            break
+        best = first[x] if best is None else min(best, first[x])
+        right[x] = best
+    best = None
+    for x in cols:
+        if x >= sx:
+            break
+        best = first[x] if best is None else min(best, first[x])
+        left[x] = best
+    tree: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    # first target index beyond x along the row, for every router of the row span
+    reach_r = [(x, right[x]) for x in sorted(right)]
+    reach_l = [(x, left[x]) for x in sorted(left, reverse=True)]
+
+    def row_kids(x: int, nxt_r: int | None, nxt_l: int | None) -> None:
+        kids = []
+        if nxt_r is not None:
+            kids.append((nxt_r, (x + 1, sy)))
+        if nxt_l is not None:
+            kids.append((nxt_l, (x - 1, sy)))
+        if x in down:
+            kids.append((down[x], (x, sy + 1)))
+        if x in up:
+            kids.append((up[x], (x, sy - 1)))
+        if kids:
+            kids.sort(key=lambda k: k[0])
+            tree[(x, sy)] = [k[1] for k in kids]
+
+    # routers of the row right of the source (and the source itself), then left of it
+    k = 0
+    for x in range(sx, (reach_r[-1][0] if reach_r else sx) + 1):
+        while k < len(reach_r) and reach_r[k][0] <= x:
+            k += 1
+        nxt_r = reach_r[k][1] if k < len(reach_r) else None
+        nxt_l = None
+        if x == sx and reach_l:
+            nxt_l = reach_l[0][1] if reach_l[0][0] < sx else None
+        row_kids(x, nxt_r, nxt_l)
+    k = 0
+    for x in range(sx - 1, (reach_l[-1][0] if reach_l else sx) - 1, -1):
+        while k < len(reach_l) and reach_l[k][0] >= x:
+            k += 1
+        row_kids(x, None, reach_l[k][1] if k < len(reach_l) else None)
+    # down and up each target column, one next router per router
+    for tx in cols:
+        for y in range(sy + 1, hi[tx]):
+            tree[(tx, y)] = [(tx, y + 1)]
+        for y in range(sy - 1, lo[tx], -1):
+            tree[(tx, y)] = [(tx, y - 1)]
+    return tree
+
+
 def reference_routers(pattern: str, src: CoreSetAttr, dst: CoreSetAttr,
                       offset: tuple[int, int] = (0, 0)) -> set[tuple[int, int]]:
     """Core-by-core union of XY paths: the definition `pattern_routers` implements.

@@ -150,7 +150,6 @@ of the run (both a `TimeBoundReport`).
 from __future__ import annotations
 
 import heapq
-import itertools
 import time as _time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -160,7 +159,7 @@ from meshrt.kernels.expert_reduce.routed import RoutedSenders, draw, routing_key
 from meshrt.kernels.interface import WAVELET_BYTES
 from meshrt.kernels.numerics import DataLayoutError
 from meshrt.dialects import segment as sg
-from meshrt.routing import RectSet, xy_path
+from meshrt.routing import RectSet, xy_tree
 from meshrt.runtime import counter_rng
 from meshrt.runtime.schedule import (
     AwaitCredits,
@@ -606,33 +605,33 @@ class MeshSim:
             dw = (w + 1) % self.wafers if fo.crosses_wafer else w  # the last wafer feeds the first
             pattern = fo.pattern.data
             dx, dy = fo.offset
-            receivers = [(x, y) for x, y in fo.dst.cores()]
+            # receivers that hold a core, in order, and by row / column for line patterns
+            receivers = [r for r in fo.dst.cores() if self._rid(dw, *r) in self.router_core]
+            receiving = set(receivers)
+            by_line: dict[int, list[tuple[int, int]]] = defaultdict(list)
+            if pattern in ("row", "col"):
+                for r in receivers:
+                    by_line[r[1] if pattern == "row" else r[0]].append(r)
             for sx, sy in fo.src.cores():
                 src_rid = self._rid(w, sx, sy)
                 if src_rid not in self.router_core:
                     continue
                 if pattern == "shift":
                     targets = [(sx + dx, sy + dy)]
-                elif pattern == "row":
-                    targets = [r for r in receivers if r[1] == sy]
-                elif pattern == "col":
-                    targets = [r for r in receivers if r[0] == sx]
+                    targets = [t for t in targets if self._rid(dw, *t) in self.router_core]
+                elif pattern in ("row", "col"):
+                    targets = by_line.get(sy if pattern == "row" else sx, [])
                 else:
                     targets = receivers
-                targets = [t for t in targets if not (dw == w and t == (sx, sy))
-                           and self._rid(dw, *t) in self.router_core]
+                if dw == w and (sx, sy) in receiving:
+                    targets = [t for t in targets if t != (sx, sy)]
                 dests = frozenset(self._rid(dw, *t) for t in targets)
-                tree: dict[int, list[int]] = {}
+                tree: dict[int, tuple[int, ...]] = {}
                 if not fo.crosses_wafer:
-                    for t in targets:
-                        path = xy_path((sx, sy), t)
-                        for a, b in itertools.pairwise(path):
-                            ra, rb = self._rid(w, *a), self._rid(w, *b)
-                            kids = tree.setdefault(ra, [])
-                            if rb not in kids:
-                                kids.append(rb)
-                self.send_plan[(src_rid, f)] = (
-                    {k: tuple(v) for k, v in tree.items()}, dests, fo.crosses_wafer)
+                    rid = self._rid
+                    tree = {rid(w, *a): tuple(rid(w, *b) for b in kids)
+                            for a, kids in xy_tree((sx, sy), targets).items()}
+                self.send_plan[(src_rid, f)] = (tree, dests, fo.crosses_wafer)
                 for d in dests:
                     senders_of[(d, f)].append(src_rid)
         for (rid, f), ss in senders_of.items():

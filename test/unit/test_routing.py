@@ -15,6 +15,7 @@ from meshrt.routing import (
     pattern_routers,
     reference_routers,
     xy_path,
+    xy_tree,
 )
 
 
@@ -112,6 +113,22 @@ def test_strided_routes_cover_every_xy_path(pattern, src, dst):
     s = CoreSetAttr([RectAttr(*r) for r in src])
     d = CoreSetAttr([RectAttr(*r) for r in dst])
     assert reference_routers(pattern, s, d) <= cores_of(pattern_routers(pattern, s, d))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.tuples(st.integers(0, 7), st.integers(0, 7)),
+       st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=12, unique=True))
+def test_xy_tree_is_the_union_of_xy_paths_in_route_order(src, targets):
+    """One pass over the tree gives what merging the routes one by one gives,
+    down to the order of each router's next routers (the interpreter's event order)."""
+    merged: dict = {}
+    for t in targets:
+        path = xy_path(src, t)
+        for a, b in zip(path, path[1:]):
+            kids = merged.setdefault(a, [])
+            if b not in kids:
+                kids.append(b)
+    assert xy_tree(src, targets) == merged
 
 
 def test_xy_path_goes_along_the_row_first():
