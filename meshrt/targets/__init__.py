@@ -57,6 +57,12 @@ _INT_FIELDS = (
     "hop_latency_cycles", "link_bytes_per_cycle", "wafer_link_latency_cycles",
     "wafer_link_bytes_per_cycle",
 )
+# Upper bounds: ids are enumerated per core and the mesh per row / column, so a
+# runaway figure is an error, not an allocation (far above any real chip).
+_INT_MAXIMA = {
+    "width": 1 << 16, "height": 1 << 16, "colors": 1024, "input_queues": 1024,
+    "output_queues": 1024, "switch_positions": 1024, "route_entries": 1 << 16, "task_ids": 1 << 16,
+}
 _ID_LIST_FIELDS = {  # reserved id list -> the count it indexes
     "reserved_colors": "colors",
     "reserved_input_queues": "input_queues",
@@ -194,6 +200,9 @@ def _check(t: Target) -> None:
                              "reserved_sram_bytes") else 1
         if v < minimum:
             raise bad(k, f"must be >= {minimum}, got {v}")
+        most = _INT_MAXIMA.get(k, 1 << 48)
+        if v > most:
+            raise bad(k, f"must be <= {most}, got {v}")
     for k, count_key in _ID_LIST_FIELDS.items():
         ids = getattr(t, k)
         n = getattr(t, count_key)
@@ -324,7 +333,38 @@ def _load_file(path: Path) -> Target:
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e))
         loc = Loc(where, int(m.group(1)), int(m.group(2))) if m else Loc(where)
         raise FrontendError(f"invalid TOML: {msg}", loc)
+    except RecursionError:  # tomllib parses nested arrays recursively
+        raise FrontendError(f"invalid TOML: arrays nested more than {MAX_NESTING} deep",
+                            _deep_nesting_loc(where, text)) from None
     return target_from_dict(data, where, text)
+
+
+MAX_NESTING = 100  # no target key nests; the parser would overflow Python's stack long before
+
+
+def _deep_nesting_loc(where: str, text: str) -> Loc:
+    """Where the arrays of `text` first nest more than MAX_NESTING deep (brackets in
+    strings and comments aside)."""
+    depth, line, col, quote, comment = 0, 1, 0, "", False
+    for ch in text:
+        col += 1
+        if ch == "\n":
+            line, col, comment = line + 1, 0, False
+        elif comment:
+            continue
+        elif quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            comment = True
+        elif ch == "[":
+            depth += 1
+            if depth > MAX_NESTING:
+                return Loc(where, line, col)
+        elif ch == "]":
+            depth -= 1
+    return Loc(where)
 
 
 def target_from_dict(data: dict[str, Any], where: str = "<target>", text: str = "") -> Target:
