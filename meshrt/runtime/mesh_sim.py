@@ -54,12 +54,17 @@ numerics the step's counter-based draw); the others inject a one-wavelet
 control message that crosses the routers (switch advance, end of flow) but
 no core receives, and a recv gathers one message from each chosen sender.
 
-Network. A message travels hop by hop along its XY route (shift) or XY
-multicast tree (row / col / all; copies split where the paths diverge).
-Virtual cut-through: the head crosses a link in `hop_latency_cycles` once the
-link is free; the link (router, direction) is then busy for the serialisation
-time ceil(bytes / link_bytes_per_cycle) and links are shared by all flows.
-The tail reaches a destination core serialisation cycles after the head.
+Network. A message travels along its XY route (shift) or XY multicast tree
+(row / col / all; copies split where the paths diverge), built once per
+sender in one pass over the tree (`meshrt.routing.xy_tree`). Virtual
+cut-through: the head crosses a link in `hop_latency_cycles` once the link is
+free; the link (router, direction) is then busy for the serialisation time
+ceil(bytes / link_bytes_per_cycle) and links are shared by all flows. The
+tail reaches a destination core serialisation cycles after the head. This is
+computed in closed form when the message is injected (`MeshSim._route`): each
+link is reserved then, for the interval the head will hold it (the first gap
+of that length at or after the head's arrival), so a link goes to messages in
+the order they were injected, and only the deliveries become events.
 Cross-wafer flows skip the mesh and use one shared wafer link per wafer pair
 (`wafer_link_latency_cycles`, `wafer_link_bytes_per_cycle`).
 
@@ -89,9 +94,14 @@ Routers. Every router (core) applies the colour configuration of its *own*
 class's current segment: flow F on colour c is bound at router r iff F is in
 the current segment's `routes` list and r is on F's `segment.route ... via`.
 Routers on no class's core hold every routed flow that crosses them, all the
-time. The check is made when a message's head reaches a router, and again
-for every message still passing through (tail not yet past, or parked) when
-the router reconfigures. A message on a colour the router binds to another
+time. The check is made for the segment the router is in when a message's
+head reaches it, and again for every message still passing through (tail not
+yet past, or parked) when the router reconfigures. (With the network in closed
+form, a router whose binding never changes is checked at injection; one of a
+multi-segment class is checked when it next switches, or at the end of the
+run, against the segment it was in at the head's cycle; so with
+`stop_on_corruption` the run stops at the first corruption found, not
+necessarily the earliest.) A message on a colour the router binds to another
 flow (stale) or does not bind at all (missing) is a `CorruptionReport` naming
 the message, flow, colour, router, the router's class and segment and the
 sender's class and segment; the run stops there (`stop_on_corruption=False`
@@ -116,7 +126,8 @@ liveness of color-routes true in time:
   router, each core of the class sends one credit for F to every sender core
   whose route (tree) crosses its router (itself excepted), arriving
   `hop_latency_cycles` * (Manhattan distance) + 1 cycles later (a control
-  message: no colour, no link time). `grant [@F]` on segment 0 gives those
+  message: no colour, no link time, and no event: the sender records when it
+  arrives). `grant [@F]` on segment 0 gives those
   credits at cycle 0. A sender core at `await [@T::@F]` (placed before the
   segment's first send of F) in its step s waits until it holds s + 1
   credits of F from every router of class T on its route ("credit" stall).
@@ -149,6 +160,7 @@ of the run (both a `TimeBoundReport`).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import time as _time
 from collections import defaultdict, deque
@@ -185,7 +197,7 @@ STATE_NAMES = ("run", "recv", "send", "marker", "drain", "done", "credit", "rout
 STALL_NAMES = ("recv", "send", "marker", "drain", "credit", "route_drain")
 PROGRESS_EVENTS = 1 << 14  # events between two calls of `run`'s progress callback
 # Heap event kinds.
-E_RESUME, E_HOP, E_DELIVER, E_MARKER_DONE, E_CREDIT = range(5)
+E_RESUME, E_DELIVER, E_MARKER_DONE = range(3)
 
 _DIRS = {(1, 0): 0, (-1, 0): 1, (0, 1): 2, (0, -1): 3}
 
@@ -375,6 +387,7 @@ class _Msg:
 class _Core:
     __slots__ = (
         "await_rs",
+        "await_until",
         "await_want",
         "cd",
         "got",
@@ -445,10 +458,14 @@ class _Core:
         self.marker_wait = 0
         self.marker_lat = 0
         self.stall = [0, 0, 0, 0, 0, 0]  # recv, send, marker, drain, credit, route drain
-        self.credit: dict[tuple[int, int], int] = {}  # (flow, router) -> install credits received
+        # (flow, router) -> arrival cycle of each install credit it sent this core, in order
+        self.credit: dict[tuple[int, int], list[int]] = {}
+        self.await_until = 0  # the latest arrival among the credits a wait has found
         self.await_rs: dict[int, tuple[int, ...]] = {}  # pc of an AwaitCredits -> routers awaited
         self.await_want: tuple[int, set[int]] | None = None  # (flow, routers) while W_CREDIT
-        self.passing: list[tuple[int, _Msg]] | None = None
+        # messages crossing this router (multi-segment classes): [head, tail, message,
+        # arrival checked]; see MeshSim._route and _switch
+        self.passing: list[list] | None = None
         self.senders: dict[int, tuple[int, ...]] = {}
         self.sub_name = ""
         self.sub_start = 0
@@ -664,7 +681,7 @@ class MeshSim:
                 for f in grants[core.cls]:
                     self.granted[(core.rid, f)] = 1
                     for s in self.crossers.get((core.rid, f), ()):
-                        s.credit[(f, core.rid)] = s.credit.get((f, core.rid), 0) + 1
+                        s.credit.setdefault((f, core.rid), []).append(0)
         for core in self.cores:
             for f, n in prime[core.cls].items():
                 for g in range(n * self.inflight):
@@ -691,53 +708,36 @@ class MeshSim:
         self.done = 0
         self.msg_count = 0
         self.in_transit: dict[int, _Msg] = {}  # message id -> message on the fabric
-        self.link_busy: dict[int, int] = {}
+        self.link_busy: dict[int, list[list[int]]] = {}  # link -> reserved [start, end), sorted
+        self.walks: dict[tuple[int, int], tuple] = {}  # (sender router, flow) -> `_walk`
         self.link_used: dict[int, int] = defaultdict(int)
         self.wlink_busy: dict[int, int] = defaultdict(int)
         self.step_end: list[int] = []  # latest end of each decode step over all cores
         self.spans: list | None = [] if self.trace else None
         push = heapq.heappush
-        pop = heapq.heappop
         for core in self.cores:
             push(heap, (0, self.seq, E_RESUME, core, None))
             self.seq += 1
-        n_events = 0
         t0 = _time.perf_counter()
         ncores = len(self.cores)
-        max_cycles, max_seconds = self.max_cycles, self.max_seconds
-        advance = self._advance
-        hop = self._hop
-        deliver = self._deliver
-        while heap:
-            t, _, kind, a, b = pop(heap)
-            if t > max_cycles:
-                self.now = max_cycles
-                self.reports.append(TimeBoundReport(max_cycles, max_cycles, self._steps_done()))
-                break
-            self.now = t
-            n_events += 1
-            if kind == E_RESUME:
-                advance(a, t)
-            elif kind == E_HOP:
-                hop(a, b, t)
-            elif kind == E_DELIVER:
-                deliver(a, b, t)
-            elif kind == E_CREDIT:
-                self._credit(a, b, t)
-            else:  # E_MARKER_DONE
-                a.pc += 1
-                a.state = RUN
-                advance(a, t)
-            if self.stop or self.done == ncores:
-                break
-            if not n_events % PROGRESS_EVENTS:
-                if progress is not None:
-                    progress(self)
-                if max_seconds is not None and _time.perf_counter() - t0 > max_seconds:
-                    self.reports.append(TimeBoundReport(t, max_cycles, self._steps_done(),
-                                                        max_seconds))
-                    break
+        # The tables built so far live as long as the run: keep them out of the
+        # cyclic collector's scans, and scan what the run allocates less often (its
+        # messages and bookkeeping are freed by reference counting); the scans
+        # otherwise cost a fifth of the run.
+        gc.freeze()
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(thresholds[0], 100_000), *thresholds[1:])
+        try:
+            n_events = self._events(heap, ncores, t0, progress)
+        finally:
+            gc.set_threshold(*thresholds)
+            gc.unfreeze()
         wall = _time.perf_counter() - t0
+        if not self.stop:
+            self._check_arrivals()
+        # arrival checks at multi-segment routers run when the router next switches (or
+        # now), so list the corruptions by the cycle they happened at
+        self.reports.sort(key=lambda r: (0, r.cycle) if isinstance(r, CorruptionReport) else (1, 0))
         if not heap and self.done < ncores and not self.stop and not self.reports:
             self.reports.append(self._deadlock())
         completed = self.done == ncores and not self.reports
@@ -771,6 +771,40 @@ class MeshSim:
             cores=[(c.pos, self.class_names[c.cls]) for c in self.cores],
             clock_hz=self.target.clock_hz,
         )
+
+    def _events(self, heap: list, ncores: int, t0: float, progress) -> int:
+        """The event loop of `run`: how many events it took."""
+        pop = heapq.heappop
+        n_events = 0
+        max_cycles, max_seconds = self.max_cycles, self.max_seconds
+        advance = self._advance
+        deliver = self._deliver
+        while heap:
+            t, _, kind, a, b = pop(heap)
+            if t > max_cycles:
+                self.now = max_cycles
+                self.reports.append(TimeBoundReport(max_cycles, max_cycles, self._steps_done()))
+                break
+            self.now = t
+            n_events += 1
+            if kind == E_RESUME:
+                advance(a, t)
+            elif kind == E_DELIVER:
+                deliver(a, b, t)
+            else:  # E_MARKER_DONE
+                a.pc += 1
+                a.state = RUN
+                advance(a, t)
+            if self.stop or self.done == ncores:
+                break
+            if not n_events % PROGRESS_EVENTS:
+                if progress is not None:
+                    progress(self)
+                if max_seconds is not None and _time.perf_counter() - t0 > max_seconds:
+                    self.reports.append(TimeBoundReport(t, max_cycles, self._steps_done(),
+                                                        max_seconds))
+                    break
+        return n_events
 
     def _steps_done(self) -> int:
         return min(c.step for c in self.cores) if self.cores else 0
@@ -975,12 +1009,24 @@ class MeshSim:
                 f = ins.flow
                 need = core.step + 1
                 credit = core.credit
-                want = {r for r in core.await_rs[core.pc] if credit.get((f, r), 0) < need}
-                if want:
+                want = set()
+                until = t
+                for r in core.await_rs[core.pc]:
+                    got = credit.get((f, r))
+                    if got is None or len(got) < need:
+                        want.add(r)
+                    elif got[need - 1] > until:
+                        until = got[need - 1]
+                core.t_block = t
+                core.state = W_CREDIT
+                if want:  # a Notify still to come sends it (see below)
                     core.await_want = (f, want)
-                    core.state = W_CREDIT
-                    core.t_block = t
+                    core.await_until = until
                     return
+                if until > t:  # sent, still on its way
+                    self._wake(core, until, 4)
+                    return
+                core.state = RUN
                 core.pc += 1
                 continue
             if k is Notify:
@@ -990,8 +1036,9 @@ class MeshSim:
                     key = (core.rid, f)
                     self.granted[key] += 1
                     for s in self.crossers.get(key, ()):
+                        # a control message: its arrival is known now, so it is no event
                         d = abs(s.pos[1] - x) + abs(s.pos[2] - y)
-                        self._at(t + lat * d + 1, E_CREDIT, s, (f, core.rid))
+                        self._credit(s, f, core.rid, t + lat * d + 1, t)
                 core.pc += 1
                 continue
             if k is RouteDrain:
@@ -1063,7 +1110,7 @@ class MeshSim:
             for d in sorted(dests):
                 self._at(arrive, E_DELIVER, m, d)
         else:
-            self._hop(m, core.rid, t)
+            self._route(m, core.rid, t)
 
     def _check(self, m: _Msg, rid: int, t: int, when: str) -> bool:
         binds = self.bind.get(rid)
@@ -1094,43 +1141,127 @@ class MeshSim:
         self.stop = True
         return False
 
-    def _hop(self, m: _Msg, rid: int, t: int) -> None:
-        if not self._check(m, rid, t, "arrival"):
-            return
+    def _route(self, m: _Msg, src: int, t: int) -> None:
+        """The message's way through the mesh, in closed form at injection.
+
+        Walking its tree from the sender: the head reaches a router at h, takes
+        each outgoing link at the first start >= h where the link is free for
+        the serialisation time (the link is reserved then, for that interval),
+        and reaches the next router `hop_latency_cycles` later. Only the
+        deliveries become events. A router whose binding never changes (an idle
+        router, or a core of a one-segment class) binds the flow or not once
+        and for all (`_walk`: only one that does not is checked, at the head's
+        arrival cycle); a router of a multi-segment class records the message
+        in its `passing` list and `_switch` checks it against the segment the
+        router is in when the head arrives.
+        """
+        key = (src, m.flow)
+        walk = self.walks.get(key)
+        if walk is None:
+            walk = self.walks[key] = self._walk(src, m.flow, m.tree, m.dests)
         ser = m.ser
-        core = self.router_core.get(rid)
-        if core is not None and core.passing is not None:
-            core.passing.append((t + ser, m))
-            if m.eof and rid != m.sender:
-                w = self.eof_watch.get((rid, m.flow))
-                if w is not None:
-                    w[0] += 1
-                    w[1] = max(w[1], t + ser)
-                    if core.state == W_RDRAIN:
-                        core.await_want = None
-                        self._wake(core, t, 5)
-        if rid in m.dests:
-            if self.flow_streams[m.flow]:  # a stream is received from its head on
-                if m.tail is None:
-                    m.tail = {}
-                m.tail[rid] = t + ser
-                self._at(t, E_DELIVER, m, rid)
+        streams = self.flow_streams[m.flow]
+        lat = self.target.hop_latency_cycles
+        busy, used, now = self.link_busy, self.link_used, self.now
+        heads = [0] * len(walk)
+        for i, (rid, parent, link, dest, core, check) in enumerate(walk):
+            if parent < 0:
+                h = t
             else:
-                self._at(t + ser, E_DELIVER, m, rid)
-        kids = m.tree.get(rid)
-        if kids:
-            busy = self.link_busy
-            used = self.link_used
-            lat = self.target.hop_latency_cycles
-            W = self.W
-            for nxt in kids:
-                d = nxt - rid
-                link = rid * 4 + (0 if d == 1 else 1 if d == -1 else 2 if d == W else 3)
-                start = busy.get(link, 0)
-                start = max(start, t)
-                busy[link] = start + ser
+                ph = heads[parent]
+                if ph < 0:  # beyond a router that stopped it
+                    heads[i] = -1
+                    continue
+                booked = busy.get(link)
+                if booked is None or booked[-1][1] <= now:
+                    busy[link] = [[ph, ph + ser]]
+                    start = ph
+                else:
+                    if booked[0][1] <= now:  # drop what ended (every later start is >= now)
+                        k = 1
+                        while booked[k][1] <= now:
+                            k += 1
+                        del booked[:k]
+                    if booked[-1][1] <= ph:
+                        booked.append([ph, ph + ser])
+                        start = ph
+                    else:
+                        start = self._reserve(booked, ph, ser)
                 used[link] += ser
-                self._at(start + lat, E_HOP, m, nxt)
+                h = start + lat
+            heads[i] = h
+            if core is not None:
+                core.passing.append([h, h + ser, m, False])
+                if m.eof and rid != src:
+                    w = self.eof_watch.get((rid, m.flow))
+                    if w is not None:
+                        w[0] += 1
+                        w[1] = max(w[1], h + ser)
+                        if core.state == W_RDRAIN:  # it waits until that tail has passed
+                            core.await_want = None
+                            self._wake(core, t, 5)
+            elif check and not self._check(m, rid, h, "arrival"):
+                heads[i] = -1
+                continue
+            if dest:
+                if streams:  # a stream is received from its head on
+                    if m.tail is None:
+                        m.tail = {}
+                    m.tail[rid] = h + ser
+                    self._at(h, E_DELIVER, m, rid)
+                else:
+                    self._at(h + ser, E_DELIVER, m, rid)
+
+    def _walk(self, src: int, f: int, tree: dict[int, tuple[int, ...]], dests: frozenset[int]):
+        """A send plan's tree in walking order (every router after the one before it):
+        (router, index of the router before it or -1, link into it, a destination?,
+        its core if it belongs to a multi-segment class, must its binding be checked?)."""
+        col, W = self.flow_color[f], self.W
+        out: list[tuple] = []
+        todo = [(src, -1, -1)]
+        while todo:
+            rid, parent, link = todo.pop()
+            core = self.router_core.get(rid)
+            multi = core if core is not None and core.passing is not None else None
+            binds = self.bind.get(rid)
+            check = multi is None and (binds is None or binds[0].get(col) != f)
+            here = len(out)
+            out.append((rid, parent, link, rid in dests, multi, check))
+            for nxt in reversed(tree.get(rid, ())):
+                d = nxt - rid
+                todo.append((nxt, here, rid * 4 + (0 if d == 1 else 1 if d == -1 else 2 if d == W else 3)))
+        return tuple(out)
+
+    @staticmethod
+    def _reserve(booked: list[list[int]], t: int, ser: int) -> int:
+        """Reserve a link for `ser` cycles from the first start >= t where it is free
+        between its reservations `booked` (sorted, disjoint); returns that start."""
+        if ser <= 0:
+            return t
+        start = t
+        at = len(booked)
+        for k, (a, b) in enumerate(booked):
+            if start + ser <= a:
+                at = k
+                break
+            if b > start:
+                start = b
+        booked.insert(at, [start, start + ser])
+        return start
+
+    def _check_arrivals(self, core: _Core | None = None, upto: int | None = None) -> None:
+        """Arrival checks of the messages whose heads reached a multi-segment
+        class's router by `upto` (default: now), in the segment it is in; of
+        `core`'s router only, or of every router (the end of a run)."""
+        upto = self.now if upto is None else upto
+        for c in (core,) if core is not None else self.cores:
+            if c.passing is None:
+                continue
+            for e in c.passing:
+                if not e[3] and e[0] <= upto:
+                    e[3] = True
+                    if not self._check(e[2], c.rid, e[0], "arrival"):
+                        return
 
     def _deliver(self, m: _Msg, rid: int, t: int) -> None:
         if m.control:  # a routed flow's advance without data: no core receives it
@@ -1275,25 +1406,33 @@ class MeshSim:
                         self._span(c, "marker sync", c.t_block, t + c.marker_lat)
                     self._at(t + c.marker_lat, E_MARKER_DONE, c)
 
-    def _credit(self, core: _Core, key: tuple[int, int], t: int) -> None:
-        n = core.credit.get(key, 0) + 1
-        core.credit[key] = n
-        if core.state == W_CREDIT:
-            f, want = core.await_want
-            if key[0] == f and key[1] in want and n >= core.step + 1:
-                want.discard(key[1])
+    def _credit(self, core: _Core, f: int, rid: int, arrive: int, t: int) -> None:
+        """Router `rid` sends `core` an install credit of flow `f` at `t`, arriving at
+        `arrive`; a wait that now has all its credits resumes when the last arrives."""
+        got = core.credit.setdefault((f, rid), [])
+        got.append(arrive)
+        if core.state == W_CREDIT and core.await_want is not None:
+            wf, want = core.await_want
+            if wf == f and rid in want and len(got) >= core.step + 1:
+                want.discard(rid)
+                core.await_until = max(core.await_until, got[core.step])
                 if not want:
                     core.await_want = None
-                    self._wake(core, t, 4)
+                    self._wake(core, max(core.await_until, t), 4)
 
     def _switch(self, core: _Core, seg: int, t: int) -> None:
+        if core.passing is not None:
+            self._check_arrivals(core, t)  # heads that arrived in the segment it leaves
+            if self.stop:
+                return
         core.rseg = seg
         if core.passing is None:
             return
-        live = [(tt, m) for tt, m in core.passing if tt > t and m.left]
+        # keep what still passes (tail not yet past) and heads still to come
+        live = [e for e in core.passing if not e[3] or (e[1] > t and e[2].left)]
         core.passing = live
-        for _, m in live:
-            if not self._check(m, core.rid, t, "reconfigure"):
+        for e in live:
+            if e[3] and not self._check(e[2], core.rid, t, "reconfigure"):
                 return
         for pk in core.parked.values():
             for m in pk:
