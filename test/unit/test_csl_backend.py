@@ -355,7 +355,7 @@ def test_per_core_expressions_pick_the_core_value():
 
 
 SCALED = """
-segment.program @m target "wse3" mesh 762 x 1172 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 21, iq = 6, oq = 6, routes = 24, switches = 4, sram = 23552, ctrl = 1024> colors 24 reserved [21, 22, 23] {
+segment.program @m target "wse3" mesh 755 x 1170 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} budget <colors = 21, iq = 6, oq = 6, routes = 24, switches = 4, sram = 23552, ctrl = 1024> colors 24 reserved [21, 22, 23] {
   event.kernel @k "allreduce" on <(0, 0, W, H)> inputs [] params {}
   event.flow @f kernel @k role "input" operand 0 wafer 0 from <(0, 0, W, H)> to <(W, 0, W, H)> pattern "all" bytes 64
   event.flow @g kernel @k role "input" operand 0 wafer 0 from <(W, 0, W, 1)> to <(W, 1, W, HM)> pattern "col" bytes 64

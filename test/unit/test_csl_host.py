@@ -185,3 +185,20 @@ def test_driver_primes_loads_and_serves(tmp_path, target):
         assert any(f.startswith("xin_") and f.endswith("_ready") for f in launched)
         assert any(c[0] == "h2d" and c[1].startswith("xin_") for r in runners for c in r.calls
                    if c[0] == "h2d")
+
+
+@pytest.mark.parametrize("name, fabric", [("wse3", (762, 1172)), ("wse2", (757, 996))])
+def test_a_program_filling_the_target_fits_its_fabric_with_memcpys_halo(name, fabric):
+    """The hardware targets give the cores a program may use beside memcpy, so a
+    program as large as the target compiles for exactly the published fabric (the
+    SDK's examples: fabric offsets 4, 1 and a fabric of width + 7 by height + 2)."""
+    from meshrt.backend.csl.host import compile_sh
+    from meshrt.targets import load_target
+
+    t = load_target(name)
+    program = types.SimpleNamespace(name="m", wafers=1, target=name)
+    text = compile_sh(program, name, {0: (t.width, t.height)}, (t.width, t.height))
+    assert f"--fabric-dims={fabric[0]},{fabric[1]} --fabric-offsets=4,1" in text
+    assert "NOTE" not in text
+    text = compile_sh(program, name, {0: (t.width + 1, t.height)}, (t.width, t.height))
+    assert "NOTE: the" in text and f"a {fabric[0]} x {fabric[1]} fabric" in text

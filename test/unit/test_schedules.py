@@ -137,14 +137,14 @@ def test_event_ir_size_does_not_grow_with_mesh_area(model):
     base = load_model(model, "test16")
     # the default build, a chain along each line into its end: the same roles
     # and classes at every size
-    n_small = sum(1 for _ in _events(_scaled(base, 3, 762, 1172), 0).walk())
-    n_big = sum(1 for _ in _events(_scaled(base, 4, 762, 1172), 0).walk())
+    n_small = sum(1 for _ in _events(_scaled(base, 3, 755, 1170), 0).walk())
+    n_big = sum(1 for _ in _events(_scaled(base, 4, 755, 1170), 0).walk())
     assert n_small == n_big
     # two-level trees: the groups grow with the line (as rects of a role's
     # core set), the roles do not
     for k in (3, 4):
         roles: dict[str, set[str]] = {}
-        for op in _events(_scaled(base, k, 762, 1172), 0, "tree").walk():
+        for op in _events(_scaled(base, k, 755, 1170), 0, "tree").walk():
             if isinstance(op, ev.SubScheduleOp):
                 roles.setdefault(op.kernel_name, set()).add(op.role_name)
         assert max(len(r) for r in roles.values()) <= MAX_REDUCTION_ROLES

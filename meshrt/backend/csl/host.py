@@ -20,14 +20,15 @@ def compile_sh(program: Program, arch: str, rects: dict[int, tuple[int, int]], t
         "set -euo pipefail",
         'cd "$(dirname "$0")"',
     ]
-    tw, th = target_dims
+    tw, th = target_dims  # the cores a program may use: the fabric minus memcpy's halo
     for wafer in sorted(rects):
         w, h = rects[wafer]
         fw, fh = w + HALO_W, h + HALO_H
         where = f"wafer{wafer}/" if program.wafers > 1 else ""
-        if fw > tw or fh > th:
-            out.append(f"# NOTE: {fw} x {fh} exceeds the {tw} x {th} fabric of target "
-                       f"{program.target}: runs on the simulator, not on one system as is.")
+        if w > tw or h > th:
+            out.append(f"# NOTE: the {w} x {h} program exceeds the {tw} x {th} cores of target "
+                       f"{program.target} (a {tw + HALO_W} x {th + HALO_H} fabric with memcpy's "
+                       "halo): runs on the simulator, not on one system as is.")
         out.append(f"cslc --arch={arch} ./{where}layout.csl --fabric-dims={fw},{fh} "
                    f"--fabric-offsets={OFF_X},{OFF_Y} --memcpy --channels=1 -o out{wafer if program.wafers > 1 else ''}")
     return "\n".join(out) + "\n"
