@@ -225,6 +225,16 @@ def test_a_gather_into_receivers_among_its_senders_is_a_located_error():
         emit_csl(_module(OVERLAP), "wse3")
 
 
+@pytest.mark.parametrize("target", ["test32", "test16"])
+def test_test_target_builds_leave_memcpys_queues_alone(target):
+    """Queues 0 and 1 are memcpy's on WSE-3, and a test-target build is emitted for
+    wse3 too: no class binds them (test32 used input queue 1 before)."""
+    out = emit_csl(lowered("examples/tiny_moe.mrt", target), "wse3")
+    used = {int(q) for text in out.files.values()
+            for q in re.findall(r"@get_(?:input|output)_queue\((\d+)\)", text)}
+    assert used and not used & {0, 1}
+
+
 def test_over_allocation_is_a_located_error():
     recvs = "\n".join(f"event.recv @{f} bytes 16 meta 0" for f in "abcd")
     module = _module(GATHER.replace("RECVS", recvs))
@@ -233,10 +243,10 @@ def test_over_allocation_is_a_located_error():
     msg = str(e.value)
     assert "core class @r needs 4 input queues at once but wse3 on target test32 has 3" in msg
     assert msg.startswith("<test>:") and "'segment.core_class' op" in msg
-    # Three flows fit: queues 1, 2, 3.
+    # Three flows fit: queues 2, 3, 4 (0 and 1 are memcpy's on WSE-3, test32 too).
     recvs = "\n".join(f"event.recv @{f} bytes 16 meta 0" for f in "abc")
     out = emit_csl(_module(GATHER.replace("RECVS", recvs)), "wse3")
-    assert re.search(r"//   input queues +3 +3  ids 1, 2, 3\n", out.files["c_r.csl"])
+    assert re.search(r"//   input queues +3 +3  ids 2, 3, 4\n", out.files["c_r.csl"])
 
 
 def test_no_local_task_id_left_is_an_error():

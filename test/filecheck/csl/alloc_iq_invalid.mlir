@@ -18,7 +18,7 @@ segment.program @m target "test32" mesh 8 x 4 wafers 1 stages 1 micro_batch 1 dy
       }
     }
   }
-  // CHECK: alloc_iq_invalid.mlir:[[# @LINE + 1]]:3: error: 'segment.core_class' op core class @r needs 4 input queues at once but wse3 on target test32 has 3 (segment 0 uses colours 0, 1, 2, 3; user input queues are 1, 2, 3)
+  // CHECK: alloc_iq_invalid.mlir:[[# @LINE + 1]]:3: error: 'segment.core_class' op core class @r needs 4 input queues at once but wse3 on target test32 has 3 (segment 0 uses colours 0, 1, 2, 3; user input queues are 2, 3, 4)
   segment.core_class @r wafer 0 cores <(1, 0, 1, 1)> {
     segment.segment 0 use <colors = 4, iq = 1> routes [@a, @b, @c, @d] {
       event.sub @k "dst" after [] demand <colors = 4, iq = 1> {
