@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshrt.driver import parse_ir, program_of, segment_program
 from meshrt.runtime.mesh_sim import (
@@ -435,3 +437,21 @@ def test_speed_factors_follow_the_core_not_the_build_order(programs, test32):
             assert core.speed == 1.0 + spread * (2.0 * counter_rng.unit(key, 0) - 1.0)
             assert abs(core.speed - 1.0) <= spread
     assert [c.speed for c in sims[0].cores] != [c.speed for c in sims[1].cores]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 12)), min_size=1, max_size=25))
+def test_link_reservations_take_the_first_free_gap(requests):
+    """The closed-form network books a link for [start, start + ser) at the first start
+    >= the head's arrival where the link is free: reservations never overlap, and no
+    earlier start would have fitted between the ones already made."""
+    booked: list[list[int]] = []
+    for t, ser in requests:
+        before = [tuple(b) for b in booked]
+        start = MeshSim._reserve(booked, t, ser)
+        assert start >= t
+        assert all(start + ser <= a or b <= start for a, b in before)
+        for s in range(t, start):  # every earlier start collides with a booking
+            assert any(s < b and a < s + ser for a, b in before)
+        assert booked == sorted(booked) and all(
+            booked[i][1] <= booked[i + 1][0] for i in range(len(booked) - 1))
