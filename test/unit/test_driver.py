@@ -181,8 +181,8 @@ def test_ir_that_is_not_utf8_is_one_located_line(tmp_path, cmd):
 TIGHTER = {
     "colours": ({"colors": "5", "reserved_colors": "[2, 3, 4]", "switch_colors": "[0, 1, 2, 3, 4]"}, "colours"),
     "routes": ({"route_entries": "1"}, "route entries"),
-    "iq": ({"input_queues": "2"}, "input queues"),
-    "oq": ({"output_queues": "2"}, "output queues"),
+    "iq": ({"input_queues": "3"}, "input queues"),  # one user queue (0 and 1 reserved)
+    "oq": ({"output_queues": "3"}, "output queues"),
     "switches": ({"switch_positions": "1"}, "switch positions"),
 }
 
