@@ -19,9 +19,11 @@ ceil(in/H) x ceil(out/W) per core plus its activation buffers; attention
 tiles its KV cache (kv_slots x max_seq tokens) over sequence rows and
 head-dim columns; experts get one disjoint region per expert (or per group
 of experts when one expert would fill fewer than MIN_EXPERT_CORES cores),
-as high as the block where a row of them fits the wafer's width (their rows
-are then the corridor's and the gate's: tokens and expert outputs move along
-the rows), else stacked as narrow as they go.
+as high as the block, in one row (their rows are then the corridor's and the
+gate's: tokens and expert outputs move along the rows); where that row is
+wider than the wafer, each region takes more experts (fewer, wider regions,
+the same cores per expert), and only where no grouping fits are shorter
+regions stacked, as narrow as they go.
 The embedding also holds a buffer for the largest message it sends (the
 share of the hidden vector a reader in the first layer takes). Where the
 wafers have room, dense layers, the LM head and the MoE layers' expert
@@ -209,9 +211,11 @@ class Sizer:
         """Bytes per core of a w x h region of `group` experts, their weights held at
         `weight_bytes` (default: as stored)."""
         s = self.shape
-        # A token visits an expert at most once, so a region sees at most
-        # micro_batch x min(group, top_k) tokens per step.
-        tokens = self.micro_batch * min(group, s.top_k)
+        # Buffers for the static build's micro_batch x group (token, expert) pairs: every
+        # expert of the region computes every token (with routing a region sees at most
+        # micro_batch x min(group, top_k)), so a build and its `--dynamism none`
+        # counterpart get one mapping.
+        tokens = self.micro_batch * group
         wb = s.expert_dtype_bytes if weight_bytes is None else weight_bytes
         return ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, wb, tokens, w, h).total
 
@@ -295,6 +299,7 @@ class ExpertGrid:
     rows: int
     w: int
     h: int
+    group: int = 1  # routed experts per region
 
     @property
     def width(self) -> int:
@@ -314,16 +319,21 @@ class UnitShape:
 
 class Planner:
     """Unit widths for one (model, target, micro-batch, kv_slots, group); units wider than
-    `max_width` (the target's) do not fit."""
+    `max_width` (the target's) do not fit. `merges`: whether an MoE grid may hold more
+    experts per region than `group` (not when the spec pins `experts_per_region`)."""
 
-    def __init__(self, sizer: Sizer, group: int, max_width: int | None = None):
-        self.sizer, self.group, self.max_width = sizer, group, max_width
-        s = sizer.shape
-        self.regions = (s.experts // group + s.shared_experts) if s.is_moe else 0
+    def __init__(self, sizer: Sizer, group: int, max_width: int | None = None,
+                 merges: bool = True):
+        self.sizer, self.group, self.max_width, self.merges = sizer, group, max_width, merges
         self.band_width = functools.lru_cache(maxsize=None)(self._band_width)
         self.stack = functools.lru_cache(maxsize=None)(self._stack)
         self.expert_width = functools.lru_cache(maxsize=None)(self._expert_width)
         self.unit_shape = functools.lru_cache(maxsize=None)(self._unit_shape)
+
+    def regions(self, group: int) -> int:
+        """Expert regions of an MoE layer whose routed regions hold `group` experts each."""
+        s = self.sizer.shape
+        return (s.experts // group + s.shared_experts) if s.is_moe else 0
 
     def _band_width(self, kind: str, h: int, msg: int = 0) -> int | None:
         """Least width of a `kind` band `h` rows high whose bytes per core, plus a buffer of
@@ -334,37 +344,54 @@ class Planner:
             w = _whole_kv_heads(w, sz.shape.kv_heads)
         return w
 
-    def _expert_width(self, h: int) -> int | None:
+    def _expert_width(self, h: int, group: int) -> int | None:
         sz, s = self.sizer, self.sizer.shape
-        return _min_width(lambda w: sz.expert(self.group, w, h),
+        return _min_width(lambda w: sz.expert(group, w, h),
                           max(s.hidden, 2 * s.expert_ffn), sz.usable)
 
+    def groups(self) -> list[int]:
+        """Experts per routed region the grid may take, fewest first: the planner's group,
+        then (`merges`) its multiples that divide the experts."""
+        s, g = self.sizer.shape, self.group
+        if not self.merges:
+            return [g]
+        return [g * m for m in range(1, s.experts // g + 1) if s.experts % (g * m) == 0]
+
     def grid(self, height: int, beside: int = 0, room: int | None = None,
-             scale: float = 1.0) -> ExpertGrid | None:
+             scale: float = 1.0, merge: bool = True) -> ExpertGrid | None:
         """The expert regions of an MoE unit `height` rows high beside `beside` columns of
         bands: one row of full-height regions, `scale` times their least width, where that
-        fits `room` columns (the target's width unless given; each region's rows then line
-        up with the relay corridor's, so combine takes each expert's output along the rows:
-        one message per routed region and row, no gather), else the narrowest stacking
-        (squarest on ties)."""
-        least = w = self.expert_width(height)
+        fits `room` columns (the target's width unless given). Each region's rows then line
+        up with the relay corridor's, so dispatch and combine move tokens and expert outputs
+        along the rows (one message per routed region and row, no gather). Where the row
+        does not fit with the planner's group, regions of more experts each (a multiple of
+        the group: as many cores per expert, fewer and wider regions) are tried, fewest
+        first (unless `merge` is off); only where none fits are shorter regions stacked, as
+        narrow as they go (squarest on ties), whose outputs the corridor gathers. Which
+        of the two is faster depends on the mesh (merged regions are narrow: their columns
+        reduce long vectors over many rows), so the mapper probes both (`candidates`)."""
         room = room if room is not None else self.max_width
-        if w is not None:
+        s = self.sizer.shape
+        for group in self.groups() if merge else [self.group]:
+            least = w = self.expert_width(height, group)
+            if w is None:
+                continue
+            regions = self.regions(group)
             if scale > 1.0:  # wider, as far as the row of regions still fits
-                s = self.sizer.shape
                 w = _widened(w, scale, max(s.hidden, 2 * s.expert_ffn))
                 if room is not None:
-                    w = max(least, min(w, (room - beside) // self.regions))
-            full = ExpertGrid(self.regions, 1, w, height)
+                    w = max(least, min(w, (room - beside) // regions))
+            full = ExpertGrid(regions, 1, w, height, group)
             if room is None or beside + full.width <= room:
                 return full
         best: ExpertGrid | None = None
-        for rows in range(1, min(self.regions, height) + 1):
+        regions = self.regions(self.group)
+        for rows in range(1, min(regions, height) + 1):
             h = height // rows
-            w = self.expert_width(h)
+            w = self.expert_width(h, self.group)
             if w is None:
                 continue
-            cand = ExpertGrid(self.regions, rows, w, h)
+            cand = ExpertGrid(regions, rows, w, h, self.group)
             if best is None or (cand.width, abs(w - h)) < (best.width, abs(best.w - best.h)):
                 best = cand
         return best
@@ -400,7 +427,7 @@ class Planner:
         return w if fits(w) else None
 
     def _unit_shape(self, kind: str, height: int, with_experts: bool = True, scale: float = 1.0,
-                    msg: int = 0, room: int | None = None) -> UnitShape | None:
+                    msg: int = 0, room: int | None = None, merge: bool = True) -> UnitShape | None:
         """The shape of a `kind` unit `height` rows high: `scale` widens the units that widen
         (WIDENS) past their least width; `msg` is the largest message an embedding core sends;
         `room` the columns it may take (an explicit region's; default the target's)."""
@@ -422,7 +449,7 @@ class Planner:
             widths.append(w)
         grid = None
         if kind == "moe" and with_experts:
-            grid = self.grid(height, sum(widths), room, scale)
+            grid = self.grid(height, sum(widths), room, scale, merge)
             if grid is None:
                 return None
         # attention splits head_dim where its columns do not hold whole KV heads
@@ -593,7 +620,8 @@ class _Mapper:
         return Sizer(self.shape, self.mb, kv_slots, self.usable)
 
     def planner(self, stages: int) -> Planner:
-        return Planner(self.sizer(self.kv_slots(stages)), self.group, self.target.width)
+        return Planner(self.sizer(self.kv_slots(stages)), self.group, self.target.width,
+                       merges=not self.spec.mapping.experts_per_region)
 
     # -- what every layout must fit ------------------------------------------
     def max_stages(self) -> int:
@@ -624,14 +652,17 @@ class _Mapper:
         share = held_share(self.shape.hidden, "rows", 1, h)
         return self.mb * (share * ACT_BYTES + CF_BYTES_PER_SLOT)
 
-    def shapes(self, stages: int, h: int, scale: float = 1.0) -> list[UnitShape] | None:
+    def shapes(self, stages: int, h: int, scale: float = 1.0,
+               merge: bool = True) -> list[UnitShape] | None:
         """Every unit's shape at block height `h`, the widening units `scale` times their least
-        width (the embedding sized for the messages its first layer's readers take); None if
-        one does not fit."""
+        width (the embedding sized for the messages its first layer's readers take), MoE
+        grids with more experts per region before they stack unless `merge` is off
+        (`Planner.grid`); None if one does not fit."""
         planner = self.planner(stages)
         rest = []
         for u in self.units[1:]:
-            sh = planner.unit_shape(u.kind, h, True, scale if u.kind in WIDENS else 1.0)
+            sh = planner.unit_shape(u.kind, h, True, scale if u.kind in WIDENS else 1.0,
+                                    0, None, merge)
             if sh is None:
                 return None
             rest.append(sh)
@@ -646,23 +677,35 @@ class _Mapper:
         if stages not in self._fewest:
             packed = (_pack(self.units, sh, h, self.target)
                       for h in _heights(self.target, self.shape, self.spec.mapping.block_height)
-                      if (sh := self.shapes(stages, h)) is not None)
+                      for merge in self.grid_arrangements()
+                      if (sh := self.shapes(stages, h, 1.0, merge)) is not None)
             self._fewest[stages] = min((lay.wafers for lay in packed if lay is not None),
                                        default=None)
         return self._fewest[stages]
 
+    def grid_arrangements(self) -> tuple[bool, ...]:
+        """The `merge` settings of `shapes` worth trying: both (more experts per region, or
+        stacked regions) for an MoE model whose group is not pinned, else one."""
+        s = self.shape
+        return (True, False) if s.is_moe and not self.spec.mapping.experts_per_region else (True,)
+
     def candidates(self, stages: int, wafers: int) -> list[Layout]:
         """Every packing onto exactly `wafers` wafers: each block height, at each width scale
-        (SCALES) whose units still fit."""
+        (SCALES) whose units still fit, each MoE grid arrangement (`grid_arrangements`)
+        that gives other shapes."""
         out = []
         fixed = self.spec.mapping.width_scale
-        for h in _heights(self.target, self.shape, self.spec.mapping.block_height):
+        seen: set[tuple] = set()
+        heights = _heights(self.target, self.shape, self.spec.mapping.block_height)
+        for h, merge in ((h, m) for h in heights for m in self.grid_arrangements()):
             prev = None
             for scale in SCALES if fixed is None else (fixed,):
-                shapes = self.shapes(stages, h, scale)
-                if shapes is not None and shapes == prev:
-                    continue  # no unit got wider (rounding): the same packing
+                shapes = self.shapes(stages, h, scale, merge)
+                if shapes is not None and (shapes == prev or (h, tuple(shapes)) in seen):
+                    continue  # no unit got wider (rounding), or the other arrangement's shapes
                 prev = shapes
+                if shapes is not None:
+                    seen.add((h, tuple(shapes)))
                 lay = None if shapes is None else _pack_onto(self.units, shapes, h, self.target,
                                                              wafers)
                 if lay is None:
@@ -1134,7 +1177,8 @@ class _Emitter:
 
     def model(self) -> ModuleOp:
         s, m, t, lay = self.s, self.m, self.m.target, self.lay
-        hparams = s.to_hparams(lay.kv_slots, m.group if s.is_moe else 0)
+        group = next((p.shape.grid.group for p in lay.placed if p.shape.grid), m.group)
+        hparams = s.to_hparams(lay.kv_slots, group if s.is_moe else 0)
         op = g.ModelOp(
             symbol_name(s.name), target=t.name, width=t.width, height=t.height,
             wafers=lay.wafers, stages=max(lay.stages) + 1, micro_batch=m.mb,

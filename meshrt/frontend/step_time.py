@@ -33,9 +33,11 @@ stages so that the slowest stage (the initiation interval) is least.
 Left out: the hand-offs between wafers (the same count for every candidate
 on the same wafers) and stage boundaries. A probe costs a few tenths of a
 second on a whole-wafer model, so the mapper probes at most MAX_PROBES
-candidates: evenly spread over the candidates in order of (height, width
-scale), then the neighbours of the fastest (the time mostly varies smoothly
-with both); then up to MAX_PROBES more: the widest candidate of each height,
+(height, width scale) points, each with both grid arrangements of an MoE
+model (more experts per region, or stacked regions: which is faster
+depends on the mesh): evenly spread over the points in order, then the
+neighbours of the fastest (the time mostly varies smoothly with both);
+then up to MAX_PROBES more: the widest candidate of each height,
 spread over the heights (a threshold such as expert tiles that fit decoded
 only when wide is not smooth). The pick is the fastest probed, so the second
 round can only find a faster one. Probes are cached per process (a bench
@@ -115,37 +117,45 @@ def layout_cycles(mapper: _Mapper, lay: Layout) -> float | None:
 
 def fastest(mapper: _Mapper, cands: Sequence[Layout]) -> Layout:
     """The candidate with the least modelled step (see the module docstring for which are
-    probed); the first candidate if no probe runs."""
+    probed); the first candidate if no probe runs. Candidates of one (height, scale) point
+    (an MoE model's grid arrangements, `_Mapper.grid_arrangements`) are probed together."""
     if len(cands) == 1:
         return cands[0]
-    order = sorted(range(len(cands)), key=lambda i: (cands[i].height, cands[i].scale))
+    points: dict[tuple, list[int]] = {}
+    for i, lay in enumerate(cands):
+        points.setdefault((lay.height, lay.scale), []).append(i)
+    order = sorted(points)
     times: dict[int, float | None] = {}
+    probed: set[tuple] = set()
 
     def probe(pos: int, budget: int = MAX_PROBES) -> None:
-        if 0 <= pos < len(order) and order[pos] not in times and len(times) < budget:
-            times[order[pos]] = step_cycles(mapper, cands[order[pos]])
+        if 0 <= pos < len(order) and order[pos] not in probed and len(probed) < budget:
+            probed.add(order[pos])
+            for i in points[order[pos]]:
+                times[i] = step_cycles(mapper, cands[i])
 
     spread = max(1, MAX_PROBES // 2)
     for k in range(spread):
         probe(round(k * (len(order) - 1) / max(spread - 1, 1)))
-    while len(times) < min(MAX_PROBES, len(order)):
+    while len(probed) < min(MAX_PROBES, len(order)):
         ok = {i: t for i, t in times.items() if t is not None}
         if not ok:
             break
-        best = order.index(min(ok, key=ok.get))
-        before = len(times)
+        best_lay = cands[min(ok, key=ok.get)]
+        best = order.index((best_lay.height, best_lay.scale))
+        before = len(probed)
         for d in (1, -1, 2, -2, 3, -3):
             probe(best + d)
-        if len(times) == before:
+        if len(probed) == before:
             break
     # The widest candidate of each height too (spread over the heights): at one height
     # more cores per unit rarely slow a step, and a threshold the neighbours above do not
     # cross (expert tiles that fit decoded only when wide) can make it the fastest by far.
     widest = [pos for pos in range(len(order))
-              if pos + 1 == len(order) or cands[order[pos + 1]].height != cands[order[pos]].height]
+              if pos + 1 == len(order) or order[pos + 1][0] != order[pos][0]]
     n = min(MAX_PROBES, len(widest))
     picks = sorted({widest[round(k * (len(widest) - 1) / max(n - 1, 1))] for k in range(n)})
-    budget = len(times) + MAX_PROBES
+    budget = len(probed) + MAX_PROBES
     for pos in picks:
         probe(pos, budget)
     ok = {i: t for i, t in times.items() if t is not None}

@@ -214,6 +214,42 @@ def test_width_scale_pins_the_widening_and_moe_regions_widen():
     assert M.MOE_BANDS == ("layer", "gate", "relay") and wide.widths == least.widths
 
 
+def test_expert_grid_takes_more_experts_per_region_before_it_stacks():
+    """Where a row of one-expert regions is wider than the room, the grid keeps one row of
+    full-height regions (rows aligned with the corridor's: dispatch and combine along the
+    rows) by giving each region more experts; with `experts_per_region` pinned it stacks."""
+    spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
+    planner = _mapper(spec).planner(1)
+    assert planner.group == 1 and planner.groups() == [1, 2, 4, 8]
+    assert planner.grid(10, 0, 16) == M.ExpertGrid(8, 1, 2, 10, 1)  # the row fits
+    # 8 x 2 columns do not fit 12; 4 regions of two experts, 3 columns each, do
+    assert planner.grid(10, 0, 12) == M.ExpertGrid(4, 1, 3, 10, 2)
+    pinned = M.Planner(planner.sizer, 1, planner.max_width, merges=False)
+    assert pinned.groups() == [1] and pinned.grid(10, 0, 12).rows > 1
+    text = Path(spec.source).read_text() + "\nmapping { experts_per_region = 1 }\n"
+    assert not _mapper(parse_spec(text)).planner(1).merges
+
+
+def test_mapper_probes_both_grid_arrangements_and_takes_the_faster():
+    """tiny_moe at micro-batch 2 on two test16 wafers with 2 stages: at height 16 a row of
+    2-expert regions (3 x 16 each) fits beside the bands, and so do stacked 1-expert
+    regions (7 x 2). Both are probed at the same (height, scale) point; the merged
+    regions are narrow, so their columns reduce long vectors down 16 rows and the probe
+    prices them slower here: the stacked grid wins. The merged grid is sized for the
+    static build's micro_batch x group token pairs, so its probe (a static build) runs."""
+    mp = _mapper(driver.load_spec(REPO / "examples" / "tiny_moe.mrt"), "test16", mb=2)
+    cands = [lay for lay in mp.candidates(2, 2) if lay.height == 16 and lay.scale == 1.0]
+    grids = {next(p.shape.grid for p in lay.placed if p.shape.grid): lay for lay in cands}
+    merged = next(g for g in grids if g.group > 1)
+    stacked = next(g for g in grids if g.rows > 1)
+    assert merged.rows == 1 and merged.h == 16 and stacked.group == 1
+    t_merged = step_time.step_cycles(mp, grids[merged])
+    t_stacked = step_time.step_cycles(mp, grids[stacked])
+    assert t_merged is not None and t_stacked is not None and t_stacked < t_merged
+    assert step_time.fastest(mp, [grids[merged], grids[stacked]]) is grids[stacked]
+    assert step_time.fastest(mp, [grids[stacked], grids[merged]]) is grids[stacked]
+
+
 def test_block_height_pins_the_rows():
     spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
     for rows in (5, 6):
