@@ -52,7 +52,7 @@ def gathers(job: tuple[str, int, int | None]) -> dict:
         if not isinstance(op, ev.FlowOp) or op.pattern.data != "all":
             continue
         src, dst = RectSet.from_cores(op.src), RectSet.from_cores(op.dst)
-        x0, y0, x1, y1 = src.extent
+        x0, y0, x1, y1 = op.src.extent
         row = out.setdefault(re.sub(r"\d+", "#", op.sym_name.data), [0, 0, 0, (0, 0), 0])
         row[0] += 1
         if src.count > row[1]:
