@@ -1238,7 +1238,12 @@ def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
                                  window_layers=tuple(i for i in shape.window_layers if i < len(kinds)))
     mapping = MappingSpec(experts_per_region=group) if shape.is_moe else MappingSpec()
     try:
-        spec = ModelSpec(pshape, dynamism=(), micro_batch=mb, mapping=mapping, source="<probe>")
+        # routed where the model routes: a static MoE probe has every expert compute and
+        # send every token, which ranks the grid arrangements by a gather no routed build
+        # makes (the mapping is still one for a build and its static counterpart)
+        dynamism = ("moe_routing",) if shape.is_moe else ()
+        spec = ModelSpec(pshape, dynamism=dynamism, micro_batch=mb, mapping=mapping,
+                         source="<probe>")
         pm = _Mapper(spec, target, mb, None)
     except FrontendError:
         return None

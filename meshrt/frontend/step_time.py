@@ -9,10 +9,14 @@ wavelet, hops and serialisation per flow, reductions and relays as the
 chains they compile to), run on a *probe*: the same model with two layers
 of each layer kind, the embedding and the LM head, mapped with the
 candidate's unit shapes at the candidate's height, lowered through the
-same passes to segment IR. The probe is the static build (no dynamism):
-the mapping is chosen for its compute and data movement, the governance
-on top of it costs the same on every candidate, and a build and its
-`--dynamism none` counterpart (the governance comparison) get one mapping. So whatever the passes and the cost model
+same passes to segment IR. The probe is the static build (no dynamism),
+except that an MoE model's probe routes (`moe_routing`): the mapping is
+chosen for its compute and data movement, the governance on top of it
+costs about the same on every candidate, and a build and its `--dynamism
+none` counterpart (the governance comparison) get one mapping; but without
+routing every expert computes and sends every token, a gather into the
+combine corridor no routed build makes, which would rank MoE layouts (the
+grid arrangements above all) by traffic that never occurs. So whatever the passes and the cost model
 charge (collectives, redistributions, transfer volume) is what the mapper
 minimises, and a candidate whose probe does not compile (a resource budget
 the kernels exceed) is never chosen.
