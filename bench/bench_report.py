@@ -364,9 +364,10 @@ def notes() -> list[str]:
         "compiled schedules faster than they are. The default mapper puts a dense layer on "
         "one region (attention on its top rows, its GEMVs in alternating orientations "
         "below); an MoE layer is a block of bands (qkv, attention, o, gate, corridor) beside "
-        "a row of full-height expert regions whose outputs move along the rows (stacked rows "
-        "of regions where one row does not fit: the corridor then gathers their root "
-        "columns), and with routing only the regions a step chose send their outputs; the "
+        "a row of full-height expert regions whose outputs move along the rows (where one row "
+        "does not fit: regions of more experts each, or stacked rows of regions whose root "
+        "columns the corridor gathers, whichever the mapper's routed probe prices faster), "
+        "and with routing only the regions a step chose send their outputs; the "
         "static build (no routing) hears every region; reductions "
         "stream wavelet by wavelet along their lines. What remains far from the paper's "
         "CS-3 figures is mostly data movement between bands: `all` gathers from one line of "
@@ -381,7 +382,9 @@ def notes() -> list[str]:
         "routing saves: the dynamic build moves only the routed regions' outputs into "
         "combine, the `--dynamism none` build every region's (every expert computes every "
         "token), so the 'overhead' is negative where that gather dominates (stacked expert "
-        "regions: qwen3.5-35b-a3b).",
+        "regions: qwen3.5-35b-a3b, gpt-oss-120b). A static build gets its own single-stage "
+        "mapping, which may arrange the experts otherwise than the pipelined one "
+        "(qwen3-30b-a3b: merged regions on 4 stages static, stacked on 12 pipelined).",
         "- System throughput need not grow with the micro-batch: a larger micro-batch needs "
         "more KV per stage, so the mapper fits fewer stages (see the stages column), the "
         "paper's 'spatial batching tradeoff'.",
