@@ -250,6 +250,32 @@ def test_mapper_probes_both_grid_arrangements_and_takes_the_faster():
     assert step_time.fastest(mp, [grids[stacked], grids[merged]]) is grids[stacked]
 
 
+def test_fastest_probes_both_arrangements_of_every_point_it_probes(monkeypatch):
+    """16 (height, scale) points, each with a merged and a stacked twin; the fastest of all
+    is the stacked twin of the sixth point. Probing twins together finds it with the first,
+    evenly spread probes; probing candidates one by one (the twins as neighbours in the
+    order) spends the spread on other candidates and never reaches it."""
+    mp = _mapper(driver.load_spec(TINY))
+    cands, cycles = [], {}
+    for h in range(1, 17):
+        for t in (100.0 + h, 200.0 + h):  # merged, stacked
+            lay = M.Layout([], 1, h, 1)
+            cycles[id(lay)] = 50.0 if (h, t) == (6, 206.0) else t
+            cands.append(lay)
+    probed = []
+
+    def step_cycles(mapper, lay):
+        probed.append(lay)
+        return cycles[id(lay)]
+
+    monkeypatch.setattr(step_time, "step_cycles", step_cycles)
+    pick = step_time.fastest(mp, cands)
+    assert pick is cands[11] and pick.step_cycles == 50.0
+    # every probed point had both twins probed
+    assert {lay.height for lay in probed} == {lay.height for lay in probed[::2]}
+    assert len(probed) % 2 == 0
+
+
 def test_block_height_pins_the_rows():
     spec = driver.load_spec(REPO / "examples" / "tiny_moe.mrt")
     for rows in (5, 6):
