@@ -349,11 +349,11 @@ class Planner:
         return _min_width(lambda w: sz.expert(group, w, h),
                           max(s.hidden, 2 * s.expert_ffn), sz.usable)
 
-    def groups(self) -> list[int]:
+    def groups(self, merge: bool = True) -> list[int]:
         """Experts per routed region the grid may take, fewest first: the planner's group,
-        then (`merges`) its multiples that divide the experts."""
+        then (`merge` and `merges`) its multiples that divide the experts."""
         s, g = self.sizer.shape, self.group
-        if not self.merges:
+        if not (merge and self.merges):
             return [g]
         return [g * m for m in range(1, s.experts // g + 1) if s.experts % (g * m) == 0]
 
@@ -372,7 +372,7 @@ class Planner:
         reduce long vectors over many rows), so the mapper probes both (`candidates`)."""
         room = room if room is not None else self.max_width
         s = self.sizer.shape
-        for group in self.groups() if merge else [self.group]:
+        for group in self.groups(merge):
             least = w = self.expert_width(height, group)
             if w is None:
                 continue
@@ -621,7 +621,13 @@ class _Mapper:
 
     def planner(self, stages: int) -> Planner:
         return Planner(self.sizer(self.kv_slots(stages)), self.group, self.target.width,
-                       merges=not self.spec.mapping.experts_per_region)
+                       merges=self.merges)
+
+    @property
+    def merges(self) -> bool:
+        """Whether MoE grids may take more experts per region than the group (not where the
+        spec pins `experts_per_region`)."""
+        return self.shape.is_moe and not self.spec.mapping.experts_per_region
 
     # -- what every layout must fit ------------------------------------------
     def max_stages(self) -> int:
@@ -686,8 +692,7 @@ class _Mapper:
     def grid_arrangements(self) -> tuple[bool, ...]:
         """The `merge` settings of `shapes` worth trying: both (more experts per region, or
         stacked regions) for an MoE model whose group is not pinned, else one."""
-        s = self.shape
-        return (True, False) if s.is_moe and not self.spec.mapping.experts_per_region else (True,)
+        return (True, False) if self.merges else (True,)
 
     def candidates(self, stages: int, wafers: int) -> list[Layout]:
         """Every packing onto exactly `wafers` wafers: each block height, at each width scale
@@ -698,13 +703,11 @@ class _Mapper:
         seen: set[tuple] = set()
         heights = _heights(self.target, self.shape, self.spec.mapping.block_height)
         for h, merge in ((h, m) for h in heights for m in self.grid_arrangements()):
-            prev = None
             for scale in SCALES if fixed is None else (fixed,):
                 shapes = self.shapes(stages, h, scale, merge)
-                if shapes is not None and (shapes == prev or (h, tuple(shapes)) in seen):
-                    continue  # no unit got wider (rounding), or the other arrangement's shapes
-                prev = shapes
                 if shapes is not None:
+                    if (h, tuple(shapes)) in seen:
+                        continue  # no unit got wider (rounding), or the other arrangement's
                     seen.add((h, tuple(shapes)))
                 lay = None if shapes is None else _pack_onto(self.units, shapes, h, self.target,
                                                              wafers)

@@ -236,7 +236,7 @@ def test_mapper_probes_both_grid_arrangements_and_takes_the_faster():
     regions (7 x 2). Both are probed at the same (height, scale) point; the merged
     regions are narrow, so their columns reduce long vectors down 16 rows and the probe
     prices them slower here: the stacked grid wins. The merged grid is sized for the
-    static build's micro_batch x group token pairs, so its probe (a static build) runs."""
+    static build's micro_batch x group token pairs, so its static counterpart fits too."""
     mp = _mapper(driver.load_spec(REPO / "examples" / "tiny_moe.mrt"), "test16", mb=2)
     cands = [lay for lay in mp.candidates(2, 2) if lay.height == 16 and lay.scale == 1.0]
     grids = {next(p.shape.grid for p in lay.placed if p.shape.grid): lay for lay in cands}
