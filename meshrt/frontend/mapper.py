@@ -81,6 +81,7 @@ from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.corridor import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
+from meshrt.kernels.expert_reduce.op import expert_pairs
 from meshrt.kernels.gemv.op import GemvOp
 from meshrt.kernels.topk_gate.op import TopKGateOp
 from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div, held_share
@@ -211,13 +212,13 @@ class Sizer:
         """Bytes per core of a w x h region of `group` experts, their weights held at
         `weight_bytes` (default: as stored)."""
         s = self.shape
-        # Buffers for the static build's micro_batch x group (token, expert) pairs: every
-        # expert of the region computes every token (with routing a region sees at most
-        # micro_batch x min(group, top_k)), so a build and its `--dynamism none`
-        # counterpart get one mapping.
-        tokens = self.micro_batch * group
+        # Output partials for the static build's (token, expert) pairs, every expert of the
+        # region on every token (routing leaves at most micro_batch x min(group, top_k)), so
+        # a build and its `--dynamism none` counterpart get one mapping.
+        mb = self.micro_batch
+        pairs = expert_pairs(mb, group, s.top_k, routed=False)
         wb = s.expert_dtype_bytes if weight_bytes is None else weight_bytes
-        return ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, wb, tokens, w, h).total
+        return ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, wb, mb, pairs, w, h).total
 
     def decoded_experts_fit(self, group: int, w: int, h: int) -> bool:
         """Whether quantized experts' tiles fit w x h regions decoded, as the model's
@@ -228,7 +229,7 @@ class Sizer:
     def expert_cores(self, group: int) -> int:
         """Cores one expert group needs by SRAM alone (square-ish tiling ignored)."""
         s = self.shape
-        weights = ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, s.expert_dtype_bytes, 0, 1, 1).state
+        weights = ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, s.expert_dtype_bytes, 0, 0, 1, 1).state
         return max(1, ceil_div(weights, self.usable))
 
 

@@ -81,6 +81,24 @@ def test_static_baseline_matches_and_pads():
     assert {r.id: r.tokens for r in static.records} == {r.id: r.tokens for r in dyn.records}
 
 
+@pytest.mark.parametrize("static, passes", [(False, 2), (True, 4)])
+def test_merged_expert_regions_run_in_passes(static, passes, tmp_path):
+    """tiny_moe with four experts a region (top-2, micro-batch 2): a region computes its
+    (token, expert) pairs two at a time, in two passes with routing (at most 2 x 2 pairs
+    reach it) and four without (every token on every expert), and every token is NumPy's."""
+    from meshrt.dialects import event as ev
+
+    src = tmp_path / "moe4.mrt"
+    src.write_text(open("examples/tiny_moe.mrt").read() + "\nmapping { experts_per_region = 4 }\n")
+    prog = segment_program(str(src), "test32", dynamism=() if static else None)
+    edge = next(sub for sub in prog.walk() if isinstance(sub, ev.SubScheduleOp)
+                and sub.kernel_name == "l0_moe.experts" and sub.role_name == "edge")
+    fmacs = [e for e in edge.events() if isinstance(e, ev.ComputeOp) and e.op.data == "fmac"]
+    assert len(fmacs) == 2 * passes  # a pass: gate|up, then down
+    res = serve(prog, load_target("test32"), requests(SMALL[:3]), seed=1)
+    assert res.summary()["reports"] == [] and res.mismatches == [] and res.outputs_match_reference
+
+
 def test_requests_beyond_capacity_are_rejected_and_counted():
     t = load_target("test32")
     prog = program("tiny_dense")

@@ -6,6 +6,7 @@ import numpy as np
 
 from meshrt import quant
 from meshrt.dialects.mesh import FlowRole
+from meshrt.kernels.expert_reduce.op import expert_passes
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, part
 from meshrt.runtime import reference as ref
 
@@ -42,6 +43,8 @@ class ExpertFFN(RoutesTokens):
         self.f = info.param("expert_ffn")
         self.dynamic = plane.moe_routing
         self._members: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        held = max(self.placement.count(r) for r in set(self.placement))
+        self.passes = expert_passes(self.b, held, self.plane.shape.top_k, self.dynamic)
 
     def _experts(self, cd, tile):
         placement = self.plane.placement(self.layer, cd.step, self.placement)
@@ -70,6 +73,16 @@ class ExpertFFN(RoutesTokens):
             object.__setattr__(route, "by_expert", by_expert)
         return by_expert.get(e, [])
 
+    def _pass(self, cd, t: int) -> dict[int, list[int]]:
+        """The pairs of the pass this core is in: {expert: its slots}, the `b` pairs after
+        the earlier passes' in (expert, slot) order (none past the step's last pair)."""
+        p = cd.acc.get((self.name, "pass"), 0)
+        pairs = [(e, s) for e in self._experts(cd, t) for s in self._tokens(cd, e)]
+        out: dict[int, list[int]] = {}
+        for e, s in pairs[p * self.b:(p + 1) * self.b]:
+            out.setdefault(e, []).append(s)
+        return out
+
     def _tile(self, cd, e: int, which: str, r0: int, r1: int, f0: int, f1: int) -> np.ndarray:
         """Expert e's gate|up (rows r0:r1 of the input, FFN slice f0:f1) or down tile:
         the floats, or the tile the preceding dequant decoded."""
@@ -90,9 +103,7 @@ class ExpertFFN(RoutesTokens):
         if self.packed is None or op != f"dequant_{self.fmt}":
             raise DataLayoutError(f"{self.where(cd)}: {op} on experts stored as "
                                   f"{self.fmt or 'floats'}")
-        for e in self._experts(cd, t):
-            if not self._tokens(cd, e):
-                continue
+        for e in self._pass(cd, t):
             g, u, d = self.packed[e]
             if which == "gate_up":
                 tile = cd.packed_tile((self.name, e, which), lambda g=g, u=u: quant.Packed.concat(
@@ -115,11 +126,8 @@ class ExpertFFN(RoutesTokens):
             r0, r1 = part(hidden, h, j)
             x = self.input(cd).need(r0, r1, where).astype(F64)
             parts = {}
-            for e in self._experts(cd, t):
-                rows = self._tokens(cd, e)
-                if not rows:  # no token routed here this step: nothing to compute or send
-                    parts[e] = (rows, np.zeros((0, 2 * (f1 - f0))))
-                    continue
+            # only the pass's pairs: a region's experts without tokens compute and send nothing
+            for e, rows in self._pass(cd, t).items():
                 y = x[rows] @ self._tile(cd, e, "gate_up", r0, r1, f0, f1)
                 bias = self.biases[e]
                 if bias is not None and r0 == 0:  # the first input rows add the biases
@@ -142,14 +150,19 @@ class ExpertFFN(RoutesTokens):
         elif op == "fmac":  # phase 2: a[f_i] . W_down[f_i, rows j], this core's partial
             a = cd.acc.pop(self.name + ".a")
             r0, r1 = part(hidden, h, j)
-            out = {}
+            key = (self.name, "pass")
+            p = cd.acc.get(key, 0)
+            # the step's partials, pass by pass (an expert's slots may span two passes)
+            out = cd.values[self.name] = {} if p == 0 else cd.values[self.name]
             for e, (rows, act) in a.items():
                 bias = self.biases[e] if f0 == 0 else None  # the first FFN slice adds it
-                out[e] = (rows, r0, (act.astype(F64) @ self._tile(cd, e, "down", r0, r1, f0, f1)
-                                     if rows else np.zeros((0, r1 - r0)))
-                          + (0.0 if bias is None else bias[2][r0:r1]))
-            cd.values[self.name] = out
-            cd.acc.pop((self.name, "w"), None)  # this step's decoded tiles
+                y = act.astype(F64) @ self._tile(cd, e, "down", r0, r1, f0, f1) + (
+                    0.0 if bias is None else bias[2][r0:r1])
+                if e in out:
+                    rows, y = out[e][0] + rows, np.concatenate([out[e][2], y])
+                out[e] = (rows, r0, y)
+            cd.acc[key] = (p + 1) % self.passes
+            cd.acc.pop((self.name, "w"), None)  # this pass's decoded tiles
 
     def send(self, cd, role):
         if role is FlowRole.UP:

@@ -16,9 +16,15 @@ from meshrt.quant import packed_format
 from meshrt.kernels.compute import ADD, DEQUANT, FMAC, SILU_MUL
 from meshrt.kernels.dispatch.op import DispatchOp
 from meshrt.kernels.expert_ffn.numerics import ExpertFFN
-from meshrt.kernels.expert_reduce.op import ExpertReduceOp, expert_output_bytes, expert_tokens
+from meshrt.kernels.expert_reduce.op import (
+    ExpertReduceOp,
+    expert_output_bytes,
+    expert_passes,
+    expert_tokens,
+)
 from meshrt.kernels.interface import (
     ACT_BYTES,
+    INPUTS,
     OUTPUTS,
     ROUTED_FORMAT,
     Footprint,
@@ -115,44 +121,51 @@ class ExpertFFNOp(KernelOp):
             raise self.fail("region must be the union of the expert regions")
 
     @staticmethod
-    def footprint(group: int, hidden: int, expert_ffn: int, weight_bytes: float, tokens: int,
-                  w: int, h: int) -> Footprint:
+    def footprint(group: int, hidden: int, expert_ffn: int, weight_bytes: float, micro_batch: int,
+                  pairs: int, w: int, h: int) -> Footprint:
         """Core (i, j) holds rows j of W_gate and W_up for column i's slice of the
         expert width, and W_down[slice i, rows j], for each of the `group`
-        experts of its region; buffers for `tokens` tokens."""
+        experts of its region; buffers for the `micro_batch` tokens' input rows,
+        the output partials of the step's `pairs` (token, expert) pairs, and one
+        pass's gate|up partials and activations (`micro_batch` pairs a pass,
+        `expert_passes`)."""
         fi, hj = ceil_div(expert_ffn, w), ceil_div(hidden, h)
-        return Footprint(group * 3 * hj * fi * weight_bytes, tokens * (2 * hj + 3 * fi) * ACT_BYTES)
+        buffers = micro_batch * hj + pairs * hj + micro_batch * 3 * fi
+        return Footprint(group * 3 * hj * fi * weight_bytes, buffers * ACT_BYTES)
 
     def roles(self, kctx: KernelContext):
-        """A SwiGLU expert on every w x h expert region.
+        """A SwiGLU expert on every w x h expert region, in passes.
 
-        Phase 1 sums x . W_gate|up down each column; the root applies
-        silu(gate) * up and relays a[f_i] back up. Phase 2 is local:
-        a[f_i] . W_down[f_i, rows j] is this core's partial of output rows j,
-        which `expert_reduce` (the next kernel, on the same cores) sums along
-        the rows.
+        A region computes its step's (token, expert) pairs `micro_batch` at a
+        time (`expert_passes`: the pairs routed to it, or in the static build
+        every token on every expert it holds). A pass: phase 1 sums
+        x . W_gate|up down each column; the root applies silu(gate) * up and
+        relays a[f_i] back up. Phase 2 is local: a[f_i] . W_down[f_i, rows j]
+        is this core's partial of output rows j for the pass's pairs. After
+        the last pass `expert_reduce` (the next kernel, on the same cores)
+        sums the partials of all pairs along the rows.
         """
         _, _, w, h = self.tiles()[0]
         hidden, f = self.input.type.width.data, int_value(self.expert_ffn)
         n = self.experts_per_region()
         b = kctx.micro_batch
         fi, hj = ceil_div(f, w), ceil_div(hidden, h)
-        # With routing a region sees only the tokens routed to it; without it
-        # (the static build) every expert computes every token.
-        tokens = expert_tokens(kctx, n)
+        passes = expert_passes(b, n, kctx.top_k, "moe_routing" in kctx.dynamism)
         fmt = self.packed
-        state = self.footprint(n, hidden, f, self.held_weight_bytes(kctx), tokens, w, h).state
-        # held packed: each expert a token visits has its tiles decoded where they are used
-        visited = min(n, tokens)
+        state = self.footprint(n, hidden, f, self.held_weight_bytes(kctx), b, expert_tokens(kctx, n),
+                               w, h).state
+        # held packed: each expert a pass's tokens visit has its tiles decoded where they are used
+        visited = min(n, b)
         decode_up = [("compute", DEQUANT[fmt].name, visited * hj * 2 * fi)] if fmt else []
         decode_down = [("compute", DEQUANT[fmt].name, visited * fi * hj)] if fmt else []
-        up = [*decode_up, ("compute", "fmac", tokens * hj * 2 * fi)]
-        roles, flows = chain(self, up, "add", tokens * 2 * fi * ACT_BYTES,
-                             [("compute", "silu_mul", tokens * fi)], int(state), outputs_from_root=False,
+        up = [*decode_up, ("compute", "fmac", b * hj * 2 * fi)]
+        roles, flows = chain(self, up, "add", b * 2 * fi * ACT_BYTES,
+                             [("compute", "silu_mul", b * fi)], int(state), outputs_from_root=False,
                              kctx=kctx)
         for r in roles:
-            r.events = [e for e in r.events if e != OUTPUTS] + [
-                *decode_down, ("compute", "fmac", tokens * fi * hj), OUTPUTS]
+            assert r.events[0] == INPUTS and r.events[-1] == OUTPUTS, r.events
+            one = [*r.events[1:-1], *decode_down, ("compute", "fmac", b * fi * hj)]
+            r.events = [INPUTS, *one * passes, OUTPUTS]
             r.ctrl = kctx.route_bytes  # which tokens are ours
         return roles, flows
 
