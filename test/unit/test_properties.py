@@ -46,6 +46,7 @@ class Model:
     expert_ffn: int = 0
     dynamism: tuple[str, ...] = ("continuous_batching",)
     micro_batch: int = 1
+    experts_per_region: int = 0  # pinned (a divisor of experts); 0: the mapper's choice
 
     def spec(self) -> str:
         fields = ["layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "max_seq", "eos_token"]
@@ -53,7 +54,9 @@ class Model:
         body = "".join(f"  {k} = {getattr(self, k)}\n" for k in fields)
         return (f"model prop {{\n{body}  dtype_bytes = 4\n}}\n"
                 f"runtime {{\n  dynamism = [{', '.join(self.dynamism)}]\n"
-                f"  micro_batch = {self.micro_batch}\n}}\n")
+                f"  micro_batch = {self.micro_batch}\n}}\n"
+                + (f"mapping {{ experts_per_region = {self.experts_per_region} }}\n"
+                   if self.experts_per_region else ""))
 
 
 @st.composite
@@ -70,7 +73,10 @@ def models(draw) -> Model:
     if moe:
         experts = draw(st.integers(2, 8))
         kw = dict(experts=experts, top_k=draw(st.integers(1, min(experts, 3))),
-                  expert_ffn=draw(st.integers(1, 128)))
+                  expert_ffn=draw(st.integers(1, 128)),
+                  # several experts a region run their pairs in passes (expert_passes)
+                  experts_per_region=draw(st.sampled_from(
+                      [0] + [g for g in range(1, experts + 1) if experts % g == 0])))
         if draw(st.booleans()):
             dyn.append("moe_routing")
     else:
@@ -118,8 +124,14 @@ EMPTY_CORRIDOR_ROWS = Model(3, 4, 1, 8, 32, 69, 28, 50, experts=8, top_k=1, expe
                             dynamism=("continuous_batching", "micro_batch_pipeline"),
                             micro_batch=1)
 
+# four experts a region, top-2, micro-batch 2: the regions run their pairs in two passes
+MERGED_REGIONS_IN_PASSES = Model(2, 4, 2, 16, 64, 256, 16, 1, experts=8, top_k=2, expert_ffn=64,
+                                 dynamism=("continuous_batching", "moe_routing"), micro_batch=2,
+                                 experts_per_region=4)
+
 
 @given(model=models(), seed=st.integers(0, 2**16))
+@example(model=MERGED_REGIONS_IN_PASSES, seed=3)
 @example(model=EMPTY_CORRIDOR_ROWS, seed=6747)
 @example(model=TINY_DENSE, seed=0)
 @example(model=ONE_ROW_ALLREDUCE, seed=0)
