@@ -61,6 +61,19 @@ def test_cost_model_agrees_with_interpreter(programs, model, target):
         f"cycles per step ({100 * err:+.1f} %)")
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_cost_model_agrees_with_interpreter_on_expert_passes(tmp_path, static):
+    """tiny_moe with four experts a region: its regions run two passes a step routed and
+    four static (`expert_passes`), timed alike by the cost model and the interpreter."""
+    src = tmp_path / "moe4.mrt"
+    src.write_text((EXAMPLES / "tiny_moe.mrt").read_text() + "\nmapping { experts_per_region = 4 }\n")
+    tg = load_target("test32")
+    program = segment_program(str(src), tg, dynamism=() if static else None)
+    predicted = CostModel(program, tg).estimate(1).cycles_per_step
+    measured = measured_cycles_per_step(program, tg, seeds=(0, 1, 2), steps=4, warmup=1)
+    assert abs(predicted / measured - 1) <= TOLERANCE, (predicted, measured)
+
+
 @pytest.mark.parametrize("model,target", [("tiny_dense", "test32"), ("tiny_moe", "test16")])
 def test_stages_and_critical_path_add_up_to_the_step(programs, model, target):
     program = programs(model, target)
