@@ -381,10 +381,9 @@ def notes() -> list[str]:
         "(7.6-9.5 %) per token on CS-3. On MoE models the comparison also includes what "
         "routing saves: the dynamic build moves only the routed regions' outputs into "
         "combine, the `--dynamism none` build every region's (every expert computes every "
-        "token), so the 'overhead' is negative where that gather dominates (stacked expert "
-        "regions: qwen3.5-35b-a3b, gpt-oss-120b). A static build gets its own single-stage "
-        "mapping, which may arrange the experts otherwise than the pipelined one "
-        "(qwen3-30b-a3b: merged regions on 4 stages static, stacked on 12 pipelined).",
+        "token), so the 'overhead' is negative on the MoE configs (the critical-path change "
+        "below each table says where: compute, send/receive or network). A static build gets its "
+        "own single-stage mapping (qwen3-30b-a3b: 4 stages static, 15 pipelined).",
         "- System throughput need not grow with the micro-batch: a larger micro-batch needs "
         "more KV per stage, so the mapper fits fewer stages (see the stages column), the "
         "paper's 'spatial batching tradeoff'.",

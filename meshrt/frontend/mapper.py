@@ -81,7 +81,7 @@ from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.corridor import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
-from meshrt.kernels.expert_reduce.op import expert_pairs
+from meshrt.kernels.expert_reduce.op import expert_passes
 from meshrt.kernels.gemv.op import GemvOp
 from meshrt.kernels.topk_gate.op import TopKGateOp
 from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div, held_share
@@ -216,7 +216,7 @@ class Sizer:
         # region on every token (routing leaves at most micro_batch x min(group, top_k)), so
         # a build and its `--dynamism none` counterpart get one mapping.
         mb = self.micro_batch
-        pairs = expert_pairs(mb, group, s.top_k, routed=False)
+        pairs = mb * expert_passes(group, s.top_k, routed=False)
         wb = s.expert_dtype_bytes if weight_bytes is None else weight_bytes
         return ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, wb, mb, pairs, w, h).total
 

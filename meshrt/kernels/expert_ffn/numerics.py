@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from meshrt import quant
@@ -43,8 +45,8 @@ class ExpertFFN(RoutesTokens):
         self.f = info.param("expert_ffn")
         self.dynamic = plane.moe_routing
         self._members: dict[tuple[tuple[int, ...], int], list[int]] = {}
-        held = max(self.placement.count(r) for r in set(self.placement))
-        self.passes = expert_passes(self.b, held, self.plane.shape.top_k, self.dynamic)
+        held = max(Counter(self.placement).values())
+        self.passes = expert_passes(held, self.plane.shape.top_k, self.dynamic)
 
     def _experts(self, cd, tile):
         placement = self.plane.placement(self.layer, cd.step, self.placement)
@@ -152,8 +154,9 @@ class ExpertFFN(RoutesTokens):
             r0, r1 = part(hidden, h, j)
             key = (self.name, "pass")
             p = cd.acc.get(key, 0)
-            # the step's partials, pass by pass (an expert's slots may span two passes)
-            out = cd.values[self.name] = {} if p == 0 else cd.values[self.name]
+            if p == 0:  # the step's partials, pass by pass (an expert's slots may span two)
+                cd.values[self.name] = {}
+            out = cd.values[self.name]
             for e, (rows, act) in a.items():
                 bias = self.biases[e] if f0 == 0 else None  # the first FFN slice adds it
                 y = act.astype(F64) @ self._tile(cd, e, "down", r0, r1, f0, f1) + (

@@ -19,7 +19,6 @@ from meshrt.kernels.expert_ffn.numerics import ExpertFFN
 from meshrt.kernels.expert_reduce.op import (
     ExpertReduceOp,
     expert_output_bytes,
-    expert_passes,
     expert_tokens,
 )
 from meshrt.kernels.interface import (
@@ -150,10 +149,9 @@ class ExpertFFNOp(KernelOp):
         n = self.experts_per_region()
         b = kctx.micro_batch
         fi, hj = ceil_div(f, w), ceil_div(hidden, h)
-        passes = expert_passes(b, n, kctx.top_k, "moe_routing" in kctx.dynamism)
+        pairs = expert_tokens(kctx, n)
         fmt = self.packed
-        state = self.footprint(n, hidden, f, self.held_weight_bytes(kctx), b, expert_tokens(kctx, n),
-                               w, h).state
+        state = self.footprint(n, hidden, f, self.held_weight_bytes(kctx), b, pairs, w, h).state
         # held packed: each expert a pass's tokens visit has its tiles decoded where they are used
         visited = min(n, b)
         decode_up = [("compute", DEQUANT[fmt].name, visited * hj * 2 * fi)] if fmt else []
@@ -165,7 +163,7 @@ class ExpertFFNOp(KernelOp):
         for r in roles:
             assert r.events[0] == INPUTS and r.events[-1] == OUTPUTS, r.events
             one = [*r.events[1:-1], *decode_down, ("compute", "fmac", b * fi * hj)]
-            r.events = [INPUTS, *one * passes, OUTPUTS]
+            r.events = [INPUTS, *one * (pairs // b), OUTPUTS]
             r.ctrl = kctx.route_bytes  # which tokens are ours
         return roles, flows
 

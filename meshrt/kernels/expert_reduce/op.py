@@ -23,25 +23,18 @@ from meshrt.kernels.interface import (
 )
 
 
-def expert_pairs(micro_batch: int, experts_per_region: int, top_k: int, routed: bool) -> int:
-    """(token, expert) pairs one expert region computes per step, at most: with routing
-    only the tokens routed to it (a token visits an expert once), without it every token
-    on every expert of the region (the static build)."""
-    return micro_batch * (min(experts_per_region, top_k) if routed else experts_per_region)
-
-
-def expert_passes(micro_batch: int, experts_per_region: int, top_k: int, routed: bool) -> int:
-    """Passes a region runs its step's pairs in: `micro_batch` pairs a pass, so a region's
-    gate|up partials and activations are buffered for one token set whatever its number
-    of experts (a merged region's routed build: min(experts, top_k) passes; its static
-    build: one per expert)."""
-    return ceil_div(expert_pairs(micro_batch, experts_per_region, top_k, routed), micro_batch)
+def expert_passes(experts_per_region: int, top_k: int, routed: bool) -> int:
+    """Passes of `micro_batch` (token, expert) pairs one expert region runs per step, at
+    most: with routing a token visits at most min(experts, top_k) of the region's experts,
+    without it (the static build) every token visits every one. A pass's gate|up partials
+    and activations are buffered once, whatever the region's number of experts."""
+    return min(experts_per_region, top_k) if routed else experts_per_region
 
 
 def expert_tokens(kctx: KernelContext, experts_per_region: int) -> int:
-    """`expert_pairs` of a build."""
-    return expert_pairs(kctx.micro_batch, experts_per_region, kctx.top_k,
-                        "moe_routing" in kctx.dynamism)
+    """(token, expert) pairs one expert region computes per step in a build, at most."""
+    return kctx.micro_batch * expert_passes(experts_per_region, kctx.top_k,
+                                            "moe_routing" in kctx.dynamism)
 
 
 def expert_output_bytes(kctx: KernelContext, experts_per_region: int, hidden: int, h: int) -> int:
