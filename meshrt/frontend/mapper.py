@@ -296,15 +296,35 @@ class Unit:
 
 @dataclass(frozen=True)
 class ExpertGrid:
-    regions: int  # routed-expert regions + shared-expert regions
+    """An MoE layer's expert regions, `rows` high, filled column by column from the
+    corridor's side: the routed experts' regions (w x h, `group` experts each), then the
+    shared experts' (`shared_w` x h, one each: their own kernel, sized for one expert)."""
+
+    regions: int  # routed-expert regions
     rows: int
     w: int
     h: int
     group: int = 1  # routed experts per region
+    shared: int = 0  # shared-expert regions
+    shared_w: int = 0
+
+    def columns(self) -> list[list[int]]:
+        """The widths of the regions in each column, routed then shared."""
+        widths = [self.w] * self.regions + [self.shared_w] * self.shared
+        return [widths[i:i + self.rows] for i in range(0, len(widths), self.rows)]
 
     @property
     def width(self) -> int:
-        return ceil_div(self.regions, self.rows) * self.w
+        return sum(max(col) for col in self.columns())
+
+    def rects(self) -> list[tuple[int, int, int, int]]:
+        """(dx, dy, w, h) of each region, routed then shared: dx counted from the corridor's
+        side of the grid (a region narrower than its column keeps to that side)."""
+        out, dx = [], 0
+        for col in self.columns():
+            out += [(dx, row * self.h, w, self.h) for row, w in enumerate(col)]
+            dx += max(col)
+        return out
 
 
 @dataclass(frozen=True)
@@ -332,9 +352,19 @@ class Planner:
         self.unit_shape = functools.lru_cache(maxsize=None)(self._unit_shape)
 
     def regions(self, group: int) -> int:
-        """Expert regions of an MoE layer whose routed regions hold `group` experts each."""
+        """Routed-expert regions of an MoE layer whose regions hold `group` experts each."""
         s = self.sizer.shape
-        return (s.experts // group + s.shared_experts) if s.is_moe else 0
+        return s.experts // group if s.is_moe else 0
+
+    def shared_width(self, h: int) -> int | None:
+        """Least width of a shared expert's region `h` rows high: one expert, every token
+        a step, its weights as floats where the model's experts are quantized (the routed
+        regions may hold theirs decoded, `Sizer.decoded_experts_fit`; the shared kernel
+        holds its the same way)."""
+        sz, s = self.sizer, self.sizer.shape
+        wb = s.dtype_bytes if s.expert_quant else None
+        return _min_width(lambda w: sz.expert(1, w, h, wb), max(s.hidden, 2 * s.expert_ffn),
+                          sz.usable)
 
     def _band_width(self, kind: str, h: int, msg: int = 0) -> int | None:
         """Least width of a `kind` band `h` rows high whose bytes per core, plus a buffer of
@@ -373,26 +403,32 @@ class Planner:
         reduce long vectors over many rows), so the mapper probes both (`candidates`)."""
         room = room if room is not None else self.max_width
         s = self.sizer.shape
+        shared = s.shared_experts
+
+        def shared_w(h: int) -> int | None:
+            return self.shared_width(h) if shared else 0
+
         for group in self.groups(merge):
             least = w = self.expert_width(height, group)
-            if w is None:
+            sw = shared_w(height)
+            if w is None or sw is None:
                 continue
             regions = self.regions(group)
             if scale > 1.0:  # wider, as far as the row of regions still fits
                 w = _widened(w, scale, max(s.hidden, 2 * s.expert_ffn))
                 if room is not None:
-                    w = max(least, min(w, (room - beside) // regions))
-            full = ExpertGrid(regions, 1, w, height, group)
+                    w = max(least, min(w, (room - beside - shared * sw) // regions))
+            full = ExpertGrid(regions, 1, w, height, group, shared, sw)
             if room is None or beside + full.width <= room:
                 return full
         best: ExpertGrid | None = None
         regions = self.regions(self.group)
-        for rows in range(1, min(regions, height) + 1):
+        for rows in range(1, min(regions + shared, height) + 1):
             h = height // rows
-            w = self.expert_width(h, self.group)
-            if w is None:
+            w, sw = self.expert_width(h, self.group), shared_w(h)
+            if w is None or sw is None:
                 continue
-            cand = ExpertGrid(regions, rows, w, h, self.group)
+            cand = ExpertGrid(regions, rows, w, h, self.group, shared, sw)
             if best is None or (cand.width, abs(w - h)) < (best.width, abs(best.w - best.h)):
                 best = cand
         return best
@@ -900,8 +936,10 @@ class _Mapper:
                     f"with {planner.sizer.usable} bytes per core for data", r.loc)
             p = Placed(unit, shape, r.wafer, r.x, r.y, r.h, False)
             placed.append(_spread(p, r.w))
-            for e in m.experts.get(unit.layer, ()):
-                group = self.shape.experts // (len(m.experts[unit.layer]) - self.shape.shared_experts)
+            explicit = m.experts.get(unit.layer, ())
+            routed = len(explicit) - self.shape.shared_experts
+            for i, e in enumerate(explicit):
+                group = self.shape.experts // routed if i < routed else 1  # shared: one expert
                 if planner.sizer.expert(group, e.w, e.h) > planner.sizer.usable:
                     raise FrontendError(
                         f"expert region {e} is too small for {group} expert(s): needs "
@@ -1080,12 +1118,8 @@ class _Emitter:
         grid = p.shape.grid
         assert grid is not None and area is not None
         x0, y0, x1, _ = area.extent
-        out = []
-        for i in range(grid.regions):
-            col, row = divmod(i, grid.rows)
-            x = x1 - (col + 1) * grid.w if p.reverse else x0 + col * grid.w
-            out.append(CoreSetAttr.of(x, y0 + row * grid.h, grid.w, grid.h))
-        return out
+        return [CoreSetAttr.of(x1 - dx - w if p.reverse else x0 + dx, y0 + dy, w, h)
+                for dx, dy, w, h in grid.rects()]
 
     def emit(self) -> ModuleOp:
         s, lay = self.s, self.lay

@@ -359,7 +359,7 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
           finish: list[Event], state: int, outputs_from_root: bool = True, axis: str = "col",
           tiles: list[tuple[int, int, int, int]] | None = None, relay_back: bool = True,
           kctx: KernelContext | None = None, root: int | None = None,
-          gather: Gather | None = None) -> tuple[list[Role], list[FlowSpec]]:
+          gather: Gather | None = None, part: str = "") -> tuple[list[Role], list[FlowSpec]]:
     """Roles and flows of a streaming reduction down each column (or along each row) of the tiles.
 
     Every core runs `local`; partials stream toward the root at the centre of
@@ -378,12 +378,15 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     brings the target's stream costs and a forced group size, if any; `root`
     puts the root at that end of the line (0 or n - 1: one chain toward the
     cores the result goes to next) instead of where the plan would. `gather`
-    runs an all-gather on the same tree first (see `Gather`).
+    runs an all-gather on the same tree first (see `Gather`). `part` names one of
+    several chains of a kernel (its tiles of another shape): its roles are
+    `{part}_edge`, ..., its flows `{kernel}.{part}.up`, ...
     """
     from meshrt.kernels.reduce_tree import ReduceTree
 
     tiles = tiles if tiles is not None else kernel.tiles()
-    k = kernel.kernel_name
+    k = f"{kernel.kernel_name}.{part}" if part else kernel.kernel_name
+    named = (lambda role: f"{part}_{role}") if part else (lambda role: role)
     along_row = axis == "row"
     n = tiles[0][2] if along_row else tiles[0][3]  # cores along the reduction
     step = (1, 0) if along_row else (0, 1)
@@ -409,7 +412,7 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
 
     first = list(gather.local) if gather is not None else []
     if n == 1:
-        return [Role("root", at([0]), [INPUTS, *first, *local, *finish, OUTPUTS], state,
+        return [Role(named("root"), at([0]), [INPUTS, *first, *local, *finish, OUTPUTS], state,
                      sends_output=True)], []
     n_wavelets = wavelets(msg_bytes)
     stream = kctx.stream if kctx is not None else None
@@ -503,6 +506,7 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     by_events: dict[tuple, tuple[str, list[int], list[Event]]] = {}
 
     def add_role(name: str, pos: int, events: list[Event]) -> None:
+        name = named(name)
         key = (name.split(".")[0], repr(events))
         if key not in by_events:
             same = sum(1 for nm, _, _ in by_events.values() if nm.split(".")[0] == name)
@@ -522,6 +526,6 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
                      [INPUTS, *before.get((side, d), []), *local, *at_pos[side, d], *out])
     roles = [Role(name, at(ps), events, state, sends_output=not outputs_from_root)
              for name, ps, events in by_events.values()]
-    roles.append(Role("root", at([c]), [INPUTS, *root_first, *local, *root_in, *finish, *sends,
-                                        OUTPUTS], state, sends_output=True))
+    roles.append(Role(named("root"), at([c]), [INPUTS, *root_first, *local, *root_in, *finish,
+                                               *sends, OUTPUTS], state, sends_output=True))
     return roles, flows

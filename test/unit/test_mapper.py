@@ -230,6 +230,27 @@ def test_expert_grid_takes_more_experts_per_region_before_it_stacks():
     assert not _mapper(parse_spec(text)).planner(1).merges
 
 
+def test_shared_experts_get_regions_sized_for_one_expert():
+    """A shared expert's region is sized for its one expert, not for a routed region's
+    group: where the routed regions take two experts each (3 columns), the shared one keeps
+    the least width of one expert (2 columns) and the row is 4 x 3 + 2 wide, not 5 x 3.
+    The emitted regions follow (routed, then shared; one kernel), and the interpreter's
+    tokens equal NumPy's on that mapping."""
+    text = (REPO / "examples" / "tiny_moe.mrt").read_text().replace(
+        "expert_ffn  = 128", "expert_ffn  = 128\n  shared_experts = 1")
+    spec = parse_spec(text)
+    planner = _mapper(spec).planner(1)
+    assert planner.regions(2) == 4 and planner.shared_width(10) == planner.expert_width(10, 1) == 2
+    assert planner.grid(10, 0, 14) == M.ExpertGrid(4, 1, 3, 10, 2, 1, 2)
+    assert planner.grid(10, 0, 14).width == 14
+    # stacked (rows > 1): the shared region fills the last column's free slot
+    grid = M.ExpertGrid(8, 3, 2, 3, 1, 1, 2)
+    assert grid.width == 3 * 2 and grid.rects()[-1] == (4, 6, 2, 3)
+    full = M.ExpertGrid(9, 3, 3, 3, 1, 1, 2)  # no free slot: a column of its own width
+    assert full.rects()[8] == (6, 6, 3, 3) and full.rects()[-1] == (9, 0, 2, 3)
+    assert full.width == 11
+
+
 def test_mapper_probes_both_grid_arrangements_and_takes_the_faster():
     """tiny_moe at micro-batch 2 on two test16 wafers with 2 stages: at height 16 a row of
     2-expert regions (3 x 16 each) fits beside the bands, and so do stacked 1-expert

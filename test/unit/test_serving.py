@@ -99,6 +99,34 @@ def test_merged_expert_regions_run_in_passes(static, passes, tmp_path):
     assert res.summary()["reports"] == [] and res.mismatches == [] and res.outputs_match_reference
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_shared_expert_region_of_its_own_shape_runs(static, tmp_path):
+    """tiny_moe with a shared expert and two routed experts a region: the shared expert's
+    region is narrower than the routed ones (sized for one expert) and runs one pass of the
+    micro-batch's tokens where the routed regions run two (min(2 experts, top-2) routed,
+    one per expert static), and every token is NumPy's."""
+    from meshrt.dialects import event as ev
+
+    src = tmp_path / "moe_shared.mrt"
+    src.write_text(open("examples/tiny_moe.mrt").read().replace(
+        "expert_ffn  = 128", "expert_ffn  = 128\n  shared_experts = 1")
+        + "\nmapping { experts_per_region = 2 }\n")
+    prog = segment_program(str(src), "test32", dynamism=() if static else None)
+    info = next(k for k in prog.kernels() if k.kernel_name == "l0_moe.experts")
+    tiles = [cs.rects.data[0].tuple[2:4] for cs in info.params.data["expert_regions"].data]
+    assert tiles[-1][0] < tiles[0][0] and len(set(tiles)) == 2  # (w, h): its own, narrower
+
+    def fmacs(role: str) -> int:
+        sub = next(sub for sub in prog.walk() if isinstance(sub, ev.SubScheduleOp)
+                   and sub.kernel_name == "l0_moe.experts" and sub.role_name == role)
+        return sum(isinstance(e, ev.ComputeOp) and e.op.data == "fmac" for e in sub.events())
+
+    assert fmacs("shared_root") == 2  # one pass: gate|up, then down
+    assert fmacs("root") == 2 * 2
+    res = serve(prog, load_target("test32"), requests(SMALL[:3]), seed=1)
+    assert res.summary()["reports"] == [] and res.mismatches == [] and res.outputs_match_reference
+
+
 def test_requests_beyond_capacity_are_rejected_and_counted():
     t = load_target("test32")
     prog = program("tiny_dense")

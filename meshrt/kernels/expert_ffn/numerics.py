@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from meshrt import quant
 from meshrt.dialects.mesh import FlowRole
-from meshrt.kernels.expert_reduce.op import expert_passes
+from meshrt.kernels.expert_reduce.op import expert_passes, group_experts, region_experts
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, part
 from meshrt.runtime import reference as ref
 
@@ -45,8 +43,11 @@ class ExpertFFN(RoutesTokens):
         self.f = info.param("expert_ffn")
         self.dynamic = plane.moe_routing
         self._members: dict[tuple[tuple[int, ...], int], list[int]] = {}
-        held = max(Counter(self.placement).values())
-        self.passes = expert_passes(held, self.plane.shape.top_k, self.dynamic)
+        # passes per region: those of its shape's roles (the shared experts' regions may
+        # have a shape of their own)
+        held = group_experts(self.tiles, region_experts(len(self.tiles), self.placement,
+                                                       self.shared))
+        self.passes = [expert_passes(n, self.plane.shape.top_k, self.dynamic) for n in held]
 
     def _experts(self, cd, tile):
         placement = self.plane.placement(self.layer, cd.step, self.placement)
@@ -164,7 +165,7 @@ class ExpertFFN(RoutesTokens):
                 if e in out:
                     rows, y = out[e][0] + rows, np.concatenate([out[e][2], y])
                 out[e] = (rows, r0, y)
-            cd.acc[key] = (p + 1) % self.passes
+            cd.acc[key] = (p + 1) % self.passes[t]
             cd.acc.pop((self.name, "w"), None)  # this pass's decoded tiles
 
     def send(self, cd, role):

@@ -20,6 +20,9 @@ from meshrt.kernels.expert_reduce.op import (
     ExpertReduceOp,
     expert_output_bytes,
     expert_tokens,
+    group_experts,
+    region_experts,
+    shape_groups,
 )
 from meshrt.kernels.interface import (
     ACT_BYTES,
@@ -47,15 +50,19 @@ def root_facing(corridor: CoreSetAttr, tiles: list[tuple[int, int, int, int]]) -
 class ExpertFFNOp(KernelOp):
     """SwiGLU FFNs of one MoE layer's experts, all expert regions in one kernel.
 
-    Expert `e` runs on `expert_regions[placement[e]]`; every expert region has
-    the same shape, so the roles (and core classes) of all of them are shared:
-    IR size does not grow with the number of experts.
+    Expert `e` runs on `expert_regions[placement[e]]`; the last
+    `shared_experts` regions hold the shared experts, one each, which every
+    token visits. The routed experts' regions share one shape and the shared
+    experts' one (their own: sized for one expert, not for a routed region's
+    group; all of one height), so the roles (and core classes) of each shape
+    are shared: IR size does not grow with the number of experts.
     """
 
     name = "mesh_kernel.expert_ffn"
     expert_regions = prop_def(ArrayAttr[CoreSetAttr])
     placement = prop_def(DenseArrayBase)
     expert_ffn = prop_def(IntegerAttr[I64])
+    shared_experts = opt_prop_def(IntegerAttr[I64])  # the last regions, one each (absent: 0)
     weights = opt_prop_def(StringAttr)  # the experts stored quantized (`meshrt.quant`)
     decoded = opt_prop_def(UnitAttr)  # ... and held decoded (`graph.packed_format`)
     input = operand_def(ActType)
@@ -79,7 +86,8 @@ class ExpertFFNOp(KernelOp):
         return tuple(self.placement.get_values())
 
     def tiles(self) -> list[tuple[int, int, int, int]]:
-        """(x, y, w, h) of every expert region, all of one shape."""
+        """(x, y, w, h) of every expert region: the routed experts' (one shape), then the
+        shared experts' (one shape, maybe another)."""
         return region_tiles(self, self.expert_regions)
 
     @property
@@ -94,11 +102,14 @@ class ExpertFFNOp(KernelOp):
             return kctx.stored_bytes(self.packed, kctx.expert_weight_bytes)
         return kctx.weight_bytes if self.decoded else kctx.expert_weight_bytes
 
+    @property
+    def shared(self) -> int:
+        """Shared experts: the last regions hold them, one each."""
+        return int_value(self.shared_experts) if self.shared_experts is not None else 0
+
     def experts_per_region(self) -> int:
-        counts = [0] * len(self.expert_regions.data)
-        for r in self.expert_placement:
-            counts[r] += 1
-        return max(counts)
+        return max(region_experts(len(self.expert_regions.data), self.expert_placement,
+                                  self.shared))
 
     def verify_kernel(self) -> None:
         verify_weights(self)
@@ -108,12 +119,23 @@ class ExpertFFNOp(KernelOp):
         regions = self.expert_regions.data
         if len(place) != rt.experts.data:
             raise self.fail(f"placement lists {len(place)} experts, routing selects among {rt.experts.data}")
-        bad = [r for r in place if not 0 <= r < len(regions)]
+        routed = len(regions) - self.shared
+        if not 0 <= self.shared < len(regions):
+            raise self.fail(f"{self.shared} shared experts need as many of the {len(regions)} "
+                            "expert regions (the last ones) and leave none for the routed")
+        bad = [r for r in place if not 0 <= r < routed]
         if bad:
-            raise self.fail(f"placement names expert regions {sorted(set(bad))}, but only {len(regions)} exist")
-        shapes = {t[2:] for t in self.tiles()}
-        if len(shapes) > 1:
-            raise self.fail(f"expert regions must share one shape, got {sorted(shapes)}")
+            raise self.fail(f"placement names expert regions {sorted(set(bad))}, but only "
+                            f"{routed} hold routed experts")
+        tiles = self.tiles()
+        for what, part in (("routed", tiles[:routed]), ("shared", tiles[routed:])):
+            shapes = {t[2:] for t in part}
+            if len(shapes) > 1:
+                raise self.fail(f"the {what} experts' regions must share one shape, got "
+                                f"{sorted(shapes)}")
+        if len({t[3] for t in tiles}) > 1:
+            raise self.fail("expert regions must share one height (their rows hold the same "
+                            "slices of the output)")
         if self.region.count != sum(r.count for r in regions) or not self.region.covers(
             CoreSetAttr([r for cs in regions for r in cs.rects.data])
         ):
@@ -144,27 +166,33 @@ class ExpertFFNOp(KernelOp):
         the last pass `expert_reduce` (the next kernel, on the same cores)
         sums the partials of all pairs along the rows.
         """
-        _, _, w, h = self.tiles()[0]
+        tiles = self.tiles()
+        held = group_experts(tiles, region_experts(len(tiles), self.expert_placement, self.shared))
         hidden, f = self.input.type.width.data, int_value(self.expert_ffn)
-        n = self.experts_per_region()
         b = kctx.micro_batch
-        fi, hj = ceil_div(f, w), ceil_div(hidden, h)
-        pairs = expert_tokens(kctx, n)
         fmt = self.packed
-        state = self.footprint(n, hidden, f, self.held_weight_bytes(kctx), b, pairs, w, h).state
-        # held packed: each expert a pass's tokens visit has its tiles decoded where they are used
-        visited = min(n, b)
-        decode_up = [("compute", DEQUANT[fmt].name, visited * hj * 2 * fi)] if fmt else []
-        decode_down = [("compute", DEQUANT[fmt].name, visited * fi * hj)] if fmt else []
-        up = [*decode_up, ("compute", "fmac", b * hj * 2 * fi)]
-        roles, flows = chain(self, up, "add", b * 2 * fi * ACT_BYTES,
-                             [("compute", "silu_mul", b * fi)], int(state), outputs_from_root=False,
-                             kctx=kctx)
-        for r in roles:
-            assert r.events[0] == INPUTS and r.events[-1] == OUTPUTS, r.events
-            one = [*r.events[1:-1], *decode_down, ("compute", "fmac", b * fi * hj)]
-            r.events = [INPUTS, *one * (pairs // b), OUTPUTS]
-            r.ctrl = kctx.route_bytes  # which tokens are ours
+        roles, flows = [], []
+        for part, ids in shape_groups(tiles):  # the routed regions, the shared ones
+            _, _, w, h = tiles[ids[0]]
+            n = held[ids[0]]
+            fi, hj = ceil_div(f, w), ceil_div(hidden, h)
+            pairs = expert_tokens(kctx, n)
+            state = self.footprint(n, hidden, f, self.held_weight_bytes(kctx), b, pairs, w, h).state
+            # held packed: each expert a pass's tokens visit has its tiles decoded where used
+            visited = min(n, b)
+            decode_up = [("compute", DEQUANT[fmt].name, visited * hj * 2 * fi)] if fmt else []
+            decode_down = [("compute", DEQUANT[fmt].name, visited * fi * hj)] if fmt else []
+            up = [*decode_up, ("compute", "fmac", b * hj * 2 * fi)]
+            rs, fs = chain(self, up, "add", b * 2 * fi * ACT_BYTES,
+                           [("compute", "silu_mul", b * fi)], int(state), outputs_from_root=False,
+                           tiles=[tiles[i] for i in ids], kctx=kctx, part=part)
+            for r in rs:
+                assert r.events[0] == INPUTS and r.events[-1] == OUTPUTS, r.events
+                one = [*r.events[1:-1], *decode_down, ("compute", "fmac", b * fi * hj)]
+                r.events = [INPUTS, *one * (pairs // b), OUTPUTS]
+                r.ctrl = kctx.route_bytes  # which tokens are ours
+            roles += rs
+            flows += fs
         return roles, flows
 
     def tile_value_bytes(self, kctx: KernelContext) -> int:
@@ -192,10 +220,11 @@ class ExpertFFNOp(KernelOp):
         dispatch = make(DispatchOp, op, [act, routing], rt, name=f"{op.kernel_name}.dispatch",
                         expert_regions=op.expert_regions)
         union = CoreSetAttr([r for cs in op.expert_regions.data for r in cs.rects.data])
+        shared = int_value(op.shared_experts)
         experts = make(cls, op, [dispatch.results[0], routing], rt,
                        name=f"{op.kernel_name}.experts", region=union,
                        expert_regions=op.expert_regions, placement=op.placement,
-                       expert_ffn=op.expert_ffn,
+                       expert_ffn=op.expert_ffn, **({"shared_experts": shared} if shared else {}),
                        **({"weights": op.weights} if op.weights is not None else {}),
                        **({"decoded": op.decoded} if op.decoded is not None else {}))
         root = root_facing(op.region, region_tiles(op, op.expert_regions))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, ArrayAttr, IntegerAttr
@@ -31,6 +32,38 @@ def expert_passes(experts_per_region: int, top_k: int, routed: bool) -> int:
     return min(experts_per_region, top_k) if routed else experts_per_region
 
 
+def shape_groups(tiles: list[tuple[int, int, int, int]]) -> list[tuple[str, list[int]]]:
+    """An expert kernel's tiles (x, y, w, h) by shape, in order of first appearance, each
+    group named for its roles and flows (`chain`'s `part`): the routed experts' regions
+    (""), then, where theirs differs, the shared experts' ("shared")."""
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, t in enumerate(tiles):
+        by_shape.setdefault(t[2:], []).append(i)
+    return [("" if g == 0 else "shared", ids) for g, ids in enumerate(by_shape.values())]
+
+
+def region_experts(regions: int, placement: Sequence[int], shared: int) -> list[int]:
+    """Experts each of an expert kernel's `regions` holds: a routed region those `placement`
+    puts on it, a shared expert's region (the last `shared`) its one."""
+    counts = [0] * regions
+    for r in placement:
+        counts[r] += 1
+    for r in range(regions - shared, regions):
+        counts[r] = 1
+    return counts
+
+
+def group_experts(tiles: list[tuple[int, int, int, int]], held: Sequence[int]) -> list[int]:
+    """Per tile, the most experts a region of its shape holds (`shape_groups`): the passes
+    and buffers of the roles its shape shares are sized for them."""
+    out = [0] * len(tiles)
+    for _, ids in shape_groups(tiles):
+        n = max(held[i] for i in ids)
+        for i in ids:
+            out[i] = n
+    return out
+
+
 def expert_tokens(kctx: KernelContext, experts_per_region: int) -> int:
     """(token, expert) pairs one expert region computes per step in a build, at most."""
     return kctx.micro_batch * expert_passes(experts_per_region, kctx.top_k,
@@ -50,8 +83,9 @@ class ExpertReduceOp(KernelOp):
     expert_ffn leaves core (i, j) of a w x h region the partial of output
     rows j from its slice i of the expert width; this kernel streams them
     along each row (one chain per row, every region at once) into column
-    `root` (0 or w - 1: the side facing the combine corridor). The root
-    column then holds the region's expert outputs split over its rows, and
+    `root` (0 or w - 1 of the routed regions: the side facing the combine
+    corridor; the shared experts' regions, where their shape is another, root
+    on the same side). The root column then holds the region's expert outputs split over its rows, and
     only it sends them on: combine receives h messages per routed region,
     not one per expert core.
     """
@@ -80,6 +114,9 @@ class ExpertReduceOp(KernelOp):
         if int_value(self.root) not in (0, w - 1):
             raise self.fail(f"root must be column 0 or {w - 1} of the {w}-wide expert regions, "
                             f"got {int_value(self.root)}")
+        if len({t[3] for t in self.tiles()}) > 1:
+            raise self.fail("expert regions must share one height (their rows hold the same "
+                            "slices of the output)")
         regions = self.expert_regions.data
         if self.region.count != sum(r.count for r in regions) or not self.region.covers(
                 CoreSetAttr([r for cs in regions for r in cs.rects.data])):
@@ -94,9 +131,18 @@ class ExpertReduceOp(KernelOp):
         return expert_output_bytes(kctx, self.experts_per_region(), self.output.type.width.data, h)
 
     def roles(self, kctx: KernelContext):
+        """A chain along the rows of each region, toward its root column; regions of
+        another shape (the shared experts') chain alike, rooted on the same side."""
         msg = self.tile_value_bytes(kctx)
-        return chain(self, [], "add", msg, [], 0, axis="row", relay_back=False, kctx=kctx,
-                     root=int_value(self.root))
+        tiles, root = self.tiles(), int_value(self.root)
+        roles, flows = [], []
+        for part, ids in shape_groups(tiles):
+            w = tiles[ids[0]][2]
+            r, f = chain(self, [], "add", msg, [], 0, axis="row", tiles=[tiles[i] for i in ids],
+                         relay_back=False, kctx=kctx, root=0 if root == 0 else w - 1, part=part)
+            roles += r
+            flows += f
+        return roles, flows
 
     def input_share(self, width: int) -> int:
         return width

@@ -87,7 +87,7 @@ class RoutedSenders:
         placement = tuple(int(r) for r in ffn.param("placement"))
         regions = tuple(RectSet.from_cores(cs) for cs in ffn.params.data["expert_regions"].data)
         return RoutedSenders(len(placement), int(gate.param("top_k")), int(ffn.param("layer", 0)),
-                             placement, regions, max(placement) + 1)
+                             placement, regions, len(regions) - int(ffn.param("shared_experts", 0)))
 
     def region_at(self, x: int, y: int) -> int:
         """The expert region a sender core lies in."""

@@ -37,7 +37,7 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 d
   %g = mesh_kernel.topk_gate @gate(%x) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
   %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 2, 2)>], placement = array<i64: 0, 5>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
 }
-// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: placement names expert regions [5], but only 1 exist
+// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: placement names expert regions [5], but only 1 hold routed experts
 
 // -----
 
@@ -46,7 +46,36 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 d
   %g = mesh_kernel.topk_gate @gate(%x) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
   %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 2, 2), (9, 4, 3, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 2, 2)>, #mesh.cores<(9, 4, 3, 2)>], placement = array<i64: 0, 1>, expert_ffn = 8 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
 }
-// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: expert regions must share one shape, got [(2, 2), (3, 2)]
+// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: the routed experts' regions must share one shape, got [(2, 2), (3, 2)]
+
+// -----
+
+// A shared expert's region may have a shape of its own, but not a height of its own, and the
+// placement may not put a routed expert on it.
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %g = mesh_kernel.topk_gate @gate(%x) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
+  %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 2, 2), (11, 2, 1, 3)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 2, 2)>, #mesh.cores<(11, 2, 1, 3)>], placement = array<i64: 0, 0>, expert_ffn = 8 : i64, shared_experts = 1 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: expert regions must share one height (their rows hold the same slices of the output)
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %g = mesh_kernel.topk_gate @gate(%x) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
+  %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 2, 2), (11, 2, 1, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 2, 2)>, #mesh.cores<(11, 2, 1, 2)>], placement = array<i64: 0, 1>, expert_ffn = 8 : i64, shared_experts = 1 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: placement names expert regions [1], but only 1 hold routed experts
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %g = mesh_kernel.topk_gate @gate(%x) on <(8, 1, 2, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.routing<2, 1>
+  %e = mesh_kernel.expert_ffn @e(%x, %g) on <(9, 2, 2, 2), (11, 2, 1, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, expert_regions = [#mesh.cores<(9, 2, 2, 2)>, #mesh.cores<(11, 2, 1, 2)>], placement = array<i64: 0, 0>, expert_ffn = 8 : i64, shared_experts = 2 : i64} : !graph.act<16>, !graph.routing<2, 1> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.expert_ffn' op kernel @e: 2 shared experts need as many of the 2 expert regions (the last ones) and leave none for the routed
 
 // -----
 
