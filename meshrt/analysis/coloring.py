@@ -65,19 +65,38 @@ def exact_colouring(nodes: Sequence[int], adj: dict[int, set[int]], palette: Seq
     if len(nodes) > 500:  # deeper than the search (and Python's stack) should go
         return None
     col: dict[int, int] = {}
+    # per node, how many of its coloured neighbours hold each colour (kept as nodes are
+    # coloured and uncoloured: the search's hot loop reads only its size and keys)
+    sat: dict[int, dict[int, int]] = {v: {} for v in nodes}
     steps = 0
     p = len(palette)
 
     def pick() -> int | None:
+        """The uncoloured node with the most distinct neighbour colours, then the most
+        neighbours, then the earliest."""
         best, key = None, None
         for v in nodes:
             if v in col:
                 continue
-            used = {col[u] for u in adj[v] if u in col}
-            k = (len(used), len(adj[v]), -order[v])
+            k = (len(sat[v]), len(adj[v]), -order[v])
             if key is None or k > key:
                 best, key = v, k
         return best
+
+    def assign(v: int, c: int) -> None:
+        col[v] = c
+        for u in adj[v]:
+            s = sat[u]
+            s[c] = s.get(c, 0) + 1
+
+    def unassign(v: int) -> None:
+        c = col.pop(v)
+        for u in adj[v]:
+            s = sat[u]
+            if s[c] == 1:
+                del s[c]
+            else:
+                s[c] -= 1
 
     def go() -> bool:
         nonlocal steps
@@ -87,7 +106,7 @@ def exact_colouring(nodes: Sequence[int], adj: dict[int, set[int]], palette: Seq
         v = pick()
         if v is None:
             return True
-        used = {col[u] for u in adj[v] if u in col}
+        used = sat[v]
         top = max(col.values(), default=-1)
         if allowed is None:
             tries: Sequence[int] = range(min(top + 2, p))
@@ -97,16 +116,32 @@ def exact_colouring(nodes: Sequence[int], adj: dict[int, set[int]], palette: Seq
         for c in tries:
             if c in used:
                 continue
-            col[v] = c
+            assign(v, c)
             if go():
                 return True
-            del col[v]
+            unassign(v)
         return False
 
     try:
         return {v: palette[c] for v, c in col.items()} if go() else None
     except _Budget:
         return None
+
+
+def greedy_clique(nodes: Sequence[int], adj: dict[int, set[int]]) -> list[int]:
+    """A large clique of the graph on `nodes`: from each node, its neighbours taken in
+    order of degree (most first, then index) where adjacent to all taken so far; the
+    largest found. A clique larger than the palette proves no colouring exists (the exact
+    search could only exhaust its budget)."""
+    best: list[int] = []
+    for v in nodes:
+        clique = [v]
+        for u in sorted(adj[v], key=lambda u: (-len(adj[u]), u)):
+            if all(u in adj[w] for w in clique):
+                clique.append(u)
+        if len(clique) > len(best):
+            best = clique
+    return best
 
 
 @dataclass
@@ -152,11 +187,14 @@ def colour_flows(live: Liveness, edges: dict[tuple[int, int], list[Witness]],
         comp.sort()
         col, failed = dsatur(comp, adj, colours_of, order)
         if failed is not None:
-            # A router where more flows meet than there are colours settles it;
-            # otherwise search exhaustively (within a step budget).
+            # A router where more flows meet than there are colours settles it, and so
+            # does any larger clique of flows; otherwise search exhaustively (within a
+            # step budget).
             clique = live.densest(failed, edges, comp)
             restricted = narrow and any(u in switched for u in comp)
-            exact = None if len(clique.flows) > len(palette) else exact_colouring(
+            infeasible = (len(clique.flows) > len(palette)
+                          or len(greedy_clique(comp, adj)) > len(palette))
+            exact = None if infeasible else exact_colouring(
                 comp, adj, palette, order, allowed=colours_of if restricted else None)
             if exact is None:
                 result.failed, result.component = failed, comp

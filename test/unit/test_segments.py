@@ -16,7 +16,7 @@ from xdsl.passes import PassPipeline
 from meshrt.diagnostics import MeshrtError, parse_module
 from meshrt.dialects import segment as sg
 from meshrt.dialects.mesh import Resources
-from meshrt.analysis.coloring import dsatur, exact_colouring
+from meshrt.analysis.coloring import dsatur, exact_colouring, greedy_clique
 from meshrt.analysis.liveness import (
     arc_positions,
     arcs_meet,
@@ -358,7 +358,8 @@ def test_segment_holds_cover_the_step_and_their_own_subs(positions, data):
 def test_colouring_is_proper_and_exact_search_is_complete(n, p, seed, narrow):
     """Also with some nodes restricted to part of the palette (flows that need a
     switch-capable colour): DSatur's and the exact search's colours respect the
-    restriction, and the exact search finds a colouring whenever one exists."""
+    restriction, and the exact search finds a colouring whenever one exists. The greedy
+    clique is a clique (so one larger than the palette rules a colouring out)."""
     rng = random.Random(seed)
     nodes = list(range(n))
     adj = {v: set() for v in nodes}
@@ -385,6 +386,10 @@ def test_colouring_is_proper_and_exact_search_is_complete(n, p, seed, narrow):
     )
     exact = exact_colouring(nodes, adj, palette, order, allowed=allowed if restricted else None)
     assert (exact is not None) == exists
+    clique = greedy_clique(nodes, adj)  # colour_flows skips the search past the palette
+    assert clique and all(b in adj[a] for a, b in itertools.combinations(clique, 2))
+    if len(clique) > p:
+        assert not exists
     if exact is not None:
         assert all(exact[a] != exact[b] for a in nodes for b in adj[a])
         assert all(exact[v] in allowed(v) for v in nodes)
