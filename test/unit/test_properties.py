@@ -47,10 +47,11 @@ class Model:
     dynamism: tuple[str, ...] = ("continuous_batching",)
     micro_batch: int = 1
     experts_per_region: int = 0  # pinned (a divisor of experts); 0: the mapper's choice
+    shared_experts: int = 0  # always-on experts, in regions of their own shape
 
     def spec(self) -> str:
         fields = ["layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "max_seq", "eos_token"]
-        fields += ["experts", "top_k", "expert_ffn"] if self.experts else ["ffn"]
+        fields += ["experts", "top_k", "expert_ffn", "shared_experts"] if self.experts else ["ffn"]
         body = "".join(f"  {k} = {getattr(self, k)}\n" for k in fields)
         return (f"model prop {{\n{body}  dtype_bytes = 4\n}}\n"
                 f"runtime {{\n  dynamism = [{', '.join(self.dynamism)}]\n"
@@ -76,7 +77,8 @@ def models(draw) -> Model:
                   expert_ffn=draw(st.integers(1, 128)),
                   # several experts a region run their pairs in passes (expert_passes)
                   experts_per_region=draw(st.sampled_from(
-                      [0] + [g for g in range(1, experts + 1) if experts % g == 0])))
+                      [0] + [g for g in range(1, experts + 1) if experts % g == 0])),
+                  shared_experts=draw(st.integers(0, 1)))
         if draw(st.booleans()):
             dyn.append("moe_routing")
     else:
@@ -129,8 +131,14 @@ MERGED_REGIONS_IN_PASSES = Model(2, 4, 2, 16, 64, 256, 16, 1, experts=8, top_k=2
                                  dynamism=("continuous_batching", "moe_routing"), micro_batch=2,
                                  experts_per_region=4)
 
+# and a shared expert beside them, in a region of its own (narrower) shape: one pass
+SHARED_REGION_OF_ITS_OWN = Model(2, 4, 2, 16, 64, 256, 16, 1, experts=8, top_k=2,
+                                 expert_ffn=64, dynamism=("continuous_batching", "moe_routing"),
+                                 micro_batch=2, experts_per_region=4, shared_experts=1)
+
 
 @given(model=models(), seed=st.integers(0, 2**16))
+@example(model=SHARED_REGION_OF_ITS_OWN, seed=5)
 @example(model=MERGED_REGIONS_IN_PASSES, seed=3)
 @example(model=EMPTY_CORRIDOR_ROWS, seed=6747)
 @example(model=TINY_DENSE, seed=0)
