@@ -172,6 +172,19 @@ class ModelSpec:
             if i not in m.layers:
                 raise err("", f"layer {i} has explicit expert regions but no explicit region",
                           rs[0].loc)
+            # one kernel runs them: a shape's regions share roles, and every region's rows
+            # hold the same slices of the output (meshrt.kernels.expert_ffn)
+            for what, part in (("routed", rs[:n]), ("shared-expert", rs[n:])):
+                odd = next((r for r in part if (r.w, r.h) != (part[0].w, part[0].h)), None)
+                if odd is not None:
+                    raise err("", f"layer {i}: {what} region {odd} is {odd.w} x {odd.h}, but "
+                              f"{part[0]} is {part[0].w} x {part[0].h}; the {what} regions of "
+                              "a layer share one shape", odd.loc)
+            odd = next((r for r in rs if r.h != rs[0].h), None)
+            if odd is not None:
+                raise err("", f"layer {i}: expert region {odd} is {odd.h} rows high, but "
+                          f"{rs[0]} is {rs[0].h}; a layer's expert regions share one height "
+                          "(their rows hold the same slices of the output)", odd.loc)
         if m.explicit:
             missing = [f"layer {i}" for i in range(s.layers) if i not in m.layers]
             missing += [k for k in ("embed", "lm_head") if getattr(m, k) is None]

@@ -376,8 +376,27 @@ def test_moe_shared_experts_and_groups():
     assert len(moe.expert_regions.data) == 4 + 1  # 4 groups of 2, then the shared expert
     assert moe.expert_placement == (0, 0, 1, 1, 2, 2, 3, 3)
     assert m.hparam("experts_per_region") == 2
+    # the shared expert's region is sized for its one expert: narrower than a group's
+    shapes = [cs.rects.data[0].tuple[2:4] for cs in moe.expert_regions.data]
+    assert len(set(shapes[:4])) == 1 and shapes[4][0] < shapes[0][0]
+    assert shapes[4][1] == shapes[0][1]
     layer0 = [k for k in m.kernels() if k.layer_index == 0 and not isinstance(k, g.HandoffOp)]
     assert layer0[-1].kernel_name == "l0_add2"
+
+
+def test_explicit_shared_expert_region_of_its_own_shape_lowers():
+    """An explicit mapping may give the shared expert a narrower region (one expert) than
+    the routed ones (two each), of the same height: one expert_ffn kernel holds both."""
+    from meshrt.dialects import mesh_kernel as mk
+    from meshrt.passes.pipeline import lower_to
+
+    text = (REPO / "test" / "frontend_errors" / "expert_region_heights.mrt").read_text()
+    spec = parse_spec(text.replace("(24, 16, 3, 7)", "(24, 16, 3, 8)"), "e.mrt")
+    t = load_target("test32")
+    kernels = next(iter(lower_to(map_model(spec, t), "kernels", t).body.block.ops))
+    (ffn,) = [k for k in kernels.body.block.ops if isinstance(k, mk.KernelOp)
+              and k.kernel_name == "l0_moe.experts"]
+    assert ffn.shared == 1 and [tile[2:] for tile in ffn.tiles()] == [(6, 8)] * 4 + [(3, 8)]
 
 
 def test_explicit_mapping_is_honoured():
