@@ -298,7 +298,8 @@ class Unit:
 class ExpertGrid:
     """An MoE layer's expert regions, `rows` high, filled column by column from the
     corridor's side: the routed experts' regions (w x h, `group` experts each), then the
-    shared experts' (`shared_w` x h, one each: their own kernel, sized for one expert)."""
+    shared experts' (`shared_w` x h, one each: a shape of their own, sized for one expert;
+    one expert_ffn kernel runs both shapes)."""
 
     regions: int  # routed-expert regions
     rows: int
@@ -359,12 +360,10 @@ class Planner:
     def shared_width(self, h: int) -> int | None:
         """Least width of a shared expert's region `h` rows high: one expert, every token
         a step, its weights as floats where the model's experts are quantized (the routed
-        regions may hold theirs decoded, `Sizer.decoded_experts_fit`; the shared kernel
-        holds its the same way)."""
-        sz, s = self.sizer, self.sizer.shape
-        wb = s.dtype_bytes if s.expert_quant else None
-        return _min_width(lambda w: sz.expert(1, w, h, wb), max(s.hidden, 2 * s.expert_ffn),
-                          sz.usable)
+        regions may hold theirs decoded, `Sizer.decoded_experts_fit`, and the kernel holds
+        every region's tiles the same way)."""
+        s = self.sizer.shape
+        return self.expert_width(h, 1, s.dtype_bytes if s.expert_quant else None)
 
     def _band_width(self, kind: str, h: int, msg: int = 0) -> int | None:
         """Least width of a `kind` band `h` rows high whose bytes per core, plus a buffer of
@@ -375,9 +374,10 @@ class Planner:
             w = _whole_kv_heads(w, sz.shape.kv_heads)
         return w
 
-    def _expert_width(self, h: int, group: int) -> int | None:
+    def _expert_width(self, h: int, group: int, weight_bytes: float | None = None) -> int | None:
+        """Least width of an `h`-row region of `group` experts (`Sizer.expert`)."""
         sz, s = self.sizer, self.sizer.shape
-        return _min_width(lambda w: sz.expert(group, w, h),
+        return _min_width(lambda w: sz.expert(group, w, h, weight_bytes),
                           max(s.hidden, 2 * s.expert_ffn), sz.usable)
 
     def groups(self, merge: bool = True) -> list[int]:

@@ -23,6 +23,7 @@ from meshrt.kernels.expert_reduce.op import (
     group_experts,
     region_experts,
     shape_groups,
+    verify_one_height,
 )
 from meshrt.kernels.interface import (
     ACT_BYTES,
@@ -133,9 +134,7 @@ class ExpertFFNOp(KernelOp):
             if len(shapes) > 1:
                 raise self.fail(f"the {what} experts' regions must share one shape, got "
                                 f"{sorted(shapes)}")
-        if len({t[3] for t in tiles}) > 1:
-            raise self.fail("expert regions must share one height (their rows hold the same "
-                            "slices of the output)")
+        verify_one_height(self, tiles)
         if self.region.count != sum(r.count for r in regions) or not self.region.covers(
             CoreSetAttr([r for cs in regions for r in cs.rects.data])
         ):

@@ -42,6 +42,14 @@ def shape_groups(tiles: list[tuple[int, int, int, int]]) -> list[tuple[str, list
     return [("" if g == 0 else "shared", ids) for g, ids in enumerate(by_shape.values())]
 
 
+def verify_one_height(op: KernelOp, tiles: list[tuple[int, int, int, int]]) -> None:
+    """An expert kernel's regions share one height: their rows hold the same slices of the
+    output (expert_ffn's partials, expert_reduce's sums, combine's reads along the rows)."""
+    if len({t[3] for t in tiles}) > 1:
+        raise op.fail("expert regions must share one height (their rows hold the same "
+                      "slices of the output)")
+
+
 def region_experts(regions: int, placement: Sequence[int], shared: int) -> list[int]:
     """Experts each of an expert kernel's `regions` holds: a routed region those `placement`
     puts on it, a shared expert's region (the last `shared`) its one."""
@@ -85,9 +93,9 @@ class ExpertReduceOp(KernelOp):
     along each row (one chain per row, every region at once) into column
     `root` (0 or w - 1 of the routed regions: the side facing the combine
     corridor; the shared experts' regions, where their shape is another, root
-    on the same side). The root column then holds the region's expert outputs split over its rows, and
-    only it sends them on: combine receives h messages per routed region,
-    not one per expert core.
+    on the same side). The root column then holds the region's expert
+    outputs split over its rows, and only it sends them on: combine receives
+    h messages per routed region, not one per expert core.
     """
 
     name = "mesh_kernel.expert_reduce"
@@ -114,9 +122,7 @@ class ExpertReduceOp(KernelOp):
         if int_value(self.root) not in (0, w - 1):
             raise self.fail(f"root must be column 0 or {w - 1} of the {w}-wide expert regions, "
                             f"got {int_value(self.root)}")
-        if len({t[3] for t in self.tiles()}) > 1:
-            raise self.fail("expert regions must share one height (their rows hold the same "
-                            "slices of the output)")
+        verify_one_height(self, self.tiles())
         regions = self.expert_regions.data
         if self.region.count != sum(r.count for r in regions) or not self.region.covers(
                 CoreSetAttr([r for cs in regions for r in cs.rects.data])):
