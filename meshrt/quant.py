@@ -151,6 +151,13 @@ class Packed:
         """The columns in `order` (a blocked output's permutation)."""
         return Packed(self.fmt, self.codes[..., order], self.scales[..., order], self.rows, self.first)
 
+    def rows_in(self, order: np.ndarray) -> "Packed":
+        """The rows in `order` (an input laid out otherwise than plainly): each row keeps
+        its own block's scale, so the result holds a scale per row."""
+        n = self.codes.shape[-2]
+        idx = (np.arange(self.first, self.first + n) // self.rows) - self.first // self.rows
+        return Packed(self.fmt, self.codes[..., order, :], self.scales[..., idx[order], :], 1, 0)
+
     @staticmethod
     def _alike(parts: "list[Packed]") -> "Packed":
         """The first of `parts`, which must share format and row blocking to be combined."""

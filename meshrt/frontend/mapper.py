@@ -36,8 +36,10 @@ scale) the mapper takes the one with the least modelled decode step: the
 cost model run on a probe of the candidate (`meshrt.frontend.step_time`),
 so compute, collectives and the volume moved between regions are priced by
 the one cost model, not by a formula of the mapper's own. Packings whose
-attentions keep whole KV heads per column come first (the interpreter has
-no numerics for split heads).
+attentions keep whole KV heads per column come first: an attention wider
+than its KV heads splits head_dim (`meshrt.kernels.attention.layout`) and
+sums its scores along the rows first, one more pair of flows and input
+queues than tight targets hold.
 
 Stages. With micro-batch pipelining every attention keeps KV for
 micro_batch x stages request slots (one micro-batch in flight per stage), so
@@ -76,6 +78,7 @@ from meshrt.dialects import graph as g
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.frontend.model import SCALES, MappingSpec, ModelShape, ModelSpec
+from meshrt.kernels.attention.layout import kv_share, qkv_share, splits_heads, whole_heads
 from meshrt.kernels.attention.op import AttentionOp
 from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.corridor import relay_footprint
@@ -187,8 +190,16 @@ class Sizer:
         orientations (qkv and up reduce down columns, o and down along rows): a dense
         layer's four, or (`ffn` off) an MoE layer's qkv and o."""
         s, d = self.shape, self.shape.linear_bytes
-        mixer = (self.matmul(s.hidden, self.mixer_in, d, w, h)
-                 + GemvOp.footprint(self.mixer_out, s.hidden, d, self.micro_batch, w, h, "row").total)
+        qkv_cols, o_rows = ceil_div(self.mixer_in, w), ceil_div(self.mixer_out, w)
+        if splits_heads(s.kv_heads, w) and len(s.linear_layers) < s.layers:
+            # full attention splitting head_dim: q | k | v and o in its units (`layout`)
+            qkv_cols = max(qkv_cols, qkv_share(s.heads, s.kv_heads, s.head_dim, w, s.attn_gate))
+            o_rows = max(o_rows, s.heads // s.kv_heads * kv_share(s.kv_heads, s.head_dim, w))
+        mb = self.micro_batch
+        mixer = (GemvOp.footprint(s.hidden, self.mixer_in, d, mb, w, h, "col",
+                                  (ceil_div(s.hidden, h), qkv_cols)).total
+                 + GemvOp.footprint(self.mixer_out, s.hidden, d, mb, w, h, "row",
+                                    (o_rows, ceil_div(s.hidden, h))).total)
         if not ffn:
             return mixer
         return (mixer + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
@@ -234,8 +245,8 @@ class Sizer:
 
 
 def _whole_kv_heads(w: int, kv_heads: int) -> int:
-    """The least width from `w` whose columns hold whole KV heads (the interpreter's
-    attention needs no dot products across columns), else `w` (head_dim split)."""
+    """The least width from `w` whose columns hold whole KV heads (the attention needs no
+    dot products across columns), else `w` (wider than kv_heads: head_dim split)."""
     return next((d for d in range(w, kv_heads + 1) if kv_heads % d == 0), w)
 
 
@@ -332,7 +343,7 @@ class ExpertGrid:
 class UnitShape:
     widths: tuple[int, ...]  # per band
     grid: ExpertGrid | None
-    splits_heads: bool = False  # attention columns split head_dim (no interpreter numerics)
+    splits_heads: bool = False  # attention columns split head_dim (a row reduction of scores)
 
     @property
     def width(self) -> int:
@@ -571,7 +582,7 @@ def _pack_onto(units: Sequence[Unit], shapes: Sequence[UnitShape], height: int, 
 
 
 def _splits(lay: Layout) -> int:
-    """Attentions that split head_dim over columns (the interpreter has no numerics for them)."""
+    """Attentions that split head_dim over columns (each sums its scores along the rows)."""
     return sum(p.shape.splits_heads for p in lay.placed)
 
 
@@ -761,7 +772,7 @@ class _Mapper:
 
     def layout(self, stages: int, wafers: int) -> Layout:
         """The fastest packing (by the modelled step) onto exactly `wafers` wafers, preferring
-        ones whose attentions keep whole KV heads per column (the interpreter's numerics)."""
+        ones whose attentions keep whole KV heads per column (no row reduction of scores)."""
         from meshrt.frontend.step_time import fastest, layout_cycles
 
         cands = self.candidates(stages, wafers)
@@ -775,7 +786,7 @@ class _Mapper:
         pick = fastest(self, best)
         if len(best) < len(cands):
             # whole KV heads only where such a packing builds (its probe runs); else the
-            # fastest of all (head_dim split: compiles, but the interpreter refuses it)
+            # fastest of all
             if layout_cycles(self, pick) is None:
                 pick = fastest(self, cands)
         return pick
@@ -934,8 +945,18 @@ class _Mapper:
                     f"region {r} is too small for {unit.label}: its "
                     f"{_fmt_bytes(_unit_bytes(planner.sizer, unit))} of weights+KV need {fit} "
                     f"with {planner.sizer.usable} bytes per core for data", r.loc)
-            p = Placed(unit, shape, r.wafer, r.x, r.y, r.h, False)
-            placed.append(_spread(p, r.w))
+            attends = "layer" in unit.bands and unit.layer not in self.shape.linear_layers
+            p = _spread(Placed(unit, shape, r.wafer, r.x, r.y, r.h, False), r.w,
+                        self.shape.kv_heads if attends else 1)
+            if attends:
+                w = p.widths[unit.bands.index("layer")]
+                kv = self.shape.kv_heads
+                if not (whole_heads(kv, w) or splits_heads(kv, w)):
+                    raise FrontendError(
+                        f"region {r} gives {unit.label}'s attention {w} columns, which split its "
+                        f"{kv} KV heads unevenly: make it a width dividing {kv} or wider than {kv}",
+                        r.loc)
+            placed.append(p)
             explicit = m.experts.get(unit.layer, ())
             routed = len(explicit) - self.shape.shared_experts
             for i, e in enumerate(explicit):
@@ -1015,15 +1036,23 @@ def _unit_bytes(sizer: Sizer, unit: Unit) -> float:
         (s.experts + s.shared_experts) * 3 * s.hidden * s.expert_ffn * s.expert_dtype_bytes
 
 
-def _spread(p: Placed, width: int | None = None) -> Placed:
-    """Fix the unit's band widths, handing spare columns of an explicit rect to its bands."""
+def _spread(p: Placed, width: int | None = None, kv_heads: int = 1) -> Placed:
+    """Fix the unit's band widths, handing spare columns of an explicit rect to its bands
+    (the attention's band, "layer", keeps a width attention lays out: one dividing
+    `kv_heads` or wider, `attention.layout`; the columns it cannot take go to the next band)."""
     base = list(p.shape.widths)
     spare = 0 if width is None else width - p.shape.width
     extra = [spare * b // sum(base) for b in base]  # in proportion to each band's need
     for i in range(spare - sum(extra)):
         extra[i % len(extra)] += 1
-    widths = tuple(b + e for b, e in zip(base, extra))
-    return Placed(p.unit, p.shape, p.wafer, p.x, p.y, p.h, p.reverse, widths)
+    widths = [b + e for b, e in zip(base, extra)]
+    if "layer" in p.unit.bands and len(widths) > 1:
+        a = p.unit.bands.index("layer")
+        w = widths[a]
+        if not (whole_heads(kv_heads, w) or splits_heads(kv_heads, w)):
+            keep = max(d for d in range(1, w + 1) if kv_heads % d == 0)
+            widths[a], widths[(a + 1) % len(widths)] = keep, widths[(a + 1) % len(widths)] + w - keep
+    return Placed(p.unit, p.shape, p.wafer, p.x, p.y, p.h, p.reverse, tuple(widths))
 
 
 def _assign_stages(lay: Layout, stages: int, unit_loads: Sequence[float] | None = None) -> list[int]:

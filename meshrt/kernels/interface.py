@@ -529,3 +529,35 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     roles.append(Role(named("root"), at([c]), [INPUTS, *root_first, *local, *root_in, *finish,
                                                *sends, OUTPUTS], state, sends_output=True))
     return roles, flows
+
+
+def _intersect(a: CoreSetAttr, b: CoreSetAttr) -> CoreSetAttr | None:
+    """The cores of both (unit-step rectangles, as `chain` builds them), or None."""
+    rects = []
+    for r in a.rects.data:
+        for s in b.rects.data:
+            x0, y0, x1, y1 = r.extent
+            u0, v0, u1, v1 = s.extent
+            lo_x, lo_y, hi_x, hi_y = max(x0, u0), max(y0, v0), min(x1, u1), min(y1, v1)
+            if lo_x < hi_x and lo_y < hi_y:
+                rects.append(RectAttr(lo_x, lo_y, hi_x - lo_x, hi_y - lo_y))
+    return CoreSetAttr(sorted(rects, key=lambda r: (r.y.data, r.x.data))) if rects else None
+
+
+def in_sequence(first: list[Role], then: list[Role], before: list[Event]) -> list[Role]:
+    """Roles of cores that run `before`, then their part of chain `first` (its markers
+    dropped: e.g. a reduction along the rows), then their part of chain `then` (down the
+    columns): one role per pair of roles that share cores, named `{then}_{first}`, with
+    `then`'s state and output."""
+    out = []
+    for a in first:
+        mid = [e for e in a.events if e not in (INPUTS, OUTPUTS)]
+        for b in then:
+            cores = _intersect(a.cores, b.cores)
+            if cores is None:
+                continue
+            if b.events[0] != INPUTS:
+                raise ValueError(f"role {b.name} does not start at its inputs")
+            out.append(Role(f"{b.name}_{a.name}", cores, [INPUTS, *before, *mid, *b.events[1:]],
+                            b.state_sram, b.ctrl, b.switches, b.sends_output, b.part_of))
+    return out

@@ -35,7 +35,7 @@ import numpy as np
 from meshrt import quant
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
-from meshrt.kernels.numerics import CoreData, DataLayoutError, KernelExec, Payload, Routing, SlotTable, Vec, block_order
+from meshrt.kernels.numerics import CoreData, DataLayoutError, KernelExec, Payload, Routing, SlotTable, Vec
 from meshrt.runtime import reference as ref
 from meshrt.shape import HParams
 
@@ -122,17 +122,17 @@ class DataPlane:
             return (f, f)
         return None
 
-    def matrix(self, name: str, layer: int, blocks=None, splits: int = 1) -> np.ndarray:
-        """Gemv `name`'s weight matrix, its columns in the blocked order over `splits`
-        output parts if `blocks` is given."""
-        return self._gemv_array(name, layer, blocks, splits, bias=False)
+    def matrix(self, name: str, layer: int, cols=None, rows=None) -> np.ndarray:
+        """Gemv `name`'s weight matrix, its columns in order `cols` (a blocked output's
+        positions) and its rows in order `rows` (an input laid out
+        otherwise than plainly), where given."""
+        return self._gemv_array(name, layer, cols, rows, bias=False)
 
-    def bias(self, name: str, layer: int, blocks=None, splits: int = 1) -> np.ndarray | None:
+    def bias(self, name: str, layer: int, cols=None) -> np.ndarray | None:
         """The bias of gemv `name` laid out as its matrix's columns, or None (no bias)."""
-        return self._gemv_array(name, layer, blocks, splits, bias=True)
+        return self._gemv_array(name, layer, cols, None, bias=True)
 
-    def packed_matrix(self, name: str, layer: int, fmt: str, blocks=None,
-                      splits: int = 1) -> quant.Packed:
+    def packed_matrix(self, name: str, layer: int, fmt: str, cols=None, rows=None) -> quant.Packed:
         """Gemv `name`'s weight matrix as stored (`fmt` codes and block scales), laid out
         as `matrix` lays out its values."""
         parts = [self.weights.packed.get(n) for n in self._gemv_parts(name, layer, bias=False)]
@@ -140,7 +140,8 @@ class DataPlane:
             raise DataLayoutError(f"kernel @{name}: its weights are stored as {fmt}, the "
                                   "model's are not")
         p = quant.Packed.concat(parts)
-        return p.columns(block_order(tuple(blocks), splits)) if blocks else p
+        p = p.columns(cols) if cols is not None else p
+        return p.rows_in(rows) if rows is not None else p
 
     def _gemv_parts(self, name: str, layer: int, *, bias: bool) -> list[str]:
         """The `Weights.named_arrays` names gemv `name` concatenates along its output."""
@@ -164,13 +165,14 @@ class DataPlane:
             raise DataLayoutError(f"kernel @{name}: no weight matrix of that name")
         return [p + n for n in parts]
 
-    def _gemv_array(self, name: str, layer: int, blocks, splits: int, *, bias: bool):
+    def _gemv_array(self, name: str, layer: int, cols, rows, *, bias: bool):
         names = self._gemv_parts(name, layer, bias=bias)
         arrays = self._named
         if not names or arrays.get(names[0]) is None:
             return None
         a = np.concatenate([arrays[n] for n in names], axis=-1)
-        return a[..., block_order(tuple(blocks), splits)] if blocks else a
+        a = a[..., cols] if cols is not None else a
+        return a[rows] if rows is not None else a
 
     @functools.cached_property
     def _named(self) -> dict[str, np.ndarray]:

@@ -42,7 +42,11 @@ class AllReduceOp(KernelOp):
         _, _, w, h = self.grid()
         n = self.output.type.width.data
         across = h if self.axis.data == "row" else w  # the output is split the other way
-        return chain(self, [], "add", kctx.micro_batch * ceil_div(n, across) * ACT_BYTES, [], 0,
+        share = ceil_div(n, across)
+        tile = getattr(self.input.owner, "tile_shape", None)
+        if tile is not None:  # a GEMV's: its fullest core's output columns (a head split's units)
+            share = tile()[1]
+        return chain(self, [], "add", kctx.micro_batch * share * ACT_BYTES, [], 0,
                      axis=self.axis.data, kctx=kctx)
 
     def input_share(self, width: int) -> int:

@@ -98,3 +98,11 @@ def softmax_merge(b: ComputeBody) -> list[str]:
         f"@fmac{b.s}({b.w.mem('y', n)}, {b.w.mem('y', n)}, {b.w.mem(src, n)}, c);",
         f"y[{n - 2 if n > 2 else 0}] = m;",
     ]
+
+
+def score_add(b: ComputeBody) -> list[str]:
+    n = b.reduce_n()
+    src = b.src or "x"
+    return ["// a row neighbour's partial scores (and sums of squares) added: head_dim is",
+            "// split over this KV head's columns",
+            f"@fadd{b.s}({b.w.mem('sc', n)}, {b.w.mem('sc', n)}, {b.w.mem(src, n)});"]

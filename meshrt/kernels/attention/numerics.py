@@ -7,7 +7,9 @@ import math
 import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
+from meshrt.kernels.attention.layout import HeadSplit, splits_heads, whole_heads
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, block_range, part
+from meshrt.rope import rotary_dim
 from meshrt.runtime import reference as ref
 
 
@@ -21,7 +23,7 @@ def qkv_blocks(heads: int, kv_heads: int, head_dim: int, gated: bool = False) ->
 class Attention(KernelExec):
     """Heads split over the columns, the sequence over the rows (flash-decoding merge)."""
 
-    OPS = frozenset({"qk", "softmax_merge", "normalize"})
+    OPS = frozenset({"qk", "score_add", "exp", "softmax_merge", "normalize"})
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
@@ -37,30 +39,51 @@ class Attention(KernelExec):
         self.blocks = (qkv_blocks(self.heads, self.kvh, self.d, self.gated)
                        if info.param("qkv_in_place") is not None else None)
         _, _, w, _ = self.tiles[0]
-        if self.kvh % w:
+        # wider than its KV heads: head_dim split over groups of columns (`layout`)
+        self.split = None
+        if splits_heads(self.kvh, w):
+            self.split = HeadSplit(self.heads, self.kvh, self.d, rotary_dim(self.rope, self.d), w)
+            if self.split.problem():
+                raise DataLayoutError(f"kernel @{self.name}: {self.split.problem()}")
+            # where the output holds each entry of o in its natural order (`positions`)
+            self.positions = np.empty(self.heads * self.d, np.int64)
+            self.positions[self.split.o_order] = np.arange(self.heads * self.d)
+        elif not whole_heads(self.kvh, w):
             raise DataLayoutError(
-                f"kernel @{self.name}: {w} columns do not hold whole KV heads ({self.kvh}); "
-                "head_dim split across columns has no numerics in the interpreter")
+                f"kernel @{self.name}: {w} columns split {self.kvh} KV heads unevenly "
+                "(a width dividing kv_heads, or wider than kv_heads, has numerics)")
 
-    def _cache(self, cd, rows):
+    def _cache(self, cd, rows, *features):
+        """K and V rows of every slot this core holds: (2, slots, rows, *features)."""
         c = cd.kv.get(self.name)
         if c is None:
-            _, _, _, w, _ = self.grid_pos(cd)
-            c = np.zeros((2, self.slots, rows, self.kvh // w, self.d), F32)
+            c = np.zeros((2, self.slots, rows, *features), F32)
             cd.kv[self.name] = c
         return c
 
+    def _table(self, cd, where):
+        """The CF payload that rode in with the data, or (static build) the table the
+        host installed for this batch."""
+        cb = cd.cb if self.plane.cb else self.plane.host.installed_table(cd.step)
+        if cb is None or cb.seq != cd.step:
+            got = "none" if cb is None else f"the one of step {cb.seq}"
+            raise DataLayoutError(f"{where}: step {cd.step} needs its continuous-batching "
+                                  f"table, holds {got}")
+        return cb
+
+    def _keys(self, p: int, r0: int, r1: int) -> tuple[int, int]:
+        """The rows (from r0) of this core a query at position p attends: its keys up to p
+        (a sliding window: its last ones)."""
+        lo = max(r0, p - self.window + 1) - r0 if self.window else 0
+        return lo, min(p + 1, r1) - r0
+
     def compute(self, cd, op):
+        if self.split is not None:
+            return self._compute_split(cd, op)
         where = self.where(cd)
         _, i, j, w, h = self.grid_pos(cd)
         if op == "qk":
-            # the CF payload that rode in with the data, or (static build) the
-            # table the host installed for this batch
-            cb = cd.cb if self.plane.cb else self.plane.host.installed_table(cd.step)
-            if cb is None or cb.seq != cd.step:
-                got = "none" if cb is None else f"the one of step {cb.seq}"
-                raise DataLayoutError(f"{where}: step {cd.step} needs its continuous-batching "
-                                      f"table, holds {got}")
+            cb = self._table(cd, where)
             hq, hk = self.heads // w, self.kvh // w
             nq, nk = hq * self.d, hk * self.d
             if self.blocks:  # this column's q | k | v (| gate) slice of the blocked vector, in place
@@ -80,7 +103,7 @@ class Attention(KernelExec):
             q = q.reshape(self.b, hq, self.d)
             k, v = k.reshape(self.b, hk, self.d), v.reshape(self.b, hk, self.d)
             r0, r1 = part(self.max_seq, h, j)
-            cache = self._cache(cd, r1 - r0)
+            cache = self._cache(cd, r1 - r0, hk, self.d)
             o = np.zeros((self.b, hq, self.d), F64)
             m = np.full((self.b, hq), -np.inf)
             s = np.zeros((self.b, hq), F64)
@@ -95,9 +118,7 @@ class Attention(KernelExec):
                 if r0 <= p < r1:
                     cache[0, slot.kv, p - r0] = kr
                     cache[1, slot.kv, p - r0] = v[b]
-                # keys of this request in this core's rows (a sliding window: its last ones)
-                lo = max(r0, p - self.window + 1) - r0 if self.window else 0
-                n = min(p + 1, r1) - r0
+                lo, n = self._keys(p, r0, r1)
                 if n <= lo:
                     continue
                 keys, vals = cache[0, slot.kv, lo:n], cache[1, slot.kv, lo:n]
@@ -113,15 +134,8 @@ class Attention(KernelExec):
             (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
         elif op == "normalize":
-            o, m, s = cd.acc.pop(self.name)
             hq = self.heads // w
-            out = np.zeros((self.b, hq, self.d), F32)
-            live = s > 0
-            if self.sinks is not None:  # each head's sink logit: one more softmax term
-                sink = self.sinks[i * hq:(i + 1) * hq].astype(F64)[None, :]
-                with np.errstate(invalid="ignore", over="ignore"):
-                    s = s + np.where(live, np.exp(sink - np.where(live, m, 0.0)), 0.0)
-            out[live] = (o[live] / s[live][:, None]).astype(F32)
+            out = self._normalized(cd, i * hq)
             n = self.heads * self.d
             c0 = i * hq * self.d
             flat = out.reshape(self.b, hq * self.d)
@@ -129,10 +143,138 @@ class Attention(KernelExec):
                 flat = (flat * cd.acc.pop((self.name, "gate"))).astype(F32)
             cd.values[self.name] = Vec.of(flat, c0, n)
 
+    def _normalized(self, cd, h0: int) -> np.ndarray:
+        """The merged (out, max, sum) of heads h0.. divided by the softmax sum (and the
+        heads' sink terms): (b, heads, features) float32."""
+        o, m, s = cd.acc.pop(self.name)
+        out = np.zeros(o.shape, F32)
+        live = s > 0
+        if self.sinks is not None:  # each head's sink logit: one more softmax term
+            sink = self.sinks[h0:h0 + m.shape[1]].astype(F64)[None, :]
+            with np.errstate(invalid="ignore", over="ignore"):
+                s = s + np.where(live, np.exp(sink - np.where(live, m, 0.0)), 0.0)
+        out[live] = (o[live] / s[live][:, None]).astype(F32)
+        return out
+
+    # -- head_dim split over a group of columns (`layout.HeadSplit`) ------------------
+    def _compute_split(self, cd, op):
+        where = self.where(cd)
+        _, i, j, w, h = self.grid_pos(cd)
+        sp, g = self.split, self.split.g
+        kv_head, _, _ = sp.group(i)
+        k0, k1 = sp.kv_range(i)
+        q0, q1 = sp.q_range(i)
+        nf = k1 - k0
+        feats = sp.unit_features[k0 - kv_head * self.d:k1 - kv_head * self.d]  # of its head
+        r0, r1 = part(self.max_seq, h, j)
+        if op == "qk":
+            cb = self._table(cd, where)
+            if self.blocks:  # the column's q | k | v (| gate) where the qkv reduction left them
+                lo, hi = sp.qkv_range(i, self.gated)
+                x = self.input(cd).need(lo, hi, where)
+                q, k = x[:, :g * nf], x[:, g * nf:g * nf + nf]
+                v, gate = x[:, g * nf + nf:g * nf + 2 * nf], x[:, g * nf + 2 * nf:]
+            else:
+                hd, kvd = self.heads * self.d, self.kvh * self.d
+                x = self.input(cd)
+                q = x.need_at(sp.q_order[q0:q1], where)
+                k = x.need_at(hd + sp.k_order[k0:k1], where)
+                v = x.need_at(np.arange(hd + kvd + k0, hd + kvd + k1), where)
+                gate = x.need_at(hd + 2 * kvd + sp.o_order[q0:q1], where) if self.gated else None
+            if self.gated:
+                cd.acc[self.name, "gate"] = ref.sigmoid(gate)
+            q = q.reshape(self.b, nf, g).transpose(0, 2, 1)  # (b, g heads, its features)
+            cache = self._cache(cd, r1 - r0, nf)
+            scores = np.zeros((self.b, g, r1 - r0), F64)
+            ssq = np.zeros((self.b, g + 1), F64)  # partial sums of squares: q heads, then k
+            prep = {}
+            for b, slot in enumerate(cb.slots):
+                if slot.rid < 0:
+                    continue
+                p = slot.pos
+                qb, kb = q[b].astype(F64), k[b].astype(F64)
+                ssq[b, :g], ssq[b, g] = (qb * qb).sum(axis=1), (kb * kb).sum()
+                qr = self._rope(qb * self._gain(self.q_gain, feats), p, feats)  # (g, nf)
+                kr = self._rope(kb[None] * self._gain(self.k_gain, feats), p, feats)[0]
+                lo, n = self._keys(p, r0, r1)
+                if n > lo:
+                    keys = cache[0, slot.kv, lo:n].astype(F64)
+                    if r0 <= p < r1:  # its own key, not yet normalized nor cached
+                        keys[p - r0 - lo] = kr
+                    scores[b, :, lo:n] = qr @ keys.T
+                prep[b] = (slot, lo, n, kr, v[b])
+            cd.acc[self.name, "prep"] = prep
+            cd.acc[self.name, "scores"] = (scores, ssq)
+        elif op == "score_add":
+            (got,) = self.take(cd, FlowRole.DOWN)
+            sc, ssq = cd.acc[self.name, "scores"]
+            cd.acc[self.name, "scores"] = (sc + got[0], ssq + got[1])  # new arrays: multicast
+        elif op == "exp":
+            scores, ssq = cd.acc.pop((self.name, "scores"))
+            cache = self._cache(cd, r1 - r0, nf)
+            o = np.zeros((self.b, g, nf), F64)
+            m = np.full((self.b, g), -np.inf)
+            s = np.zeros((self.b, g), F64)
+            for b, (slot, lo, n, kr, vb) in cd.acc.pop((self.name, "prep")).items():
+                p = slot.pos
+                rq = self._inv_rms(ssq[b, :g], self.q_gain)
+                rk = self._inv_rms(ssq[b, g], self.k_gain)
+                sc = scores[b] * rq[:, None]
+                if r0 <= p < r1:
+                    sc[:, p - r0] *= rk
+                    cache[0, slot.kv, p - r0] = kr * rk
+                    cache[1, slot.kv, p - r0] = vb
+                if n <= lo:
+                    continue
+                sc = (sc[:, lo:n] / math.sqrt(self.d)).astype(F32)
+                mx = sc.max(axis=1)
+                e = np.exp(sc.astype(F64) - mx[:, None])
+                m[b], s[b] = mx, e.sum(axis=1)
+                o[b] = e @ cache[1, slot.kv, lo:n].astype(F64)
+            cd.acc[self.name] = (o, m, s)
+        elif op == "softmax_merge":
+            (got,) = self.take(cd, FlowRole.DOWN)
+            cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
+        elif op == "normalize":
+            out = self._normalized(cd, kv_head * g).transpose(0, 2, 1)  # (b, features, g heads)
+            if self.gated:
+                out = (out * cd.acc.pop((self.name, "gate")).reshape(self.b, nf, g)).astype(F32)
+            cd.values[self.name] = Vec.of(out.reshape(self.b, nf * g), q0, self.heads * self.d)
+
+    @staticmethod
+    def _gain(gain, feats):
+        return 1.0 if gain is None else gain[feats].astype(F64)
+
+    def _inv_rms(self, ssq, gain):
+        """1 / rms of a head from its summed squares (1: no q/k norm)."""
+        if gain is None:
+            return np.ones_like(ssq) if np.ndim(ssq) else 1.0
+        return 1.0 / np.sqrt(ssq / self.d + self.eps)
+
+    def _rope(self, x: np.ndarray, p: int, feats: np.ndarray) -> np.ndarray:
+        """RoPE at position p of heads x (n, its features) holding features `feats` of
+        their heads: every feature's partner is among them (a unit), so the rotation
+        of the whole head, zeros elsewhere, gives their values."""
+        full = np.zeros((1, x.shape[0], self.d), F64)
+        full[0][:, feats] = x
+        return ref.apply_rope(full, np.asarray([p]), self.rope)[0][:, feats].astype(F64)
+
+    def _scoring(self, cd) -> bool:
+        """Whether the core is inside the row's score reduction (between qk and exp)."""
+        return (self.name, "prep") in cd.acc
+
     def send(self, cd, role):
+        if self.split is not None and self._scoring(cd):  # partial or summed scores
+            return cd.acc[self.name, "scores"]
         if role is FlowRole.DOWN:
             return cd.acc.pop(self.name)
         return cd.values[self.name]
+
+    def recv(self, cd, role, items):
+        if role is FlowRole.UP and self.split is not None and self._scoring(cd):
+            cd.acc[self.name, "scores"] = items[0]  # the row group's summed scores
+        else:
+            super().recv(cd, role, items)
 
 
 

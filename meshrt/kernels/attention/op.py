@@ -11,6 +11,7 @@ from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType
 from meshrt.kernels.attention import csl
+from meshrt.kernels.attention.layout import HeadSplit, heads_share, kv_share, splits_heads, whole_heads
 from meshrt.kernels.attention.numerics import Attention, qkv_blocks
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.interface import (
@@ -21,6 +22,7 @@ from meshrt.kernels.interface import (
     KernelOp,
     ceil_div,
     chain,
+    in_sequence,
 )
 from meshrt.shape import HParams, request_state
 
@@ -30,6 +32,8 @@ EXP = ComputeOp("exp", "exp", csl.exp)
 """exp(s - max) of the scores and their sum."""
 AV = ComputeOp("av", "fmac", csl.av)
 """The scores' weighted sum of this core's V rows."""
+SCORE_ADD = ComputeOp("score_add", "add", csl.score_add)
+"""A row neighbour's partial scores added (head_dim split over columns, `layout`)."""
 
 
 def merge_cycles(costs, work: int, param) -> float:
@@ -83,7 +87,7 @@ class AttentionOp(KernelOp):
 
     VIZ_COLOR: ClassVar[str] = "#ff7f00"
     VIZ_RANK: ClassVar[int] = 1
-    COMPUTE: ClassVar[tuple] = (QK, EXP, AV, SOFTMAX_MERGE, NORMALIZE)
+    COMPUTE: ClassVar[tuple] = (QK, EXP, AV, SCORE_ADD, SOFTMAX_MERGE, NORMALIZE)
     NUMERICS: ClassVar[type] = Attention
     LOWERS: ClassVar[tuple] = (graph.AttentionOp,)
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # per-slot KV lengths
@@ -92,6 +96,9 @@ class AttentionOp(KernelOp):
     def verify_kernel(self) -> None:
         _, _, w, h = self.grid()
         kv = int_value(self.kv_heads)
+        if not (whole_heads(kv, w) or splits_heads(kv, w)):
+            raise self.fail(f"{w} columns split {kv} KV heads unevenly: the width must divide "
+                            "kv_heads (whole heads a column) or exceed it (head_dim split)")
         if int_value(self.slots) <= 0:
             raise self.fail("slots must be > 0")
         if kv <= 0 or int_value(self.heads) % kv:
@@ -104,15 +111,20 @@ class AttentionOp(KernelOp):
             raise self.fail(
                 f"{kv * int_value(self.head_dim)} KV columns cannot be tiled over {w} columns"
             )
+        if int_value(self.head_dim) % 2 and splits_heads(kv, w):
+            raise self.fail(f"head_dim {int_value(self.head_dim)} split over {w} columns must be "
+                            "even (a column holds whole RoPE pairs)")
 
     @staticmethod
     def footprint(slots: int, max_seq: int, heads: int, kv_heads: int, head_dim: int,
                   kv_bytes: float, micro_batch: int, w: int, h: int) -> Footprint:
-        """K and V rows max_seq/h of each slot's cache, the queries, the scores."""
+        """K and V rows max_seq/h of each slot's cache, the queries, the scores (of the
+        fullest column, `layout`)."""
         rows = ceil_div(max_seq, h)
-        kv = slots * rows * ceil_div(kv_heads * head_dim, w) * 2 * kv_bytes
-        q = 2 * micro_batch * ceil_div(heads * head_dim, w) * ACT_BYTES
-        scores = micro_batch * ceil_div(heads, w) * rows * ACT_BYTES
+        feats = kv_share(kv_heads, head_dim, w)
+        kv = slots * rows * feats * 2 * kv_bytes
+        q = 2 * micro_batch * (heads // kv_heads) * feats * ACT_BYTES
+        scores = micro_batch * heads_share(heads, kv_heads, w) * rows * ACT_BYTES
         return Footprint(kv, q + scores)
 
     @staticmethod
@@ -128,12 +140,31 @@ class AttentionOp(KernelOp):
         b = kctx.micro_batch
         rows = ceil_div(seq, h)
         state = self.footprint(kctx.slots, seq, heads, kv, d, kctx.kv_bytes, b, w, h).state
-        local = [("compute", "qk", b * rows * ceil_div(heads * d, w)),
-                 ("compute", "exp", b * rows * ceil_div(heads, w)),
-                 ("compute", "av", b * rows * ceil_div(heads * d, w))]
-        msg = b * (ceil_div(heads * d, w) + 2 * ceil_div(heads, w)) * ACT_BYTES  # partial out + max/sum
-        roles, flows = chain(self, local, "softmax_merge", msg,
-                             [("compute", "normalize", b * ceil_div(heads * d, w))], int(state), kctx=kctx)
+        hs = heads_share(heads, kv, w)
+        feats = (heads // kv) * kv_share(kv, d, w)  # of q and of the output
+        qk = [("compute", "qk", b * rows * feats)]
+        softmax = [("compute", "exp", b * rows * hs), ("compute", "av", b * rows * feats)]
+        msg = b * (feats + 2 * hs) * ACT_BYTES  # partial out + max/sum
+        finish = [("compute", "normalize", b * feats)]
+        if not splits_heads(kv, w):
+            roles, flows = chain(self, qk + softmax, "softmax_merge", msg, finish, int(state), kctx=kctx)
+        else:
+            # head_dim split: each row's partial scores (and sums of squares for q/k norm)
+            # summed within its KV head's group of columns first, then the usual merge
+            roles, flows = chain(self, softmax, "softmax_merge", msg, finish, int(state), kctx=kctx)
+            scores = b * (hs * rows + hs + 1) * ACT_BYTES
+            x, y, _, _ = self.grid()
+            groups: dict[int, list[tuple[int, int, int, int]]] = {}
+            for lo, c in HeadSplit(heads, kv, d, 0, w).group_columns():
+                groups.setdefault(c, []).append((x + lo, y, c, h))
+            row_roles = []
+            for c, tiles in sorted(groups.items()):  # one chain per group width
+                part = "scores" if len(groups) == 1 else f"scores{c}"
+                r, f = chain(self, [], "score_add", scores, [], 0, axis="row", tiles=tiles,
+                             kctx=kctx, part=part)
+                row_roles += r
+                flows += f
+            roles = in_sequence(row_roles, roles, qk)
         for r in roles:
             r.ctrl = self.control(b, kctx.slots)
         return roles, flows

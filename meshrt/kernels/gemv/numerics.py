@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshrt.kernels.attention.layout import HeadSplit
 from meshrt.kernels.numerics import F64, DataLayoutError, KernelExec, block_order, block_range, part
+from meshrt.rope import rotary_dim
 
 
 class Gemv(KernelExec):
@@ -16,26 +18,60 @@ class Gemv(KernelExec):
         _, _, w, h = self.tiles[0]
         self.splits = h if self.transposed else w  # parts of the output
         self.blocks = plane.out_blocks(info)
+        # the q | k | v (| gate) of an attention splitting head_dim (`attention.layout`),
+        # or the output of one read as this GEMV's input
+        self.out_split, self.gated = self._head_split(info, "out_heads"), len(self.blocks or ()) == 4
+        self.in_split = self._head_split(info, "in_heads")
+        # blocked position -> index in the blocks' plain concatenation, or None (plain)
+        order = None
+        if self.out_split is not None:
+            order = self.out_split.qkv_order(self.gated)
+        elif self.blocks:
+            order = block_order(self.blocks, self.splits)
         # where the output holds each entry of the blocks' plain concatenation (readers of a
         # blocked value look entries up here, once per kernel rather than per core and step)
         self.positions = None
-        if self.blocks:
-            self.positions = np.empty(sum(self.blocks), np.int64)
-            self.positions[block_order(self.blocks, self.splits)] = np.arange(sum(self.blocks))
-        self.weight = plane.matrix(self.name, self.layer, self.blocks, self.splits)
-        self.bias = plane.bias(self.name, self.layer, self.blocks, self.splits)
+        if order is not None:
+            self.positions = np.empty(len(order), np.int64)
+            self.positions[order] = np.arange(len(order))
+        rows = self.in_split.o_order if self.in_split is not None else None
+        self.weight = plane.matrix(self.name, self.layer, order, rows)
+        self.bias = plane.bias(self.name, self.layer, order)
         # stored quantized: each core holds its tile's codes and block scales, and decodes
         # them where it computes (the dequant event before its fmac)
         self.fmt = info.packed_weights
         self.packed = None if self.fmt is None else plane.packed_matrix(
-            self.name, self.layer, self.fmt, self.blocks, self.splits)
+            self.name, self.layer, self.fmt, order, rows)
+
+    def _head_split(self, info, key: str) -> HeadSplit | None:
+        p = info.param(key)
+        if p is None:
+            return None
+        heads, kv_heads, head_dim, cols = p
+        sp = HeadSplit(heads, kv_heads, head_dim, rotary_dim(self.plane.shape.rope, head_dim), cols)
+        if sp.problem():
+            raise DataLayoutError(f"kernel @{self.name}: {key}: {sp.problem()}")
+        return sp
+
+    def _in_range(self, i: int, j: int, w: int, h: int, n_in: int) -> tuple[int, int]:
+        """This core's rows of the input: its part of the split (over columns where
+        transposed; a head-splitting attention's output, its columns' units)."""
+        if not self.transposed:
+            return part(n_in, h, j)
+        if self.in_split is not None:
+            return self.in_split.q_range(i) if i < self.in_split.cols else (n_in, n_in)
+        return part(n_in, w, i)
+
+    def _out_range(self, k: int, n_out: int) -> tuple[int, int]:
+        if self.out_split is not None:
+            return self.out_split.qkv_range(k, self.gated)
+        return block_range(self.blocks, self.splits, k) if self.blocks else part(n_out, self.splits, k)
 
     def compute(self, cd, op):
         _, i, j, w, h = self.grid_pos(cd)
         n_in, n_out = self.weight.shape
-        r0, r1 = part(n_in, w, i) if self.transposed else part(n_in, h, j)  # the input's split
-        k = j if self.transposed else i  # this core's part of the output
-        c0, c1 = block_range(self.blocks, self.splits, k) if self.blocks else part(n_out, self.splits, k)
+        r0, r1 = self._in_range(i, j, w, h, n_in)
+        c0, c1 = self._out_range(j if self.transposed else i, n_out)
         if op != "fmac":  # dequant_*: the packed tile decoded for this step's fmac
             if self.packed is None or op != f"dequant_{self.fmt}":
                 raise DataLayoutError(f"{self.where(cd)}: {op} on weights stored as "
@@ -52,6 +88,6 @@ class Gemv(KernelExec):
             raise DataLayoutError(f"{self.where(cd)}: fmac before its {self.fmt} tile is decoded")
         partial = np.zeros((self.b, n_out), F64)
         partial[:, c0:c1] = x.astype(F64) @ weights
-        if self.bias is not None and r0 == 0:  # the core of the first input rows adds it, once
+        if self.bias is not None and r0 == 0 < r1:  # the core of the first input rows adds it, once
             partial[:, c0:c1] += self.bias[c0:c1]
         cd.values[self.name] = ("partial", c0, c1, partial)

@@ -18,7 +18,8 @@ from meshrt.dialects import graph
 from meshrt.dialects.graph import ActType
 from meshrt.dialects.base import int_value
 from meshrt.kernels.allreduce.op import AllReduceOp
-from meshrt.kernels.attention.op import qkv_blocks, reads_qkv_in_place
+from meshrt.kernels.attention.layout import kv_share, qkv_share, splits_heads
+from meshrt.kernels.attention.op import AttentionOp, qkv_blocks, reads_qkv_in_place
 from meshrt.dialects.graph import verify_weights
 from meshrt.kernels.compute import DEQUANT, FMAC
 from meshrt.kernels.gemv.numerics import Gemv
@@ -32,6 +33,16 @@ from meshrt.kernels.interface import (
     UNARY_FORMAT,
     ceil_div,
 )
+
+
+def _split_heads(attn: graph.AttentionOp | AttentionOp) -> DenseArrayBase | None:
+    """[heads, kv_heads, head_dim, columns] of attention `attn` where it splits head_dim
+    over its columns, else None."""
+    x0, _, x1, _ = attn.region.extent
+    heads, kv, d = (int_value(a) for a in (attn.heads, attn.kv_heads, attn.head_dim))
+    if not splits_heads(kv, x1 - x0):
+        return None
+    return DenseArrayBase.from_list(i64, [heads, kv, d, x1 - x0])
 
 
 def _splits(w: int, h: int, axis: str) -> tuple[int, int]:
@@ -54,6 +65,11 @@ class GemvOp(KernelOp):
     # the output laid out blocked per column (`numerics.block_order`): q | k | v for an
     # attention on the same columns, which then reads it in place
     blocks = opt_prop_def(DenseArrayBase)
+    # [heads, kv_heads, head_dim, columns] of an attention splitting head_dim over its
+    # columns (`attention.layout`): out_heads, the q | k | v it reads in place is laid out
+    # in its units; in_heads, the input is such an attention's output (rows permuted)
+    out_heads = opt_prop_def(DenseArrayBase)
+    in_heads = opt_prop_def(DenseArrayBase)
     weights = opt_prop_def(StringAttr)  # W stored quantized (`meshrt.quant`): decoded per tile
     input = operand_def(ActType)
     output = result_def(ActType)
@@ -88,6 +104,14 @@ class GemvOp(KernelOp):
         if self.blocks is not None and sum(self.blocks.get_values()) != n_out:
             raise self.fail(f"blocks {list(self.blocks.get_values())} do not add up to the "
                             f"output width {n_out}")
+        for key, heads in (("out_heads", self.out_heads), ("in_heads", self.in_heads)):
+            if heads is not None:
+                vals = heads.get_values()
+                if len(vals) != 4 or min(vals) < 1 or not splits_heads(vals[1], vals[3]):
+                    raise self.fail(f"{key} must be [heads, kv_heads, head_dim, columns] of an "
+                                    f"attention wider than its KV heads, got {list(vals)}")
+        if self.out_heads is not None and self.blocks is None:
+            raise self.fail("out_heads lays out a blocked q | k | v: it needs blocks")
         if n_in < across_in or n_out < across_out:
             _, _, w, h = self.grid()
             raise self.fail(
@@ -97,20 +121,36 @@ class GemvOp(KernelOp):
 
     @staticmethod
     def footprint(n_in: int, n_out: int, weight_bytes: float, micro_batch: int, w: int, h: int,
-                  axis: str = "col") -> Footprint:
-        """The weight tile, plus input and output buffers and one input row of staging."""
+                  axis: str = "col", tile: tuple[int, int] | None = None) -> Footprint:
+        """The weight tile (`tile`: its rows and columns where the split is not plain,
+        `tile_shape`), plus input and output buffers and one input row of staging."""
         across_in, across_out = _splits(w, h, axis)
-        it, ot = ceil_div(n_in, across_in), ceil_div(n_out, across_out)
+        it, ot = tile or (ceil_div(n_in, across_in), ceil_div(n_out, across_out))
         return Footprint(it * ot * weight_bytes, micro_batch * (it + ot) * ACT_BYTES + it * weight_bytes)
+
+    def tile_shape(self) -> tuple[int, int]:
+        """(input rows, output columns) of the fullest core's tile: a plain split of each,
+        or the units of an attention splitting head_dim (`attention.layout`) on the
+        columns it shares with that attention."""
+        across_in, across_out = self.splits()
+        n_in, n_out = self.input.type.width.data, self.output.type.width.data
+        it, ot = ceil_div(n_in, across_in), ceil_div(n_out, across_out)
+        if self.out_heads is not None:
+            heads, kv, d, cols = self.out_heads.get_values()
+            ot = qkv_share(heads, kv, d, cols, len(self.blocks.get_values()) == 4)
+        if self.in_heads is not None and self.reduce_axis == "row":
+            heads, kv, d, cols = self.in_heads.get_values()
+            it = (heads // kv) * kv_share(kv, d, cols)
+        return it, ot
 
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()
         n_in, n_out = self.input.type.width.data, self.output.type.width.data
         fmt = self.weight_format
+        it, ot = self.tile_shape()
         state = self.footprint(n_in, n_out, kctx.stored_bytes(fmt, kctx.weight_bytes),
-                               kctx.micro_batch, w, h, self.reduce_axis).state
-        across_in, across_out = self.splits()
-        tile = ceil_div(n_in, across_in) * ceil_div(n_out, across_out)
+                               kctx.micro_batch, w, h, self.reduce_axis, (it, ot)).state
+        tile = it * ot
         # a quantized tile is decoded where the kernel computes, once per step
         decode = [("compute", DEQUANT[fmt].name, tile)] if fmt else []
         events = [INPUTS, *decode, ("compute", "fmac", kctx.micro_batch * tile)]
@@ -148,6 +188,13 @@ class GemvOp(KernelOp):
                 blocks = qkv_blocks(int_value(attn.heads), int_value(attn.kv_heads), int_value(attn.head_dim),
                                     attn.is_gated)
                 props["blocks"] = DenseArrayBase.from_list(i64, blocks)
+                heads = _split_heads(attn)
+                if heads is not None:
+                    props["out_heads"] = heads
+        if isinstance(producer, AttentionOp):
+            heads = _split_heads(producer)
+            if heads is not None:  # its rows in the order the attention leaves its output
+                props["in_heads"] = heads
         gemv = make(cls, op, operands, rt, **props)
         red = make(AllReduceOp, op, gemv.results, rt, name=f"{op.kernel_name}.reduce",
                    axis=StringAttr("row" if transposed else "col"))

@@ -167,3 +167,38 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 d
   %d = mesh_kernel.deltanet @delta(%x) on <(4, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 2 : i64, v_heads = 4 : i64, k_dim = 2 : i64, v_dim = 2 : i64, conv = 1 : i64, slots = 2 : i64} : !graph.act<32> -> !graph.act<8>
 }
 // CHECK: error: 'mesh_kernel.deltanet' op kernel @delta: the conv needs at least 2 taps, got 1
+
+// -----
+
+// Three columns for four KV heads: neither whole heads a column nor a head_dim split.
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<96>
+  %a = mesh_kernel.attention @attn(%x) on <(4, 1, 3, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 4 : i64, kv_heads = 4 : i64, head_dim = 8 : i64, max_seq = 8 : i64, slots = 2 : i64} : !graph.act<96> -> !graph.act<32>
+}
+// CHECK: error: 'mesh_kernel.attention' op kernel @attn: 3 columns split 4 KV heads unevenly: the width must divide kv_heads (whole heads a column) or exceed it (head_dim split)
+
+// -----
+
+// head_dim split over columns keeps each RoPE pair on one column: it must be even.
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<27>
+  %a = mesh_kernel.attention @attn(%x) on <(4, 1, 3, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 1 : i64, kv_heads = 1 : i64, head_dim = 9 : i64, max_seq = 8 : i64, slots = 2 : i64} : !graph.act<27> -> !graph.act<9>
+}
+// CHECK: error: 'mesh_kernel.attention' op kernel @attn: head_dim 9 split over 3 columns must be even (a column holds whole RoPE pairs)
+
+// -----
+
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<16>
+  %p = mesh_kernel.gemv @qkv(%x) on <(0, 1, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, out_heads = array<i64: 2, 1, 8, 4>} : !graph.act<16> -> !graph.act<32>
+}
+// CHECK: error: 'mesh_kernel.gemv' op kernel @qkv: out_heads lays out a blocked q | k | v: it needs blocks
+
+// -----
+
+// Four columns hold four KV heads whole: no head split to name.
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<32>
+  %p = mesh_kernel.gemv @o(%x) on <(0, 1, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, axis = "row", in_heads = array<i64: 4, 4, 8, 4>} : !graph.act<32> -> !graph.act<16>
+}
+// CHECK: error: 'mesh_kernel.gemv' op kernel @o: in_heads must be [heads, kv_heads, head_dim, columns] of an attention wider than its KV heads, got [4, 4, 8, 4]

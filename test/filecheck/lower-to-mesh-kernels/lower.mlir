@@ -86,7 +86,8 @@ graph.model @moe_east target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
 // An attention on the columns of the GEMV that produces its q | k | v reads it
 // in place: the GEMV lays its output out blocked per column (each column's
 // part of q, then of k, then of v) and the attention says so. One on other
-// columns gathers its share of the plain vector instead.
+// columns gathers its share of the plain vector instead. (Two columns for one KV
+// head split head_dim: the blocked layout is the head split's, `out_heads`.)
 graph.model @in_place target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
   %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
   %q = graph.matmul @l0.qkv(%x) on <(2, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<64>
@@ -95,9 +96,9 @@ graph.model @in_place target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch
   %a1 = graph.attention @l1.attn(%q1) on <(6, 0, 2, 4)> {layer = 1 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 1 : i64, head_dim = 16 : i64, max_seq = 8 : i64} : !graph.act<64> -> !graph.act<32>
 }
 // CHECK-LABEL: mesh_kernel.program @in_place
-// CHECK:       mesh_kernel.gemv @l0.qkv({{.*}}) on <(2, 0, 2, 4)> {{{.*}}blocks = array<i64: 32, 16, 16>}
+// CHECK:       mesh_kernel.gemv @l0.qkv({{.*}}) on <(2, 0, 2, 4)> {{{.*}}blocks = array<i64: 32, 16, 16>, out_heads = array<i64: 2, 1, 16, 2>}
 // CHECK:       mesh_kernel.attention @l0.attn({{.*}}) on <(2, 0, 2, 4)> {{{.*}}qkv_in_place}
-// CHECK:       mesh_kernel.gemv @l1.qkv({{.*}}) on <(4, 0, 2, 4)> {layer = 1 : i64, stage = 0 : i64, wafer = 0 : i64} :
+// CHECK:       mesh_kernel.gemv @l1.qkv({{.*}}) on <(4, 0, 2, 4)> {layer = 1 : i64, stage = 0 : i64, wafer = 0 : i64, in_heads = array<i64: 2, 1, 16, 2>} :
 // CHECK:       mesh_kernel.attention @l1.attn
 // CHECK-NOT:   qkv_in_place
 
@@ -114,3 +115,32 @@ graph.model @fp8 target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dy
 // CHECK-NEXT:  mesh_kernel.allreduce @l0.o.reduce
 // CHECK-NOT:   weights
 // CHECK:       }
+
+// -----
+
+// An attention wider than its KV heads splits head_dim over each KV head's group of
+// columns: the qkv GEMV that it reads in place lays q | k | v out in the head split's
+// units (`out_heads`) and the o projection reads the attention's output in that order
+// (`in_heads`), both naming [heads, kv_heads, head_dim, columns].
+graph.model @split target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 1, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %qkv = graph.matmul @l0_qkv(%x) on <(1, 0, 5, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<64>
+  %a = graph.attention @l0_attn(%qkv) on <(1, 0, 5, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 4 : i64, kv_heads = 2 : i64, head_dim = 8 : i64, max_seq = 8 : i64} : !graph.act<64> -> !graph.act<32>
+  %o = graph.matmul @l0_o(%a) on <(1, 0, 5, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<32>
+}
+// CHECK:      mesh_kernel.gemv @l0_qkv({{.*}}) on <(1, 0, 5, 4)> {{{.*}}blocks = array<i64: 32, 16, 16>, out_heads = array<i64: 4, 2, 8, 5>} : !graph.act<32> -> !graph.act<64>
+// CHECK:      mesh_kernel.attention @l0_attn({{.*}}) on <(1, 0, 5, 4)> {{{.*}}qkv_in_place}
+// CHECK:      mesh_kernel.gemv @l0_o({{.*}}) on <(1, 0, 5, 4)> {{{.*}}axis = "row", in_heads = array<i64: 4, 2, 8, 5>} : !graph.act<32> -> !graph.act<32>
+
+// -----
+
+// Columns that hold whole KV heads (2 of 4 a column) need neither.
+graph.model @whole target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 1, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %qkv = graph.matmul @l0_qkv(%x) on <(1, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<96>
+  %a = graph.attention @l0_attn(%qkv) on <(1, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 4 : i64, kv_heads = 4 : i64, head_dim = 8 : i64, max_seq = 8 : i64} : !graph.act<96> -> !graph.act<32>
+  %o = graph.matmul @l0_o(%a) on <(1, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<32>
+}
+// CHECK-LABEL: mesh_kernel.program @whole
+// CHECK:       mesh_kernel.gemv @l0_qkv({{.*}}) on <(1, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, blocks = array<i64: 32, 32, 32>} : !graph.act<32> -> !graph.act<96>
+// CHECK:       mesh_kernel.gemv @l0_o({{.*}}) on <(1, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, axis = "row"} : !graph.act<32> -> !graph.act<32>

@@ -13,7 +13,7 @@ graph.model @cb target "test32" mesh 32 x 32 wafers 1 stages 2 micro_batch 2 dyn
   %h = graph.handoff @h0(%x) on <(1, 0, 1, 2)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, to_stage = 1 : i64, to_wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
   %n = graph.rmsnorm @l0.norm(%h) on <(4, 0, 1, 2)> {layer = 0 : i64, stage = 1 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<16>
   %q = graph.matmul @l0.qkv(%n) on <(4, 0, 1, 2)> {layer = 0 : i64, stage = 1 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<48>
-  %a = graph.attention @l0.attn(%q) on <(5, 0, 2, 2)> {layer = 0 : i64, stage = 1 : i64, wafer = 0 : i64, heads = 1 : i64, kv_heads = 1 : i64, head_dim = 16 : i64, max_seq = 8 : i64} : !graph.act<48> -> !graph.act<16>
+  %a = graph.attention @l0.attn(%q) on <(5, 0, 2, 2)> {layer = 0 : i64, stage = 1 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 8 : i64, max_seq = 8 : i64} : !graph.act<48> -> !graph.act<16>
   %l = graph.matmul @lm_head(%a) on <(7, 0, 2, 2)> {layer = -1 : i64, stage = 1 : i64, wafer = 0 : i64} : !graph.act<16> -> !graph.act<32>
   %t = graph.sample @sample(%l) on <(7, 0, 2, 2)> {layer = -1 : i64, stage = 1 : i64, wafer = 0 : i64, eos = 1 : i64} : !graph.act<32> -> !graph.tokens
 }

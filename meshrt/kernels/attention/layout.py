@@ -1,0 +1,173 @@
+"""How attention lays heads and head_dim over its columns (and what that asks of the
+GEMVs on either side of it).
+
+Columns that hold whole KV heads (the width divides kv_heads) need nothing from each
+other until the merge down the column. A region wider than kv_heads splits head_dim:
+KV head k takes a group of columns (groups balanced, `HeadSplit.group`), and each
+column of the group holds some *units* of the head's features, a unit being two
+features that RoPE rotates together (feature m and m + rotary/2) or two features past
+the rotary part. Every column holds its units of the KV head's k and v and of all
+g = heads / kv_heads query heads of the group, so its partial q . k dot products are
+local; the partials (and, with q/k norm, the partial sums of squares) are summed
+along the row within the group before the softmax. The output o of a column is its
+units of the g heads.
+
+Vectors are then stored in orders that make each column's share contiguous:
+q and the output gate [kv][unit feature][j] (j: query head within the group), k
+[kv][unit feature], v and o [kv][feature][j] / [kv][feature] (v and o rotate not,
+so their features keep their natural order). The qkv GEMV's weight columns and the
+o projection's weight rows are permuted to match (`qkv_order`, `o_order`); the
+numbers are the same, the permutation only moves them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def balanced(n: int, parts: int, i: int) -> tuple[int, int]:
+    """Range of part i when n items are split into `parts` parts differing by at most one."""
+    return i * n // parts, (i + 1) * n // parts
+
+
+def splits_heads(kv_heads: int, w: int) -> bool:
+    """Whether a w-column attention splits head_dim over its columns (wider than kv_heads)."""
+    return w > kv_heads
+
+
+def whole_heads(kv_heads: int, w: int) -> bool:
+    """Whether each of w columns holds whole KV heads (w divides kv_heads)."""
+    return kv_heads % w == 0
+
+
+def kv_share(kv_heads: int, head_dim: int, w: int) -> int:
+    """Features of K (and of V) the fullest column of a w-column attention holds per
+    position: whole heads, or its units of one head's (two features a unit)."""
+    if splits_heads(kv_heads, w):
+        return 2 * -(-(head_dim // 2) // (w // kv_heads))
+    return -(-kv_heads // w) * head_dim
+
+
+def heads_share(heads: int, kv_heads: int, w: int) -> int:
+    """Query heads the fullest column touches (all g of its group where it splits them)."""
+    if splits_heads(kv_heads, w):
+        return heads // kv_heads
+    return -(-heads // w)
+
+
+def qkv_share(heads: int, kv_heads: int, head_dim: int, w: int, gated: bool) -> int:
+    """Entries of the blocked q | k | v (| gate) the fullest column holds."""
+    return (2 + heads // kv_heads * (2 if gated else 1)) * kv_share(kv_heads, head_dim, w)
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    """The head_dim split of an attention `cols` columns wide (cols > kv_heads)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rotary: int  # leading features of a head RoPE rotates (the rest pass)
+    cols: int
+
+    def problem(self) -> str | None:
+        """Why this split cannot be laid out in units, or None."""
+        if not splits_heads(self.kv_heads, self.cols):
+            return f"{self.cols} columns do not split {self.kv_heads} KV heads"
+        if self.heads % self.kv_heads:
+            return f"heads {self.heads} are not a multiple of kv_heads {self.kv_heads}"
+        if self.head_dim % 2 or self.rotary % 2 or not 0 <= self.rotary <= self.head_dim:
+            return (f"head_dim {self.head_dim} split over columns needs an even head_dim and "
+                    f"rotary dimension (got rotary {self.rotary})")
+        return None
+
+    @property
+    def g(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def units(self) -> int:
+        return self.head_dim // 2
+
+    def group(self, i: int) -> tuple[int, int, int]:
+        """(KV head, column within its group, columns of the group) of column i."""
+        k = ((i + 1) * self.kv_heads - 1) // self.cols
+        lo, hi = balanced(self.cols, self.kv_heads, k)
+        return k, i - lo, hi - lo
+
+    def group_columns(self) -> list[tuple[int, int]]:
+        """(first column, columns) of every KV head's group."""
+        return [(lo, hi - lo) for lo, hi in (balanced(self.cols, self.kv_heads, k)
+                                             for k in range(self.kv_heads))]
+
+    def unit_range(self, i: int) -> tuple[int, int]:
+        """The units of its head column i holds."""
+        _, s, c = self.group(i)
+        return balanced(self.units, c, s)
+
+    def kv_range(self, i: int) -> tuple[int, int]:
+        """Column i's positions of k (order [kv][unit feature]) and of v ([kv][feature])."""
+        k, _, _ = self.group(i)
+        u0, u1 = self.unit_range(i)
+        return k * self.head_dim + 2 * u0, k * self.head_dim + 2 * u1
+
+    def q_range(self, i: int) -> tuple[int, int]:
+        """Column i's positions of q, the gate and o (g per k position)."""
+        lo, hi = self.kv_range(i)
+        return lo * self.g, hi * self.g
+
+    @functools.cached_property
+    def unit_features(self) -> np.ndarray:
+        """Unit order -> feature of a head: RoPE pairs (m, m + rotary/2), then the
+        features past the rotary part two by two."""
+        half = self.rotary // 2
+        pairs = np.stack([np.arange(half), np.arange(half) + half], axis=1).ravel()
+        return np.concatenate([pairs, np.arange(self.rotary, self.head_dim)]).astype(np.int64)
+
+    def _grouped(self, per_head: np.ndarray) -> np.ndarray:
+        """Order [kv][feature position][j] of a heads x head_dim vector -> natural index,
+        the feature at each position `per_head`."""
+        kv, f, j = np.meshgrid(np.arange(self.kv_heads), per_head, np.arange(self.g), indexing="ij")
+        return ((kv * self.g + j) * self.head_dim + f).ravel()
+
+    @functools.cached_property
+    def q_order(self) -> np.ndarray:
+        return self._grouped(self.unit_features)
+
+    @functools.cached_property
+    def k_order(self) -> np.ndarray:
+        kv = np.arange(self.kv_heads)[:, None] * self.head_dim
+        return (kv + self.unit_features[None, :]).ravel()
+
+    @functools.cached_property
+    def o_order(self) -> np.ndarray:
+        """Position of o (and of the gate) -> its natural index."""
+        return self._grouped(np.arange(self.head_dim))
+
+    def qkv_range(self, i: int, gated: bool) -> tuple[int, int]:
+        """Column i's slice of the q | k | v (| gate) vector laid out blocked per column."""
+        return int(self._qkv_starts(gated)[i]), int(self._qkv_starts(gated)[i + 1])
+
+    def _column_size(self, i: int, gated: bool) -> int:
+        lo, hi = self.kv_range(i)
+        return (hi - lo) * (2 + self.g * (2 if gated else 1))
+
+    @functools.lru_cache(maxsize=2)  # noqa: B019 (one HeadSplit per kernel)
+    def _qkv_starts(self, gated: bool) -> np.ndarray:
+        return np.cumsum([0] + [self._column_size(i, gated) for i in range(self.cols)])
+
+    @functools.lru_cache(maxsize=2)  # noqa: B019
+    def qkv_order(self, gated: bool) -> np.ndarray:
+        """Blocked position -> index in the natural q | k | v (| gate) concatenation."""
+        hd, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        out = []
+        for i in range(self.cols):
+            k0, k1 = self.kv_range(i)
+            q0, q1 = self.q_range(i)
+            out += [self.q_order[q0:q1], hd + self.k_order[k0:k1], hd + kvd + np.arange(k0, k1)]
+            if gated:
+                out.append(hd + 2 * kvd + self.o_order[q0:q1])
+        return np.concatenate(out).astype(np.int64)

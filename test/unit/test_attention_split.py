@@ -1,0 +1,164 @@
+"""Attention wider than its KV heads: head_dim split over each KV head's columns
+(`meshrt.kernels.attention.layout`), its layout's invariants and its numerics."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshrt import driver, quant
+from meshrt.frontend.mapper import map_model
+from meshrt.frontend.model import MappingSpec, RectChoice
+from meshrt.kernels.attention.layout import HeadSplit, kv_share, qkv_share, splits_heads
+from meshrt.runtime.serving import serve
+from meshrt.runtime.workloads import Request
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "test" / "data" / "hf"
+
+
+@st.composite
+def head_splits(draw):
+    kv = draw(st.integers(1, 6))
+    g = draw(st.integers(1, 4))
+    d = 2 * draw(st.integers(1, 12))
+    rot = 2 * draw(st.integers(0, d // 2))
+    cols = draw(st.integers(kv + 1, 4 * kv + d))
+    return HeadSplit(kv * g, kv, d, rot, cols)
+
+
+@settings(max_examples=150, deadline=None)
+@given(head_splits(), st.booleans())
+def test_a_head_split_partitions_every_vector_into_aligned_units(sp, gated):
+    assert sp.problem() is None
+    hd, kvd, g, d = sp.heads * sp.head_dim, sp.kv_heads * sp.head_dim, sp.g, sp.head_dim
+    for order, n in ((sp.q_order, hd), (sp.k_order, kvd), (sp.o_order, hd)):
+        assert sorted(order.tolist()) == list(range(n))  # a permutation
+    kv_ranges = [sp.kv_range(i) for i in range(sp.cols)]
+    # the columns' ranges tile k (and q, g per k position) in column order
+    assert kv_ranges[0][0] == 0 and kv_ranges[-1][1] == kvd
+    assert all(a[1] == b[0] for a, b in zip(kv_ranges, kv_ranges[1:]))
+    half = sp.rotary // 2
+    for i in range(sp.cols):
+        k0, k1 = kv_ranges[i]
+        q0, q1 = sp.q_range(i)
+        assert (q0, q1) == (g * k0, g * k1)
+        kv_head, _, _ = sp.group(i)
+        feats = sp.k_order[k0:k1] - kv_head * d  # this column's features of its KV head
+        assert ((sp.k_order[k0:k1] // d) == kv_head).all()
+        # each query head of the group holds the same features: partial dots are local
+        q = sp.q_order[q0:q1]
+        assert set((q // d) // g) <= {kv_head}
+        for j in range(g):
+            assert sorted((q[(q // d) % g == j] % d).tolist()) == sorted(feats.tolist())
+        # every RoPE pair whole on one column
+        held = set(feats.tolist())
+        assert all((m + half in held) == (m in held) for m in range(half))
+        # o and the gate: the same heads, the features v holds (natural order)
+        o = sp.o_order[q0:q1]
+        assert sorted((o % d).tolist()) == sorted(np.repeat(np.arange(k0, k1) - kv_head * d, g).tolist())
+    sizes = [k1 - k0 for k0, k1 in kv_ranges]
+    assert max(sizes) == kv_share(sp.kv_heads, d, sp.cols)  # the footprints' formula
+    blocked = sp.qkv_order(gated)
+    total = hd + 2 * kvd + (hd if gated else 0)
+    assert sorted(blocked.tolist()) == list(range(total))
+    ranges = [sp.qkv_range(i, gated) for i in range(sp.cols)]
+    assert ranges[-1][1] == total
+    assert max(b - a for a, b in ranges) == qkv_share(sp.heads, sp.kv_heads, d, sp.cols, gated)
+
+
+def test_groups_are_balanced_and_columns_past_a_heads_units_hold_none():
+    sp = HeadSplit(4, 2, 4, 4, 7)  # 2 units a head; groups of 3 and 4 columns
+    assert sp.group_columns() == [(0, 3), (3, 4)]
+    assert [sp.kv_range(i)[1] - sp.kv_range(i)[0] for i in range(7)] == [0, 2, 2, 0, 2, 0, 2]
+    assert not splits_heads(4, 4) and not splits_heads(4, 2) and splits_heads(4, 5)
+
+
+@pytest.mark.parametrize("fmt, block", [("fp8", (4, 8)), ("mxfp4", None)])
+def test_packed_rows_in_keeps_each_rows_scale(fmt, block):
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(64, 8)).astype(np.float32)
+    p = quant.pack(w, fmt, block)
+    order = rng.permutation(64)
+    moved = p.rows_in(order)
+    assert np.array_equal(moved.decode(), p.decode()[order])
+    assert np.array_equal(moved.slice(5, 20, 2, 6).decode(), p.decode()[order][5:20, 2:6])
+
+
+def _split_program(spec, width: int, target):
+    """`spec` with explicit regions: every layer `width` columns, 8 rows."""
+    n = spec.shape.layers
+    m = MappingSpec(layers={i: RectChoice(4 + i * width, 0, width, 8) for i in range(n)},
+                    embed=RectChoice(0, 0, 4, 8), lm_head=RectChoice(4 + n * width, 0, 4, 8))
+    spec = dataclasses.replace(spec, mapping=m)
+    return driver.segment_program(map_model(spec, driver.load_target(target), None, None, None),
+                                  target)
+
+
+def test_a_head_split_computes_every_attention_feature(tmp_path):
+    """Two KV heads on four columns (two a head): q/k norm, partial rotary, biases, sinks and
+    a sliding window, on test32, two asynchrony seeds: the reference's tokens."""
+    (tmp_path / "m.mrt").write_text((REPO / "examples" / "tiny_dense.mrt").read_text()
+                                    .replace("kv_heads    = 4", "kv_heads    = 2"))
+    spec = driver.load_spec(tmp_path / "m.mrt")
+    shape = dataclasses.replace(spec.shape, attn_sinks=True, sliding_window=5, window_layers=(1,),
+                                qk_norm=True, rope_partial=0.5, qkv_bias=True, o_bias=True)
+    program = _split_program(dataclasses.replace(spec, shape=shape), 4, "test32")
+    (attn,) = [k for k in program.kernels() if k.kernel_name == "l0_attn"]
+    assert attn.region.rects.data[0].tuple[2] == 4
+    assert "l0_attn.scores.down" in {f.flow_name for f in program.flows()}
+    rng = np.random.default_rng(3)
+    reqs = [Request(i, 0.0, rng.integers(0, 256, 2 + i % 4).tolist(), 2 + i % 4, 6, 6)
+            for i in range(6)]
+    for seed in range(2):
+        res = serve(program, driver.load_target("test32"), reqs, seed=seed)
+        assert len(res.records) == 6 and not res.sim.reports
+        assert res.outputs_match_reference, seed
+
+
+def test_a_gated_partial_rotary_head_split_equals_the_checkpoint(tmp_path):
+    """The qwen3_5 fixture (output gate, partial rotary 0.25, q/k norm) with its full-attention
+    layer's four KV heads over six columns (groups of one and two, their units uneven), on
+    test32 with a user input queue and two colours more (a three-core row group's middle
+    core receives on four flows): the transformers-checked reference's tokens."""
+    import importlib.util
+
+    from meshrt.runtime.checkpoint import load_checkpoint
+    from meshrt.runtime.serving import reference_shape
+
+    toml = (REPO / "meshrt" / "targets" / "test32.toml").read_text()
+    for a, b in (('name = "test32"', 'name = "test32q6"'), ("colors = 8", "colors = 10"),
+                 ("reserved_colors = [6, 7]", "reserved_colors = [8, 9]"),
+                 ("reserved_task_ids = [6, 7, 15]", "reserved_task_ids = [8, 9, 15]"),
+                 ("input_queues = 5", "input_queues = 6")):
+        assert a in toml
+        toml = toml.replace(a, b)
+    target = tmp_path / "test32q6.toml"
+    target.write_text(toml)
+    spec_ = importlib.util.spec_from_file_location("hf_parity", REPO / "bench" / "hf_parity.py")
+    hf_parity = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(hf_parity)
+    d = DATA / "qwen3_5"
+    spec = driver.load_spec(d)
+    n = spec.shape.layers
+    m = MappingSpec(layers={i: RectChoice(4 + i * 6, 0, 6, 16) for i in range(n)},
+                    embed=RectChoice(0, 0, 4, 16), lm_head=RectChoice(4 + n * 6, 0, 4, 16))
+    graph = map_model(dataclasses.replace(spec, mapping=m), driver.load_target(target), None, None, None)
+    program = driver.segment_program(hf_parity.f32_activations(graph), target)
+    attn = [k for k in program.kernels() if k.kind.data == "attention"]
+    assert attn and all(k.region.rects.data[0].tuple[2] == 6 for k in attn)
+    weights = load_checkpoint(d, reference_shape(program))
+    exp = json.loads((d / "expected.json").read_text())
+    _, want, _ = hf_parity.reference_outputs(d)
+    reqs = [Request(i, 0.0, list(p), len(p), hf_parity.NEW_TOKENS, hf_parity.NEW_TOKENS)
+            for i, p in enumerate(exp["prompts"])]
+    res = serve(program, driver.load_target(target), reqs, seed=0, weights=weights)
+    got = {r.id: r.tokens for r in res.records}
+    assert [got.get(i) for i in range(len(reqs))] == want
+    assert res.outputs_match_reference and not res.sim.reports
