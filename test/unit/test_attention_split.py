@@ -73,10 +73,11 @@ def test_a_head_split_partitions_every_vector_into_aligned_units(sp, gated):
     assert max(b - a for a, b in ranges) == qkv_share(sp.heads, sp.kv_heads, d, sp.cols, gated)
 
 
-def test_groups_are_balanced_and_columns_past_a_heads_units_hold_none():
-    sp = HeadSplit(4, 2, 4, 4, 7)  # 2 units a head; groups of 3 and 4 columns
-    assert sp.group_columns() == [(0, 3), (3, 4)]
-    assert [sp.kv_range(i)[1] - sp.kv_range(i)[0] for i in range(7)] == [0, 2, 2, 0, 2, 0, 2]
+def test_groups_share_one_width_and_the_columns_past_them_hold_nothing():
+    sp = HeadSplit(4, 2, 4, 4, 7)  # 2 units a head; groups of 3 columns, column 6 idle
+    assert sp.group_columns() == [(0, 3), (3, 3)]
+    assert [sp.kv_range(i)[1] - sp.kv_range(i)[0] for i in range(7)] == [0, 2, 2, 0, 2, 2, 0]
+    assert sp.kv_range(6) == (8, 8) and sp.q_range(6) == (16, 16)
     assert not splits_heads(4, 4) and not splits_heads(4, 2) and splits_heads(4, 5)
 
 
@@ -102,16 +103,17 @@ def _split_program(spec, width: int, target):
 
 
 def test_a_head_split_computes_every_attention_feature(tmp_path):
-    """Two KV heads on four columns (two a head): q/k norm, partial rotary, biases, sinks and
-    a sliding window, on test32, two asynchrony seeds: the reference's tokens."""
+    """Two KV heads on five columns (two a head, the fifth idle): q/k norm, partial rotary,
+    biases, sinks and a sliding window, on test32, two asynchrony seeds: the reference's
+    tokens."""
     (tmp_path / "m.mrt").write_text((REPO / "examples" / "tiny_dense.mrt").read_text()
                                     .replace("kv_heads    = 4", "kv_heads    = 2"))
     spec = driver.load_spec(tmp_path / "m.mrt")
     shape = dataclasses.replace(spec.shape, attn_sinks=True, sliding_window=5, window_layers=(1,),
                                 qk_norm=True, rope_partial=0.5, qkv_bias=True, o_bias=True)
-    program = _split_program(dataclasses.replace(spec, shape=shape), 4, "test32")
+    program = _split_program(dataclasses.replace(spec, shape=shape), 5, "test32")
     (attn,) = [k for k in program.kernels() if k.kernel_name == "l0_attn"]
-    assert attn.region.rects.data[0].tuple[2] == 4
+    assert attn.region.rects.data[0].tuple[2] == 5
     assert "l0_attn.scores.down" in {f.flow_name for f in program.flows()}
     rng = np.random.default_rng(3)
     reqs = [Request(i, 0.0, rng.integers(0, 256, 2 + i % 4).tolist(), 2 + i % 4, 6, 6)
@@ -124,9 +126,10 @@ def test_a_head_split_computes_every_attention_feature(tmp_path):
 
 def test_a_gated_partial_rotary_head_split_equals_the_checkpoint(tmp_path):
     """The qwen3_5 fixture (output gate, partial rotary 0.25, q/k norm) with its full-attention
-    layer's four KV heads over six columns (groups of one and two, their units uneven), on
-    test32 with a user input queue and two colours more (a three-core row group's middle
-    core receives on four flows): the transformers-checked reference's tokens."""
+    layer's four KV heads over twelve columns (groups of three), on test32 with a user input
+    queue more (a three-core group's middle core receives on four flows: its row's scores
+    and their sums, its column's partials and result) and two colours more (the DeltaNet
+    layers' relay, as in test_hf_parity): the transformers-checked reference's tokens."""
     import importlib.util
 
     from meshrt.runtime.checkpoint import load_checkpoint
@@ -147,12 +150,12 @@ def test_a_gated_partial_rotary_head_split_equals_the_checkpoint(tmp_path):
     d = DATA / "qwen3_5"
     spec = driver.load_spec(d)
     n = spec.shape.layers
-    m = MappingSpec(layers={i: RectChoice(4 + i * 6, 0, 6, 16) for i in range(n)},
-                    embed=RectChoice(0, 0, 4, 16), lm_head=RectChoice(4 + n * 6, 0, 4, 16))
+    m = MappingSpec(layers={i: RectChoice(4 + i * 12, 0, 12, 16) for i in range(n)},
+                    embed=RectChoice(0, 0, 4, 16), lm_head=RectChoice(4 + n * 12, 0, 4, 16))
     graph = map_model(dataclasses.replace(spec, mapping=m), driver.load_target(target), None, None, None)
     program = driver.segment_program(hf_parity.f32_activations(graph), target)
     attn = [k for k in program.kernels() if k.kind.data == "attention"]
-    assert attn and all(k.region.rects.data[0].tuple[2] == 6 for k in attn)
+    assert attn and all(k.region.rects.data[0].tuple[2] == 12 for k in attn)
     weights = load_checkpoint(d, reference_shape(program))
     exp = json.loads((d / "expected.json").read_text())
     _, want, _ = hf_parity.reference_outputs(d)

@@ -3,8 +3,10 @@ GEMVs on either side of it).
 
 Columns that hold whole KV heads (the width divides kv_heads) need nothing from each
 other until the merge down the column. A region wider than kv_heads splits head_dim:
-KV head k takes a group of columns (groups balanced, `HeadSplit.group`), and each
-column of the group holds some *units* of the head's features, a unit being two
+KV head k takes a group of c = w // kv_heads columns (`HeadSplit.group`; the last
+w mod kv_heads columns hold no heads, so every group has one shape and the row
+reductions one chain's flows), and each column of the group holds some *units* of
+the head's features (balanced over the group), a unit being two
 features that RoPE rotates together (feature m and m + rotary/2) or two features past
 the rotary part. Every column holds its units of the KV head's k and v and of all
 g = heads / kv_heads query heads of the group, so its partial q . k dot products are
@@ -92,21 +94,27 @@ class HeadSplit:
     def units(self) -> int:
         return self.head_dim // 2
 
+    @property
+    def group_width(self) -> int:
+        """Columns of each KV head's group."""
+        return self.cols // self.kv_heads
+
     def group(self, i: int) -> tuple[int, int, int]:
-        """(KV head, column within its group, columns of the group) of column i."""
-        k = ((i + 1) * self.kv_heads - 1) // self.cols
-        lo, hi = balanced(self.cols, self.kv_heads, k)
-        return k, i - lo, hi - lo
+        """(KV head, column within its group, columns of the group) of column i (a column
+        past the groups: the last head, a position past its group)."""
+        c = self.group_width
+        k = min(i // c, self.kv_heads - 1)
+        return k, i - k * c, c
 
     def group_columns(self) -> list[tuple[int, int]]:
         """(first column, columns) of every KV head's group."""
-        return [(lo, hi - lo) for lo, hi in (balanced(self.cols, self.kv_heads, k)
-                                             for k in range(self.kv_heads))]
+        c = self.group_width
+        return [(k * c, c) for k in range(self.kv_heads)]
 
     def unit_range(self, i: int) -> tuple[int, int]:
-        """The units of its head column i holds."""
+        """The units of its head column i holds (none past the groups)."""
         _, s, c = self.group(i)
-        return balanced(self.units, c, s)
+        return balanced(self.units, c, s) if s < c else (self.units, self.units)
 
     def kv_range(self, i: int) -> tuple[int, int]:
         """Column i's positions of k (order [kv][unit feature]) and of v ([kv][feature])."""

@@ -10,6 +10,7 @@ from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, r
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType
+from meshrt.dialects.mesh import CoreSetAttr, RectAttr
 from meshrt.kernels.attention import csl
 from meshrt.kernels.attention.layout import HeadSplit, heads_share, kv_share, splits_heads, whole_heads
 from meshrt.kernels.attention.numerics import Attention, qkv_blocks
@@ -20,6 +21,9 @@ from meshrt.kernels.interface import (
     Footprint,
     KernelContext,
     KernelOp,
+    INPUTS,
+    OUTPUTS,
+    Role,
     ceil_div,
     chain,
     in_sequence,
@@ -154,17 +158,18 @@ class AttentionOp(KernelOp):
             roles, flows = chain(self, softmax, "softmax_merge", msg, finish, int(state), kctx=kctx)
             scores = b * (hs * rows + hs + 1) * ACT_BYTES
             x, y, _, _ = self.grid()
-            groups: dict[int, list[tuple[int, int, int, int]]] = {}
-            for lo, c in HeadSplit(heads, kv, d, 0, w).group_columns():
-                groups.setdefault(c, []).append((x + lo, y, c, h))
-            row_roles = []
-            for c, tiles in sorted(groups.items()):  # one chain per group width
-                part = "scores" if len(groups) == 1 else f"scores{c}"
-                r, f = chain(self, [], "score_add", scores, [], 0, axis="row", tiles=tiles,
-                             kctx=kctx, part=part)
-                row_roles += r
-                flows += f
+            sp = HeadSplit(heads, kv, d, 0, w)
+            c = sp.group_width
+            tiles = [(x + lo, y, c, h) for lo, _ in sp.group_columns()]
+            # one chain along each group's row, its root at the group's end: two flows
+            row_roles, row_flows = chain(self, [], "score_add", scores, [], 0, axis="row",
+                                         tiles=tiles, kctx=kctx, root=c - 1 if c > 1 else None,
+                                         part="scores")
+            if kv * c < w:  # columns past the groups: no heads, no row reduction
+                row_roles.append(Role("idle", CoreSetAttr([RectAttr(x + kv * c, y, w - kv * c, h)]),
+                                      [INPUTS, OUTPUTS]))
             roles = in_sequence(row_roles, roles, qk)
+            flows += row_flows
         for r in roles:
             r.ctrl = self.control(b, kctx.slots)
         return roles, flows
