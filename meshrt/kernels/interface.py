@@ -359,7 +359,8 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
           finish: list[Event], state: int, outputs_from_root: bool = True, axis: str = "col",
           tiles: list[tuple[int, int, int, int]] | None = None, relay_back: bool = True,
           kctx: KernelContext | None = None, root: int | None = None,
-          gather: Gather | None = None, part: str = "") -> tuple[list[Role], list[FlowSpec]]:
+          gather: Gather | None = None, part: str = "",
+          relay: bool = False) -> tuple[list[Role], list[FlowSpec]]:
     """Roles and flows of a streaming reduction down each column (or along each row) of the tiles.
 
     Every core runs `local`; partials stream toward the root at the centre of
@@ -380,7 +381,10 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     cores the result goes to next) instead of where the plan would. `gather`
     runs an all-gather on the same tree first (see `Gather`). `part` names one of
     several chains of a kernel (its tiles of another shape): its roles are
-    `{part}_edge`, ..., its flows `{kernel}.{part}.up`, ...
+    `{part}_edge`, ..., its flows `{kernel}.{part}.up`, ... `relay`: the result goes
+    back core by core (each core passes on what it received) even where a multicast
+    could reach the line: a segmented reduction, whose cores keep only what their
+    segment's root sent (`attention.layout`).
     """
     from meshrt.kernels.reduce_tree import ReduceTree
 
@@ -430,7 +434,7 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     c = tree.root
     # a multicast along the line reaches only this tile's cores unless tiles share lines
     spans = sorted((t[1], t[1] + t[3]) if along_row else (t[0], t[0] + t[2]) for t in tiles)
-    multicast = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    multicast = not relay and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     flows: list[FlowSpec] = []
 
     def phase(tag: str, op_name: str, msg: int, relays: bool):

@@ -43,9 +43,9 @@ class AllReduceOp(KernelOp):
         n = self.output.type.width.data
         across = h if self.axis.data == "row" else w  # the output is split the other way
         share = ceil_div(n, across)
-        tile = getattr(self.input.owner, "tile_shape", None)
-        if tile is not None:  # a GEMV's: its fullest core's output columns (a head split's units)
-            share = tile()[1]
+        gemv = self.input.owner
+        if getattr(gemv, "reduce_axis", None) == self.axis.data:
+            share = gemv.tile_shape()[1]  # its GEMV's fullest core's outputs (a head split's units)
         return chain(self, [], "add", kctx.micro_batch * share * ACT_BYTES, [], 0,
                      axis=self.axis.data, kctx=kctx)
 

@@ -11,7 +11,9 @@ features that RoPE rotates together (feature m and m + rotary/2) or two features
 the rotary part. Every column holds its units of the KV head's k and v and of all
 g = heads / kv_heads query heads of the group, so its partial q . k dot products are
 local; the partials (and, with q/k norm, the partial sums of squares) are summed
-along the row within the group before the softmax. The output o of a column is its
+along the row within the group before the softmax: one chain along the whole row
+into its end and back, segmented (a core adds its left neighbour's partial only if
+it is of its group, and keeps the relayed sums only from its group's columns). The output o of a column is its
 units of the g heads.
 
 Vectors are then stored in orders that make each column's share contiguous:
@@ -105,6 +107,12 @@ class HeadSplit:
         c = self.group_width
         k = min(i // c, self.kv_heads - 1)
         return k, i - k * c, c
+
+    def group_id(self, i: int) -> int:
+        """Column i's KV head, or -1 past the groups (where it sums with no one)."""
+        if not 0 <= i < self.group_width * self.kv_heads:
+            return -1
+        return i // self.group_width
 
     def group_columns(self) -> list[tuple[int, int]]:
         """(first column, columns) of every KV head's group."""

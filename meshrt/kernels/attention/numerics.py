@@ -205,10 +205,11 @@ class Attention(KernelExec):
                 prep[b] = (slot, lo, n, kr, v[b])
             cd.acc[self.name, "prep"] = prep
             cd.acc[self.name, "scores"] = (scores, ssq)
-        elif op == "score_add":
+        elif op == "score_add":  # the left neighbour's running sum, if of this group
             (got,) = self.take(cd, FlowRole.DOWN)
-            sc, ssq = cd.acc[self.name, "scores"]
-            cd.acc[self.name, "scores"] = (sc + got[0], ssq + got[1])  # new arrays: multicast
+            if sp.group_id(i - 1) == sp.group_id(i) >= 0:
+                sc, ssq = cd.acc[self.name, "scores"]
+                cd.acc[self.name, "scores"] = (sc + got[0], ssq + got[1])  # new arrays
         elif op == "exp":
             scores, ssq = cd.acc.pop((self.name, "scores"))
             cache = self._cache(cd, r1 - r0, nf)
@@ -272,7 +273,10 @@ class Attention(KernelExec):
 
     def recv(self, cd, role, items):
         if role is FlowRole.UP and self.split is not None and self._scoring(cd):
-            cd.acc[self.name, "scores"] = items[0]  # the row group's summed scores
+            # the sums relayed from the right: this group's, unless this column ends it
+            _, i, _, _, _ = self.grid_pos(cd)
+            if self.split.group_id(i + 1) == self.split.group_id(i) >= 0:
+                cd.acc[self.name, "scores"] = items[0]
         else:
             super().recv(cd, role, items)
 

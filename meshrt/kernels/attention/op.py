@@ -30,6 +30,10 @@ from meshrt.kernels.interface import (
 )
 from meshrt.shape import HParams, request_state
 
+ROW_QUEUES = 4
+"""Input queues a core inside a head split's row chain binds: its row's partial scores and
+their sums, its column's partials and result."""
+
 QK = ComputeOp("qk", "fmac", csl.qk, reads_input=True)
 """Scores of this core's KV rows: q . K[r]."""
 EXP = ComputeOp("exp", "exp", csl.exp)
@@ -157,17 +161,28 @@ class AttentionOp(KernelOp):
             # summed within its KV head's group of columns first, then the usual merge
             roles, flows = chain(self, softmax, "softmax_merge", msg, finish, int(state), kctx=kctx)
             scores = b * (hs * rows + hs + 1) * ACT_BYTES
-            x, y, _, _ = self.grid()
-            sp = HeadSplit(heads, kv, d, 0, w)
-            c = sp.group_width
-            tiles = [(x + lo, y, c, h) for lo, _ in sp.group_columns()]
-            # one chain along each group's row, its root at the group's end: two flows
-            row_roles, row_flows = chain(self, [], "score_add", scores, [], 0, axis="row",
-                                         tiles=tiles, kctx=kctx, root=c - 1 if c > 1 else None,
-                                         part="scores")
-            if kv * c < w:  # columns past the groups: no heads, no row reduction
-                row_roles.append(Role("idle", CoreSetAttr([RectAttr(x + kv * c, y, w - kv * c, h)]),
-                                      [INPUTS, OUTPUTS]))
+            stream = kctx.stream if kctx is not None else None
+            if stream is None or stream.queues >= ROW_QUEUES:
+                # one segmented chain along each whole row into its end, relayed back:
+                # each core adds only its own group's partials and keeps only its
+                # group's sums (`layout`); it takes the route of the o projection's
+                # reduction along the same rows where that is a chain into the end, so
+                # the two share a colour and a queue
+                row_roles, row_flows = chain(self, [], "score_add", scores, [], 0, axis="row",
+                                             kctx=kctx, root=w - 1, part="scores", relay=True)
+            else:
+                # a target whose roles bind fewer queues: a chain per group into its end (a
+                # group of one or two columns has no core that receives on both)
+                sp = HeadSplit(heads, kv, d, 0, w)
+                c = sp.group_width
+                x, y, _, _ = self.grid()
+                row_roles, row_flows = chain(
+                    self, [], "score_add", scores, [], 0, axis="row", kctx=kctx,
+                    tiles=[(x + lo, y, c, h) for lo, _ in sp.group_columns()],
+                    root=c - 1 if c > 1 else None, part="scores", relay=True)
+                if kv * c < w:  # columns past the groups: no heads, no row reduction
+                    row_roles.append(Role("idle", CoreSetAttr([RectAttr(x + kv * c, y, w - kv * c, h)]),
+                                          [INPUTS, OUTPUTS]))
             roles = in_sequence(row_roles, roles, qk)
             flows += row_flows
         for r in roles:
