@@ -92,6 +92,20 @@ def test_packed_rows_in_keeps_each_rows_scale(fmt, block):
     assert np.array_equal(moved.slice(5, 20, 2, 6).decode(), p.decode()[order][5:20, 2:6])
 
 
+def _roomier_test32(tmp_path) -> Path:
+    """test32 with a user input queue and two colours more."""
+    toml = (REPO / "meshrt" / "targets" / "test32.toml").read_text()
+    for a, b in (('name = "test32"', 'name = "test32q6"'), ("colors = 8", "colors = 10"),
+                 ("reserved_colors = [6, 7]", "reserved_colors = [8, 9]"),
+                 ("reserved_task_ids = [6, 7, 15]", "reserved_task_ids = [8, 9, 15]"),
+                 ("input_queues = 5", "input_queues = 6")):
+        assert a in toml
+        toml = toml.replace(a, b)
+    target = tmp_path / "test32q6.toml"
+    target.write_text(toml)
+    return target
+
+
 def _split_program(spec, width: int, target):
     """`spec` with explicit regions: every layer `width` columns, 8 rows."""
     n = spec.shape.layers
@@ -135,15 +149,7 @@ def test_a_gated_partial_rotary_head_split_equals_the_checkpoint(tmp_path):
     from meshrt.runtime.checkpoint import load_checkpoint
     from meshrt.runtime.serving import reference_shape
 
-    toml = (REPO / "meshrt" / "targets" / "test32.toml").read_text()
-    for a, b in (('name = "test32"', 'name = "test32q6"'), ("colors = 8", "colors = 10"),
-                 ("reserved_colors = [6, 7]", "reserved_colors = [8, 9]"),
-                 ("reserved_task_ids = [6, 7, 15]", "reserved_task_ids = [8, 9, 15]"),
-                 ("input_queues = 5", "input_queues = 6")):
-        assert a in toml
-        toml = toml.replace(a, b)
-    target = tmp_path / "test32q6.toml"
-    target.write_text(toml)
+    target = _roomier_test32(tmp_path)
     spec_ = importlib.util.spec_from_file_location("hf_parity", REPO / "bench" / "hf_parity.py")
     hf_parity = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(hf_parity)
@@ -165,3 +171,38 @@ def test_a_gated_partial_rotary_head_split_equals_the_checkpoint(tmp_path):
     got = {r.id: r.tokens for r in res.records}
     assert [got.get(i) for i in range(len(reqs))] == want
     assert res.outputs_match_reference and not res.sim.reports
+
+
+def test_a_head_split_reading_its_input_from_elsewhere_computes(tmp_path):
+    """Layer 0's attention moved off its layer's columns (printed graph IR, edited): it
+    gathers q | k | v from the qkv reduction in plain order and picks its units, and the o
+    projection, no longer transposed, takes its rows in the attention's order. On test32 with
+    a queue more (the input flow beside the row and column chains), three seeds."""
+    import contextlib
+    import io
+    import re
+
+    from meshrt.tools.cli import main
+
+    (tmp_path / "m.mrt").write_text(
+        (REPO / "examples" / "tiny_dense.mrt").read_text().replace("kv_heads    = 4", "kv_heads    = 2")
+        + "mapping {\n  embed region (0, 0, 4, 8)\n  layer 0 region (4, 0, 5, 8)\n"
+          "  layer 1 region (9, 0, 5, 8)\n  lm_head region (14, 0, 4, 8)\n}\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["compile", str(tmp_path / "m.mrt"), "--target", "test32", "--emit", "graph"]) == 0
+    ir, n = re.subn(r"(graph\.attention @l0_attn\(%\d+\) on )<\(4, 0, 5, 8\)>", r"\1<(20, 10, 5, 8)>",
+                    out.getvalue())
+    assert n == 1
+    (tmp_path / "g.mlir").write_text(ir)
+    target = _roomier_test32(tmp_path)
+    kernels = {k.kernel_name: k for k in driver.program_of(driver.lower(
+        driver.read_ir(tmp_path / "g.mlir"), "kernels", target)).walk() if hasattr(k, "kernel_name")}
+    assert kernels["l0_attn"].qkv_in_place is None
+    assert kernels["l0_o"].in_heads.get_values() == (4, 2, 16, 5) and kernels["l0_o"].axis is None
+    for seed in ("0", "1", "2"):
+        got = io.StringIO()
+        with contextlib.redirect_stdout(got):
+            rc = main(["run", str(tmp_path / "g.mlir"), "--target", str(target), "--requests", "4",
+                       "--seed", seed, "--json"])
+        assert rc == 0 and json.loads(got.getvalue())["outputs_match_reference"], seed

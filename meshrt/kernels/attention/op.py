@@ -32,7 +32,8 @@ from meshrt.shape import HParams, request_state
 
 ROW_QUEUES = 4
 """Input queues a core inside a head split's row chain binds: its row's partial scores and
-their sums, its column's partials and result."""
+their sums, its column's partials and result (and its input, where it does not read its
+q | k | v in place)."""
 
 QK = ComputeOp("qk", "fmac", csl.qk, reads_input=True)
 """Scores of this core's KV rows: q . K[r]."""
@@ -162,7 +163,8 @@ class AttentionOp(KernelOp):
             roles, flows = chain(self, softmax, "softmax_merge", msg, finish, int(state), kctx=kctx)
             scores = b * (hs * rows + hs + 1) * ACT_BYTES
             stream = kctx.stream if kctx is not None else None
-            if stream is None or stream.queues >= ROW_QUEUES:
+            # an input that arrives on a flow (not read in place) takes one queue more
+            if stream is None or stream.queues >= ROW_QUEUES + (self.qkv_in_place is None):
                 # one segmented chain along each whole row into its end, relayed back:
                 # each core adds only its own group's partials and keeps only its
                 # group's sums (`layout`); it takes the route of the o projection's
