@@ -124,11 +124,14 @@ class Packed:
     rows: int
     first: int = 0
 
+    def _row_blocks(self) -> np.ndarray:
+        """Each row's index into `scales` (its block, counted from this tile's first)."""
+        n = self.codes.shape[-2]
+        return (np.arange(self.first, self.first + n) // self.rows) - self.first // self.rows
+
     def _row_scales(self) -> np.ndarray:
         """Each element's scale, (..., in, out)."""
-        n = self.codes.shape[-2]
-        idx = (np.arange(self.first, self.first + n) // self.rows) - self.first // self.rows
-        s = self.scales[..., idx, :]
+        s = self.scales[..., self._row_blocks(), :]
         return np.ldexp(np.float32(1), s.astype(np.int32) - 127) if self.fmt == "mxfp4" else s
 
     def decode(self) -> np.ndarray:
@@ -154,9 +157,8 @@ class Packed:
     def rows_in(self, order: np.ndarray) -> "Packed":
         """The rows in `order` (an input laid out otherwise than plainly): each row keeps
         its own block's scale, so the result holds a scale per row."""
-        n = self.codes.shape[-2]
-        idx = (np.arange(self.first, self.first + n) // self.rows) - self.first // self.rows
-        return Packed(self.fmt, self.codes[..., order, :], self.scales[..., idx[order], :], 1, 0)
+        return Packed(self.fmt, self.codes[..., order, :],
+                      self.scales[..., self._row_blocks()[order], :], 1, 0)
 
     @staticmethod
     def _alike(parts: "list[Packed]") -> "Packed":

@@ -78,7 +78,7 @@ from meshrt.dialects import graph as g
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.frontend.model import SCALES, MappingSpec, ModelShape, ModelSpec
-from meshrt.kernels.attention.layout import kv_share, qkv_share, splits_heads, whole_heads
+from meshrt.kernels.attention.layout import lays_out, q_share, qkv_share, splits_heads
 from meshrt.kernels.attention.op import AttentionOp
 from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.corridor import relay_footprint
@@ -194,7 +194,7 @@ class Sizer:
         if splits_heads(s.kv_heads, w) and len(s.linear_layers) < s.layers:
             # full attention splitting head_dim: q | k | v and o in its units (`layout`)
             qkv_cols = max(qkv_cols, qkv_share(s.heads, s.kv_heads, s.head_dim, w, s.attn_gate))
-            o_rows = max(o_rows, s.heads // s.kv_heads * kv_share(s.kv_heads, s.head_dim, w))
+            o_rows = max(o_rows, q_share(s.heads, s.kv_heads, s.head_dim, w))
         mb = self.micro_batch
         mixer = (GemvOp.footprint(s.hidden, self.mixer_in, d, mb, w, h, "col",
                                   (ceil_div(s.hidden, h), qkv_cols)).total
@@ -951,7 +951,7 @@ class _Mapper:
             if attends:
                 w = p.widths[unit.bands.index("layer")]
                 kv = self.shape.kv_heads
-                if not (whole_heads(kv, w) or splits_heads(kv, w)):
+                if not lays_out(kv, w):
                     raise FrontendError(
                         f"region {r} gives {unit.label}'s attention {w} columns, which split its "
                         f"{kv} KV heads unevenly: make it a width dividing {kv} or wider than {kv}",
@@ -1049,7 +1049,7 @@ def _spread(p: Placed, width: int | None = None, kv_heads: int = 1) -> Placed:
     if "layer" in p.unit.bands and len(widths) > 1:
         a = p.unit.bands.index("layer")
         w = widths[a]
-        if not (whole_heads(kv_heads, w) or splits_heads(kv_heads, w)):
+        if not lays_out(kv_heads, w):
             keep = max(d for d in range(1, w + 1) if kv_heads % d == 0)
             widths[a], widths[(a + 1) % len(widths)] = keep, widths[(a + 1) % len(widths)] + w - keep
     return Placed(p.unit, p.shape, p.wafer, p.x, p.y, p.h, p.reverse, tuple(widths))

@@ -56,6 +56,14 @@ def block_order(blocks: tuple[int, ...], cols: int) -> np.ndarray:
                            for s, b in zip(starts, blocks) for lo, hi in [part(b, cols, i)]])
 
 
+def inverse(order: np.ndarray) -> np.ndarray:
+    """Index -> position of a permutation given as position -> index (where a value laid
+    out in `order` holds each entry of its plain order)."""
+    out = np.empty(len(order), np.int64)
+    out[order] = np.arange(len(order))
+    return out
+
+
 # --------------------------------------------------------------------------
 # values and metainfo
 # --------------------------------------------------------------------------

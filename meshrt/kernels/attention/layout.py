@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshrt.rope import rotary_dim
+
 
 def balanced(n: int, parts: int, i: int) -> tuple[int, int]:
     """Range of part i when n items are split into `parts` parts differing by at most one."""
@@ -45,6 +47,11 @@ def splits_heads(kv_heads: int, w: int) -> bool:
 def whole_heads(kv_heads: int, w: int) -> bool:
     """Whether each of w columns holds whole KV heads (w divides kv_heads)."""
     return kv_heads % w == 0
+
+
+def lays_out(kv_heads: int, w: int) -> bool:
+    """Whether attention computes on w columns: whole KV heads a column, or head_dim split."""
+    return whole_heads(kv_heads, w) or splits_heads(kv_heads, w)
 
 
 def kv_share(kv_heads: int, head_dim: int, w: int) -> int:
@@ -62,9 +69,15 @@ def heads_share(heads: int, kv_heads: int, w: int) -> int:
     return -(-heads // w)
 
 
+def q_share(heads: int, kv_heads: int, head_dim: int, w: int) -> int:
+    """Features of q (and of the output, and of the gate) the fullest column holds: its K
+    features for each query head of its KV heads."""
+    return heads // kv_heads * kv_share(kv_heads, head_dim, w)
+
+
 def qkv_share(heads: int, kv_heads: int, head_dim: int, w: int, gated: bool) -> int:
     """Entries of the blocked q | k | v (| gate) the fullest column holds."""
-    return (2 + heads // kv_heads * (2 if gated else 1)) * kv_share(kv_heads, head_dim, w)
+    return 2 * kv_share(kv_heads, head_dim, w) + (2 if gated else 1) * q_share(heads, kv_heads, head_dim, w)
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,12 @@ class HeadSplit:
     head_dim: int
     rotary: int  # leading features of a head RoPE rotates (the rest pass)
     cols: int
+
+    @classmethod
+    def of(cls, heads: int, kv_heads: int, head_dim: int, cols: int, rope) -> HeadSplit:
+        """The split of an attention of these dimensions whose RoPE is `rope`
+        (`meshrt.rope.Rope`: how many leading features of a head rotate)."""
+        return cls(heads, kv_heads, head_dim, rotary_dim(rope, head_dim), cols)
 
     def problem(self) -> str | None:
         """Why this split cannot be laid out in units, or None."""
@@ -118,6 +137,16 @@ class HeadSplit:
         """(first column, columns) of every KV head's group."""
         c = self.group_width
         return [(k * c, c) for k in range(self.kv_heads)]
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019 (one HeadSplit per kernel)
+    def column(self, i: int) -> tuple[int, int, int, int, int, np.ndarray]:
+        """(KV head, k0, k1, q0, q1, features of its head) of column i: `kv_range`,
+        `q_range` and the head's features at k0..k1, worked out once per column."""
+        k, _, _ = self.group(i)
+        k0, k1 = self.kv_range(i)
+        q0, q1 = self.q_range(i)
+        base = k * self.head_dim
+        return k, k0, k1, q0, q1, self.unit_features[k0 - base:k1 - base]
 
     def unit_range(self, i: int) -> tuple[int, int]:
         """The units of its head column i holds (none past the groups)."""

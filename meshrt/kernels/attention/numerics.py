@@ -7,9 +7,8 @@ import math
 import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
-from meshrt.kernels.attention.layout import HeadSplit, splits_heads, whole_heads
-from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, block_range, part
-from meshrt.rope import rotary_dim
+from meshrt.kernels.attention.layout import HeadSplit, lays_out, splits_heads
+from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, block_range, inverse, part
 from meshrt.runtime import reference as ref
 
 
@@ -42,13 +41,12 @@ class Attention(KernelExec):
         # wider than its KV heads: head_dim split over groups of columns (`layout`)
         self.split = None
         if splits_heads(self.kvh, w):
-            self.split = HeadSplit(self.heads, self.kvh, self.d, rotary_dim(self.rope, self.d), w)
+            self.split = HeadSplit.of(self.heads, self.kvh, self.d, w, self.rope)
             if self.split.problem():
                 raise DataLayoutError(f"kernel @{self.name}: {self.split.problem()}")
             # where the output holds each entry of o in its natural order (`positions`)
-            self.positions = np.empty(self.heads * self.d, np.int64)
-            self.positions[self.split.o_order] = np.arange(self.heads * self.d)
-        elif not whole_heads(self.kvh, w):
+            self.positions = inverse(self.split.o_order)
+        elif not lays_out(self.kvh, w):
             raise DataLayoutError(
                 f"kernel @{self.name}: {w} columns split {self.kvh} KV heads unevenly "
                 "(a width dividing kv_heads, or wider than kv_heads, has numerics)")
@@ -161,11 +159,8 @@ class Attention(KernelExec):
         where = self.where(cd)
         _, i, j, w, h = self.grid_pos(cd)
         sp, g = self.split, self.split.g
-        kv_head, _, _ = sp.group(i)
-        k0, k1 = sp.kv_range(i)
-        q0, q1 = sp.q_range(i)
+        kv_head, k0, k1, q0, q1, feats = sp.column(i)
         nf = k1 - k0
-        feats = sp.unit_features[k0 - kv_head * self.d:k1 - kv_head * self.d]  # of its head
         r0, r1 = part(self.max_seq, h, j)
         if op == "qk":
             cb = self._table(cd, where)
@@ -194,8 +189,10 @@ class Attention(KernelExec):
                 p = slot.pos
                 qb, kb = q[b].astype(F64), k[b].astype(F64)
                 ssq[b, :g], ssq[b, g] = (qb * qb).sum(axis=1), (kb * kb).sum()
-                qr = self._rope(qb * self._gain(self.q_gain, feats), p, feats)  # (g, nf)
-                kr = self._rope(kb[None] * self._gain(self.k_gain, feats), p, feats)[0]
+                # the query heads and the key rotated at once: (g + 1, nf)
+                qkr = self._rope(np.concatenate([qb * self._gain(self.q_gain, feats),
+                                                 kb[None] * self._gain(self.k_gain, feats)]), p, feats)
+                qr, kr = qkr[:g], qkr[g]
                 lo, n = self._keys(p, r0, r1)
                 if n > lo:
                     keys = cache[0, slot.kv, lo:n].astype(F64)

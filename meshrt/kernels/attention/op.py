@@ -12,7 +12,7 @@ from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType
 from meshrt.dialects.mesh import CoreSetAttr, RectAttr
 from meshrt.kernels.attention import csl
-from meshrt.kernels.attention.layout import HeadSplit, heads_share, kv_share, splits_heads, whole_heads
+from meshrt.kernels.attention.layout import HeadSplit, heads_share, kv_share, lays_out, q_share, splits_heads
 from meshrt.kernels.attention.numerics import Attention, qkv_blocks
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.interface import (
@@ -105,7 +105,7 @@ class AttentionOp(KernelOp):
     def verify_kernel(self) -> None:
         _, _, w, h = self.grid()
         kv = int_value(self.kv_heads)
-        if not (whole_heads(kv, w) or splits_heads(kv, w)):
+        if not lays_out(kv, w):
             raise self.fail(f"{w} columns split {kv} KV heads unevenly: the width must divide "
                             "kv_heads (whole heads a column) or exceed it (head_dim split)")
         if int_value(self.slots) <= 0:
@@ -130,9 +130,8 @@ class AttentionOp(KernelOp):
         """K and V rows max_seq/h of each slot's cache, the queries, the scores (of the
         fullest column, `layout`)."""
         rows = ceil_div(max_seq, h)
-        feats = kv_share(kv_heads, head_dim, w)
-        kv = slots * rows * feats * 2 * kv_bytes
-        q = 2 * micro_batch * (heads // kv_heads) * feats * ACT_BYTES
+        kv = slots * rows * kv_share(kv_heads, head_dim, w) * 2 * kv_bytes
+        q = 2 * micro_batch * q_share(heads, kv_heads, head_dim, w) * ACT_BYTES
         scores = micro_batch * heads_share(heads, kv_heads, w) * rows * ACT_BYTES
         return Footprint(kv, q + scores)
 
@@ -150,7 +149,7 @@ class AttentionOp(KernelOp):
         rows = ceil_div(seq, h)
         state = self.footprint(kctx.slots, seq, heads, kv, d, kctx.kv_bytes, b, w, h).state
         hs = heads_share(heads, kv, w)
-        feats = (heads // kv) * kv_share(kv, d, w)  # of q and of the output
+        feats = q_share(heads, kv, d, w)  # of q and of the output
         qk = [("compute", "qk", b * rows * feats)]
         softmax = [("compute", "exp", b * rows * hs), ("compute", "av", b * rows * feats)]
         msg = b * (feats + 2 * hs) * ACT_BYTES  # partial out + max/sum

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshrt.kernels.attention.layout import HeadSplit
-from meshrt.kernels.numerics import F64, DataLayoutError, KernelExec, block_order, block_range, part
-from meshrt.rope import rotary_dim
+from meshrt.kernels.numerics import F64, DataLayoutError, KernelExec, block_order, block_range, inverse, part
 
 
 class Gemv(KernelExec):
@@ -30,10 +29,7 @@ class Gemv(KernelExec):
             order = block_order(self.blocks, self.splits)
         # where the output holds each entry of the blocks' plain concatenation (readers of a
         # blocked value look entries up here, once per kernel rather than per core and step)
-        self.positions = None
-        if order is not None:
-            self.positions = np.empty(len(order), np.int64)
-            self.positions[order] = np.arange(len(order))
+        self.positions = inverse(order) if order is not None else None
         rows = self.in_split.o_order if self.in_split is not None else None
         self.weight = plane.matrix(self.name, self.layer, order, rows)
         self.bias = plane.bias(self.name, self.layer, order)
@@ -48,7 +44,7 @@ class Gemv(KernelExec):
         if p is None:
             return None
         heads, kv_heads, head_dim, cols = p
-        sp = HeadSplit(heads, kv_heads, head_dim, rotary_dim(self.plane.shape.rope, head_dim), cols)
+        sp = HeadSplit.of(heads, kv_heads, head_dim, cols, self.plane.shape.rope)
         if sp.problem():
             raise DataLayoutError(f"kernel @{self.name}: {key}: {sp.problem()}")
         return sp

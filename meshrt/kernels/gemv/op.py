@@ -18,7 +18,7 @@ from meshrt.dialects import graph
 from meshrt.dialects.graph import ActType
 from meshrt.dialects.base import int_value
 from meshrt.kernels.allreduce.op import AllReduceOp
-from meshrt.kernels.attention.layout import kv_share, qkv_share, splits_heads
+from meshrt.kernels.attention.layout import q_share, qkv_share, splits_heads
 from meshrt.kernels.attention.op import AttentionOp, qkv_blocks, reads_qkv_in_place
 from meshrt.dialects.graph import verify_weights
 from meshrt.kernels.compute import DEQUANT, FMAC
@@ -140,7 +140,7 @@ class GemvOp(KernelOp):
             ot = qkv_share(heads, kv, d, cols, len(self.blocks.get_values()) == 4)
         if self.in_heads is not None and self.reduce_axis == "row":
             heads, kv, d, cols = self.in_heads.get_values()
-            it = (heads // kv) * kv_share(kv, d, cols)
+            it = q_share(heads, kv, d, cols)
         return it, ot
 
     def roles(self, kctx: KernelContext):
