@@ -30,7 +30,8 @@ Price = Callable[[Mapping[str, float], int, Callable[[str], int]], float]
 class ComputeOp:
     name: str
     cost: str | tuple[str, ...]  # the target cost key charged per element of work, or the keys `price` reads
-    csl: Callable[[ComputeBody], list[str]]
+    # its CSL body; None where the kind's PE bodies (`KernelOp.pe_bodies`) are its compute
+    csl: Callable[[ComputeBody], list[str]] | None
     reads_input: bool = False  # reads the kernel's input buffer x (the CSL receives into it)
     admits_requests: bool = False  # where the first stage admits waiting requests (CSL)
     price: Price | None = None  # the op's own formula; None: work x costs[cost]

@@ -44,6 +44,7 @@ from meshrt.dialects.base import MappedKernelOp
 from meshrt.dialects.mesh import CoreSetAttr, FlowRole, RectAttr
 
 if TYPE_CHECKING:
+    from meshrt.kernels.pe import Bodies
     from meshrt.kernels.compute import ComputeOp
     from meshrt.kernels.reduce_tree import StreamCosts
     from meshrt.kernels.numerics import KernelExec
@@ -202,6 +203,14 @@ class KernelOp(MappedKernelOp):
     @classmethod
     def kernel_kind(cls) -> str:
         return cls.name.split(".", 1)[1]
+
+    @classmethod
+    def pe_bodies(cls, info, micro_batch: int, hp, h: int) -> Bodies | None:
+        """The compute bodies (`meshrt.kernels.pe.Bodies`) of kernel `info` (its
+        `event.kernel` record) on a tile `h` cores high: what the interpreter executes and
+        the CSL prints for its compute ops. None: the kind has none yet, and its compute
+        is its numerics' and its ComputeOps' CSL."""
+        return None
 
     # -- geometry ----------------------------------------------------------
     def grid(self) -> tuple[int, int, int, int]:

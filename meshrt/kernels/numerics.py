@@ -170,6 +170,8 @@ class CoreData:
     kernel: KernelExec | None = None
     step: int = 0
     tiles: dict = field(default_factory=dict)  # resident weight tiles (float64 for accumulation)
+    # the PE-level buffers of each kernel whose compute runs its PE bodies (meshrt.kernels.pe)
+    buffers: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def tile(self, key, make) -> np.ndarray:
         """This core's resident tile `key`, loaded once (as the host does before the run)."""

@@ -66,7 +66,8 @@ class DataPlane:
         self.declared: dict[str, frozenset[str]] = {}  # kernel -> the compute ops its kind declares
         # kernel -> the activation format its value is rounded to where a consumer reads it
         # (kinds whose value is VALUE_IN_FP32, and every kernel of an f32 model: none)
-        act = HParams.of(program).act_format
+        self.hp = HParams.of(program)  # the model's parameters as the IR carries them
+        act = self.hp.act_format
         self.rounded: dict[str, str] = {}
         for info in program.kernels():
             kind = registry.kind(info.kind.data)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from meshrt.backend.csl.model import Event
+from meshrt.diagnostics import MeshrtError
 from meshrt.kernels import registry
 
 if TYPE_CHECKING:
@@ -36,7 +37,15 @@ class ComputeBody:
         self.kind = w.p.kind_of(sub)
 
     def lines(self) -> list[str]:
-        return registry.compute_op(self.e.name, self.kind.kernel_kind()).csl(self)
+        # a kind with compute bodies at the PE level prints the body the interpreter runs
+        pe = self.w.pe_lines(self.sub, self.e.name)
+        if pe is not None:
+            return pe
+        op = registry.compute_op(self.e.name, self.kind.kernel_kind())
+        if op.csl is None:
+            raise MeshrtError(f"internal error: compute op {op.name} of kernel @{self.sub.kernel} has "
+                              "neither a PE body for this core class nor a CSL body", self.sub.op)
+        return op.csl(self)
 
     # helpers the bodies share
     def param(self, key: str):

@@ -47,11 +47,13 @@ from meshrt.backend.csl import percore, streams
 from meshrt.backend.csl.alloc import ClassAlloc, Limits, format_table, report_rows
 from meshrt.backend.csl.kernels import ComputeBody
 from meshrt.backend.csl.metainfo import MetaCode
+from meshrt.backend.csl.pe_print import body_lines, calls_math
 from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment
 from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
 from meshrt.diagnostics import MeshrtError
 from meshrt.kernels import registry
 from meshrt.routing import Box, RectSet, rect_boxes
+from meshrt.shape import HParams
 
 
 
@@ -110,6 +112,8 @@ class ProgramWriter:
         self.tables: set[str] = set()  # decode tables packed weights need (E2M1, E4M3)
         self.wscale = 0  # float32 block scales of the largest packed tile (dequant_*)
         self.uses_ctrl = alloc.marker_task is not None
+        self._pe: dict[str, object] = {}  # kernel -> its PE bodies (None: its kind has none)
+        self.shadows: dict[str, int] = {}  # float32 copies 16-bit programs run PE bodies on
         self.plans = streams.plans(self.p)
         self.lp_used = False  # the loop counter of multi-message transfers
         self.consts: list[str] = []  # per-core comptime constants (chain roles, relay indices)
@@ -226,7 +230,8 @@ class ProgramWriter:
         n += 4 * (self.meta_in_words + sum(self.meta_in.values()) + sum(self.meta_out_words.values()))
         n += 4 * self.slots * 4 if self.cf else 0
         n += (2 + 4 + 2) * self.b * self.top_k if self.moe else 0
-        n += eb * self.b * (self.attn_rows + 2)
+        n += eb * self.b * self.attn_rows + 4 * self.b + 2 * self.b  # sc, scale (f32), done (u16)
+        n += 4 * sum(self.shadows.values())
         for k in self.xw_in + self.xw_out:
             n += eb * self.xw_elems[k] + 4 * self.xw_meta[k]
         for words, meta in self.primed.values():
@@ -929,6 +934,61 @@ class ProgramWriter:
     def region(self, sub) -> tuple[str, int, int] | None:
         return self.sub_region.get(id(sub))
 
+    def pe_lines(self, sub, op: str) -> list[str] | None:
+        """The CSL of compute op `op` of `sub`'s kernel where its kind has PE bodies
+        (`KernelOp.pe_bodies`), else None. The bodies' buffers are this program's: x, y,
+        p, scale by name, any other (resident: a norm's gains) the sub-schedule's region."""
+        bodies = self._pe.get(sub.kernel, False)
+        if bodies is False:
+            info = self.p.record(sub)
+            x0, y0 = self.cls.boxes[0][0], self.cls.boxes[0][1]
+            h = next((r.tuple[3] for r in info.region.rects.data
+                      if r.tuple[0] <= x0 < r.tuple[0] + r.tuple[2] and r.tuple[1] <= y0 < r.tuple[1] + r.tuple[3]),
+                     None)
+            bodies = None if h is None else self.p.kind_of(sub).pe_bodies(info, self.b, HParams.of(self.p.op), h)
+            self._pe[sub.kernel] = bodies
+        fn = bodies.funcs.get(op) if bodies is not None else None
+        if fn is None:
+            return None
+        renames: dict[str, tuple[str, int]] = {}
+        for buf in bodies.buffers:
+            if buf.name in ("x", "y"):
+                self.need(buf.name, buf.elems)
+            elif buf.name == "p":
+                if not self.has_p:
+                    raise MeshrtError(f"internal error: kernel @{sub.kernel}'s body reads p, which core "
+                                      f"class @{self.cls.name} does not have", self.cls.op)
+                self.need("p", buf.elems)
+            elif buf.name == "scale":
+                if buf.elems > self.b:
+                    raise MeshrtError(f"internal error: kernel @{sub.kernel}'s scale needs {buf.elems} "
+                                      f"elements, the program has {self.b}", self.cls.op)
+            else:  # resident: its part of the sub-schedule's region
+                reg = self.region(sub)
+                if reg is None or reg[2] < buf.elems:
+                    raise MeshrtError(f"internal error: kernel @{sub.kernel}'s '{buf.name}' needs "
+                                      f"{buf.elems} resident elements, its region holds "
+                                      f"{reg[2] if reg else 0}", self.cls.op)
+                renames[buf.name] = (reg[0], reg[1])
+        before: list[str] = []
+        after: list[str] = []
+        if self.sh.elem != "f32":
+            # 16-bit activations: the body runs on float32 copies (`<array>32`), converted
+            # in before it and out after it (@fh2s / @fs2h), so it computes as it does in
+            # the interpreter; the resident values are converted from their region.
+            for buf in bodies.buffers:
+                if buf.name == "scale":
+                    continue
+                array, offset = renames.get(buf.name, (buf.name, 0))
+                shadow = f"{array}32" if buf.name in ("x", "y", "p") else f"{sub.kernel}_{buf.name}32"
+                self.shadows[shadow] = max(self.shadows.get(shadow, 0), buf.elems)
+                renames[buf.name] = (shadow, 0)
+                before.append(f"@fh2s({self.mem(shadow, buf.elems)}, {self.mem(array, buf.elems, offset)});")
+                if buf.name in ("x", "y", "p"):
+                    after.append(f"@fs2h({self.mem(array, buf.elems)}, {self.mem(shadow, buf.elems)});")
+        self.uses_math |= calls_math(fn)
+        return before + body_lines(fn, renames) + after
+
     def emit_compute(self, e: Event, sub, src: str | None) -> str:
         i = len(self.fns)
         name = f"k{i}_{e.name}"
@@ -1009,7 +1069,9 @@ class ProgramWriter:
             out.extend(self.host_buffer("w", self.nw, T, "weights / KV tiles / embedding rows (host-loaded)"))
         if self.nwq:
             out.extend(self.host_buffer("wq", self.nwq, "u16", "packed sub-16-bit weights (host-loaded)"))
-        add(f"var scale = @zeros([{self.b}]{T}); // per-slot norm scale")
+        add(f"var scale = @zeros([{self.b}]f32); // per-slot inverse RMS of a norm")
+        for name, n in sorted(self.shadows.items()):
+            add(f"var {name} = @zeros([{n}]f32); // float32 copy the compute bodies run on")
         add(f"var sc = @zeros([{self.b * self.attn_rows}]{T}); // attention scores of this core's KV rows")
         add(f"var done = @zeros([{self.b}]u16); // per-slot end-of-sequence flags")
         for kind, n in sorted(self.meta_in.items()):

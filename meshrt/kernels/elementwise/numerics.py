@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
-from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, part
+from meshrt.kernels.numerics import F32, DataLayoutError, KernelExec, Vec, part
+from meshrt.kernels.elementwise.pe import bodies_for
+from meshrt.runtime import pe_exec
 from meshrt.runtime import reference as ref
 
 
@@ -18,6 +20,16 @@ class Elementwise(KernelExec):
         self.by_rows = info.param("layout", "cols") == "rows"
         if self.kind == "rmsnorm":
             self.gain = plane.norm_gain(self.name, self.layer)
+            # per column height, the bodies the CSL prints: K features of a slot a core
+            self.bodies = {th: bodies_for(info, self.b, plane.hp, th) for _, _, _, th in self.tiles}
+
+    def _buffers(self, cd, h: int, r0: int, r1: int) -> dict[str, np.ndarray]:
+        """This core's buffers of the kernel (its gains loaded once, as the host does)."""
+        bufs = cd.buffers.get(self.name)
+        if bufs is None:
+            bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, F32) for b in self.bodies[h].buffers}
+            bufs["gain"][:r1 - r0] = self.gain[r0:r1]
+        return bufs
 
     def compute(self, cd, op):
         _, i, j, w, h = self.grid_pos(cd)
@@ -25,20 +37,18 @@ class Elementwise(KernelExec):
         where = self.where(cd)
         if self.kind == "rmsnorm":
             r0, r1 = part(n, h, j)
-            if op == "square_sum":
-                x = self.input(cd).need(r0, r1, where).astype(F64)
-                cd.acc[self.name] = np.sum(x * x, axis=1)
+            bufs = self._buffers(cd, h, r0, r1)
+            b, k = self.b, self.bodies[h].buffers[0].elems // self.b
+            if op == "square_sum":  # the input as it arrived in x: k features a slot
+                x = bufs["x"].reshape(b, k)
+                x[:] = 0
+                x[:, :r1 - r0] = self.input(cd).need(r0, r1, where)
             elif op == "add":
                 (got,) = self.take(cd, FlowRole.DOWN)
-                cd.acc[self.name] = got + cd.acc[self.name]
-            elif op == "rsqrt":
-                eps = self.plane.shape.rms_eps
-                cd.acc[self.name + ".inv"] = 1.0 / np.sqrt(cd.acc.pop(self.name) / n + eps)
-            elif op == "scale":
-                inv = cd.acc.pop(self.name + ".inv")
-                x = self.input(cd).need(r0, r1, where).astype(F64)
-                out = (x * inv[:, None] * self.gain[r0:r1].astype(F64)).astype(F32)
-                cd.values[self.name] = Vec.of(out, r0, n)
+                bufs["p"][:] = got
+            pe_exec.run(self.bodies[h].funcs[op], bufs)
+            if op == "scale":
+                cd.values[self.name] = Vec.of(bufs["y"].reshape(b, k)[:, :r1 - r0].copy(), r0, n)
             return
         if op != self.kind:
             return
@@ -63,11 +73,13 @@ class Elementwise(KernelExec):
         cd.values[self.name] = Vec.of(out.astype(F32), c0, n)
 
     def send(self, cd, role):
-        if role is FlowRole.DOWN:
-            return cd.acc[self.name]
-        if role is FlowRole.UP:
-            return cd.acc[self.name + ".inv"]
+        if self.kind == "rmsnorm" and role in (FlowRole.DOWN, FlowRole.UP):
+            bufs = cd.buffers[self.name]
+            # down: the partial in y; up: the inverse RMS (y on the root, p where relayed)
+            src = "p" if role is FlowRole.UP and cd.acc.pop((self.name, "relayed"), False) else "y"
+            return bufs[src][:self.b].copy()
         return cd.values[self.name]
 
     def relayed(self, cd, value):
-        cd.acc[self.name + ".inv"] = value
+        cd.buffers[self.name]["p"][:] = value
+        cd.acc[self.name, "relayed"] = True

@@ -10,8 +10,8 @@ from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, result_def, va
 from meshrt.dialects import graph
 from meshrt.dialects.graph import ActType
 from meshrt.kernels.compute import ADD, SILU_MUL, ComputeOp
-from meshrt.kernels.elementwise import csl
 from meshrt.kernels.elementwise.numerics import Elementwise
+from meshrt.kernels.elementwise.pe import bodies_for
 from meshrt.kernels.interface import (
     ACT_BYTES,
     INPUTS,
@@ -23,12 +23,15 @@ from meshrt.kernels.interface import (
     chain,
 )
 
-SQUARE_SUM = ComputeOp("square_sum", "fmac", csl.square_sum, reads_input=True)
+# RMSNorm's compute is its PE bodies (elementwise/pe.py), which the CSL prints
+SQUARE_SUM = ComputeOp("square_sum", "fmac", None, reads_input=True)
 """This core's partial sum of squares per slot (an fmac per element)."""
-RSQRT = ComputeOp("rsqrt", "rsqrt", csl.rsqrt)
+RSQRT = ComputeOp("rsqrt", "rsqrt", None)
 """The inverse RMS of each slot at the root of the column."""
-SCALE = ComputeOp("scale", "mul", csl.scale, reads_input=True)
+SCALE = ComputeOp("scale", "mul", None, reads_input=True)
 """x * inverse RMS * gain on this core's rows."""
+
+GAIN_BYTES = 4  # an RMSNorm gain as its bodies read it (float32, meshrt.kernels.pe)
 
 ELEMENTWISE_KINDS = {"rmsnorm": 1, "add": 2, "silu_mul": 1}  # operand count
 
@@ -52,6 +55,10 @@ class ElementwiseOp(KernelOp):
     COMPUTE: ClassVar[tuple] = (SQUARE_SUM, ADD, RSQRT, SCALE, SILU_MUL)
     NUMERICS: ClassVar[type] = Elementwise
     LOWERS: ClassVar[tuple] = (graph.RMSNormOp, graph.AddOp, graph.ElementwiseOp)
+
+    @classmethod
+    def pe_bodies(cls, info, micro_batch, hp, h):
+        return bodies_for(info, micro_batch, hp, h)
 
     @property
     def is_rmsnorm(self) -> bool:
@@ -91,6 +98,7 @@ class ElementwiseOp(KernelOp):
             roles, flows = chain(self, local, "add", b * ACT_BYTES, finish,
                                  ceil_div(n, h) * ACT_BYTES, outputs_from_root=False, kctx=kctx)
             for r in roles:
+                r.state_sram = ceil_div(n, h) * GAIN_BYTES  # its gains, resident
                 r.events.insert(-1, ("compute", "scale", b * ceil_div(n, h)))
                 r.sends_output = True
                 if r.events[-1] != OUTPUTS:

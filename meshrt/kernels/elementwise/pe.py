@@ -1,0 +1,74 @@
+"""RMSNorm's compute bodies at the PE-program level (see meshrt.kernels.pe).
+
+An RMSNorm over a column of h cores: each core holds K = ceil(n / h) of the
+n features of every slot (B slots), in `x` slot by slot. Buffers are the
+CSL program's: `x` the input, `y` the output (its first B elements carry
+the partial sums down the column and the inverse RMS back up), `p` what a
+chain neighbour sent, `scale` the inverse RMS per slot, `gain` this core's
+K gains (resident, loaded by the host).
+
+- square_sum: y[j] = sum_i x[j, i]^2 (squares into y, summed into scale)
+- add:        y[j] += p[j] (a neighbour's partial, on the way to the root)
+- rsqrt:      scale[j] = 1 / sqrt(y[j] * (1 / n) + eps), copied into y (the
+              relay sends it) and p (where the root's own scale reads it)
+- scale:      y[j, i] = x[j, i] * f[j] * gain[i], f the inverse RMS: `p` in a
+              column of several cores (received from the root, or the root's
+              own copy), `scale` on a lone core
+"""
+
+from __future__ import annotations
+
+from meshrt.kernels.pe import Bodies, Body, Buffer
+from meshrt.shape import HParams
+
+
+def bodies_for(info, micro_batch: int, hp: HParams, h: int) -> Bodies | None:
+    """The PE bodies of elementwise kernel `info` (its `event.kernel` record) on a
+    column of `h` cores, or None for the kinds that have none yet (add, silu_mul)."""
+    if info.param("kind") != "rmsnorm":
+        return None
+    n = info.param("out_width")
+    return rmsnorm_bodies(info.kernel_name, micro_batch, -(-n // h), n, hp.float("rms_eps"), h > 1)
+
+
+def rmsnorm_bodies(kernel: str, b: int, k: int, n: int, eps: float, chained: bool) -> Bodies:
+    """The bodies of RMSNorm kernel `kernel`: `b` slots, `k` features a core, width `n`;
+    `chained`: the column has more than one core (partials and the inverse RMS travel
+    through `p`; a lone core keeps its inverse RMS in `scale`)."""
+    has_p, factor = chained, ("p" if chained else "scale")
+    bufs = [Buffer("x", b * k), Buffer("y", b * k), Buffer("scale", b), Buffer("gain", k)]
+    if has_p:
+        bufs.append(Buffer("p", b))
+    out = Bodies(kernel, bufs)
+
+    body = out.body("square_sum")
+    body.fmuls(body.dsd("y", (b, k)), body.dsd("x", (b, k)), body.dsd("x", (b, k)))
+    body.fmovs(body.dsd("scale", (b,)), body.scalar(0.0))
+    acc = body.dsd("scale", (b, k), (1, 0))
+    body.fadds(acc, acc, body.dsd("y", (b, k)))
+    body.fmovs(body.dsd("y", (b,)), body.dsd("scale", (b,)))
+    out.add("square_sum", body)
+
+    if has_p:
+        body = out.body("add")
+        body.fadds(body.dsd("y", (b,)), body.dsd("y", (b,)), body.dsd("p", (b,)))
+        out.add("add", body)
+
+    body = out.body("rsqrt")
+    body.fmuls(body.dsd("scale", (b,)), body.dsd("y", (b,)), body.scalar(1.0 / n))
+    body.fadds(body.dsd("scale", (b,)), body.dsd("scale", (b,)), body.scalar(eps))
+
+    def inverse_sqrt(bd: Body, j) -> None:
+        bd.store(bd.divf(bd.scalar(1.0), bd.call("sqrt_f32", bd.load("scale", j))), "scale", j)
+
+    body.each(b, inverse_sqrt)
+    body.fmovs(body.dsd("y", (b,)), body.dsd("scale", (b,)))
+    if has_p:
+        body.fmovs(body.dsd("p", (b,)), body.dsd("scale", (b,)))
+    out.add("rsqrt", body)
+
+    body = out.body("scale")
+    body.fmuls(body.dsd("y", (b, k)), body.dsd("x", (b, k)), body.dsd(factor, (b, k), (1, 0)))
+    body.fmuls(body.dsd("y", (b, k)), body.dsd("y", (b, k)), body.dsd("gain", (b, k), (0, 1)))
+    out.add("scale", body)
+    return out

@@ -1,0 +1,192 @@
+"""Compute bodies at the PE-program level: DSD operations in xDSL's `csl` dialect.
+
+A kernel kind writes the compute of each of its compute ops once, as a
+`csl.func` built here: memory DSDs over the kernel's buffers
+(`csl.get_mem_dsd` with an affine `tensor_access`), the DSD builtins
+(`@fmovs`, `@fadds`, `@fmuls`, `@fmacs`, ...) and, where a value needs a
+function the fabric's vector units lack (a square root), a loop over
+scalars calling CSL's `<math>` library. The interpreter executes these ops
+on each core's buffers (`meshrt.runtime.pe_exec`) and the CSL backend
+prints them with xDSL's CSL printer: one implementation of each kernel's
+compute.
+
+Buffers are named by what they hold for the kernel (`in`, `out`, `gain`,
+...); a body's `csl.func` reads them through `memref.get_global`, and the
+one `csl.module` of a kernel's bodies declares them (`memref.global`, with
+the element count the fullest core of the class needs: cores holding less
+leave the rest zero, which no body lets into a value). Element types are
+the declared ones: float32 today (16-bit activations round at the kernel's
+boundary, where `meshrt.activations` says).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.dialects import arith, csl, memref, scf
+from xdsl.dialects.builtin import (
+    AffineMapAttr,
+    FloatAttr,
+    IndexType,
+    IntegerAttr,
+    MemRefType,
+    ModuleOp,
+    StringAttr,
+    UnitAttr,
+    f32,
+    i16,
+)
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir.affine import AffineExpr, AffineMap
+
+ELEM_TYPES = {"f32": f32}
+MATH = "<math>"  # the CSL library of scalar functions the bodies call
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A named array of a kernel's program: `elems` elements of type `elem`."""
+
+    name: str
+    elems: int
+    elem: str = "f32"
+
+    def type(self) -> MemRefType:
+        return MemRefType(ELEM_TYPES[self.elem], [max(1, self.elems)])
+
+
+class Body:
+    """Builds one compute op's `csl.func`: DSDs over named buffers and DSD operations.
+
+    A DSD is `dsd(buffer, sizes, strides, offset)`: the elements
+    `buffer[offset + sum(i_k * strides[k])]` for every index (i_0, ...) below
+    `sizes`; a stride of 0 repeats an element along that dimension (a scalar
+    per slot broadcast over the slot's elements, or an accumulator a
+    reduction adds into).
+    """
+
+    def __init__(self, name: str, buffers: Sequence[Buffer]):
+        self.name = name
+        self.buffers = {b.name: b for b in buffers}
+        self.block = Block()
+        self._globals: dict[str, SSAValue] = {}
+        self._ints: dict[int, SSAValue] = {}
+        self.math: SSAValue | None = None  # the module's `<math>` import, set by `Bodies`
+
+    def _add(self, op: Operation) -> Operation:
+        self.block.add_op(op)
+        return op
+
+    def buffer(self, name: str) -> SSAValue:
+        v = self._globals.get(name)
+        if v is None:
+            if name not in self.buffers:
+                raise KeyError(f"body {self.name}: no buffer '{name}'")
+            v = self._globals[name] = self._add(
+                memref.GetGlobalOp(name, self.buffers[name].type())).memref
+        return v
+
+    def index(self, n: int) -> SSAValue:
+        v = self._ints.get(n)
+        if v is None:
+            v = self._ints[n] = self._add(arith.ConstantOp(IntegerAttr(n, i16))).result
+        return v
+
+    def scalar(self, value: float) -> SSAValue:
+        return self._add(arith.ConstantOp(FloatAttr(float(value), f32))).result
+
+    def dsd(self, buf: str, sizes: Sequence[int], strides: Sequence[int] | None = None,
+            offset: int = 0) -> SSAValue:
+        sizes = tuple(int(s) for s in sizes)
+        if strides is None:  # dense, row-major: the last index fastest
+            strides = tuple(int(__import__("math").prod(sizes[k + 1:])) for k in range(len(sizes)))
+        expr: AffineExpr = AffineExpr.constant(offset)
+        for k, s in enumerate(strides):
+            if s:
+                expr = expr + AffineExpr.dimension(k) * s
+        kind = csl.DsdKind.mem1d_dsd if len(sizes) == 1 else csl.DsdKind.mem4d_dsd
+        d = self._add(csl.GetMemDsdOp.build(
+            operands=[self.buffer(buf), [self.index(s) for s in sizes]],
+            result_types=[csl.DsdType(kind)],
+            properties={"tensor_access": AffineMapAttr(AffineMap(len(sizes), 0, (expr,)))})).result
+        d.name_hint = f"{buf}_dsd"
+        return d
+
+    # the DSD builtins (dest first, as CSL writes them)
+    def fmovs(self, dst: SSAValue, src: SSAValue) -> None:
+        self._add(csl.FmovsOp(operands=[[dst, src]]))
+
+    def fadds(self, dst: SSAValue, a: SSAValue, b: SSAValue) -> None:
+        self._add(csl.FaddsOp(operands=[[dst, a, b]]))
+
+    def fsubs(self, dst: SSAValue, a: SSAValue, b: SSAValue) -> None:
+        self._add(csl.FsubsOp(operands=[[dst, a, b]]))
+
+    def fmuls(self, dst: SSAValue, a: SSAValue, b: SSAValue) -> None:
+        self._add(csl.FmulsOp(operands=[[dst, a, b]]))
+
+    def fmacs(self, dst: SSAValue, a: SSAValue, b: SSAValue, s: SSAValue) -> None:
+        """dst = a + b * s (s a float32 scalar)."""
+        self._add(csl.FmacsOp(operands=[[dst, a, b, s]]))
+
+    def each(self, n: int, fn) -> None:
+        """for (i in 0..n) fn(body, i): a loop over scalars (`scf.for`)."""
+        bounds = [self._add(arith.ConstantOp(IntegerAttr(v, IndexType()))).result for v in (0, n, 1)]
+        loop_body = Block(arg_types=[IndexType()])
+        outer, saved = self.block, (self._ints, self._globals)
+        self.block, self._ints, self._globals = loop_body, {}, {}  # values the loop defines are its own
+        fn(self, loop_body.args[0])
+        self._add(scf.YieldOp())
+        self.block, (self._ints, self._globals) = outer, saved
+        self._add(scf.ForOp(*bounds, [], Region(loop_body)))
+
+    def load(self, buf: str, i: SSAValue) -> SSAValue:
+        return self._add(memref.LoadOp.get(self.buffer(buf), [i])).res
+
+    def store(self, value: SSAValue, buf: str, i: SSAValue) -> None:
+        self._add(memref.StoreOp.get(value, self.buffer(buf), [i]))
+
+    def call(self, fn: str, *args: SSAValue) -> SSAValue:
+        """A scalar function of CSL's `<math>` library (`sqrt_f32`, `exp_f32`)."""
+        if self.math is None:
+            raise ValueError(f"body {self.name}: calls {fn} outside a module that imports {MATH}")
+        return self._add(csl.MemberCallOp(fn, f32, self.math.owner, list(args))).result
+
+    def divf(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self._add(arith.DivfOp(a, b)).result
+
+    def func(self) -> csl.FuncOp:
+        self._add(csl.ReturnOp())
+        return csl.FuncOp(self.name, ((), None), Region(self.block))
+
+
+class Bodies:
+    """A kernel's compute bodies in one `csl.module`: its buffers, the `<math>` import
+    and one `csl.func` per compute op."""
+
+    def __init__(self, kernel: str, buffers: Sequence[Buffer]):
+        self.kernel = kernel
+        self.buffers = list(buffers)
+        self.math_import = csl.ImportModuleConstOp(MATH)
+        self.math_import.result.name_hint = "math"
+        self.funcs: dict[str, csl.FuncOp] = {}
+
+    def body(self, op: str) -> Body:
+        b = Body(f"{self.kernel}_{op}", self.buffers)
+        b.math = self.math_import.result
+        return b
+
+    def add(self, op: str, body: Body) -> None:
+        self.funcs[op] = body.func()
+
+    def module(self) -> csl.CslModuleOp:
+        ops: list[Operation] = [self.math_import]
+        ops += [memref.GlobalOp.get(StringAttr(b.name), b.type(), UnitAttr(),
+                                    sym_visibility=StringAttr("private")) for b in self.buffers]
+        ops += list(self.funcs.values())
+        return csl.CslModuleOp(regions=[Region(Block(ops))], properties={
+            "kind": csl.ModuleKindAttr(csl.ModuleKind.PROGRAM), "sym_name": StringAttr(self.kernel)})
+
+    def as_module(self) -> ModuleOp:
+        return ModuleOp([self.module()])

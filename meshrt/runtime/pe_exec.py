@@ -1,0 +1,297 @@
+"""Executes compute bodies (`meshrt.kernels.pe`) on one core's buffers.
+
+The ops are xDSL's: `csl.get_mem_dsd` and the DSD builtins, `arith`,
+`scf.for`, `memref.load` / `store` / `get_global`, and `csl.member_call`
+into CSL's `<math>` library. Each has one implementation here, registered
+per op class, computing in the buffers' declared element type (float32):
+what the CSL printed from the same ops computes.
+
+A body is compiled once (`compiled(fn)`): its DSDs are constants (buffer,
+element indices), so each op becomes a step that reads and writes the
+core's arrays. A DSD builtin streams its operands element by element, as
+the hardware does: where the destination repeats an element (a stride-0
+accumulator, `dst = dst + src`) the elements are added in stream order; a
+destination whose elements are all distinct is computed at once; any other
+overlap of the destination with a source runs element by element.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from xdsl.dialects import arith, csl, memref, scf
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr
+from xdsl.ir import Block, Operation, SSAValue
+
+F32 = np.float32
+Buffers = dict[str, np.ndarray]
+Step = Callable[[Buffers, dict], None]
+
+
+class PeExecError(Exception):
+    """A body the executor cannot run (an op it does not know, a DSD out of its buffer)."""
+
+
+@dataclass(frozen=True)
+class Dsd:
+    """A memory DSD: elements `idx` (stream order) of buffer `buf`."""
+
+    buf: str
+    idx: np.ndarray  # int64, flat
+    size: int  # elements the declared buffer has
+
+    @property
+    def unique(self) -> bool:
+        return len(np.unique(self.idx)) == len(self.idx)
+
+
+# The `<math>` library's functions a body may call, float32 in and out.
+MATH_FNS: dict[str, Callable[[F32], F32]] = {
+    "sqrt_f32": lambda v: F32(np.sqrt(F32(v))),
+    "exp_f32": lambda v: F32(np.exp(F32(v))),
+}
+
+
+class _Ctx:
+    """What compiling a body knows: constant values (DSDs, numbers, buffers' sizes)."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.const: dict[SSAValue, object] = {}
+
+    def fail(self, msg: str) -> PeExecError:
+        return PeExecError(f"{self.where}: {msg}")
+
+
+_COMPILERS: dict[type[Operation], Callable[[Operation, _Ctx], Step | None]] = {}
+
+
+def impl(*ops: type[Operation]):
+    """Register the compiler of an op: (op, ctx) -> a step, or None when the op only
+    defines constants."""
+    def register(fn):
+        for op in ops:
+            _COMPILERS[op] = fn
+        return fn
+    return register
+
+
+class Compiled:
+    """A body's steps; calling it runs the body on one core's buffers, in place."""
+
+    def __init__(self, fn: csl.FuncOp):
+        self.name = fn.sym_name.data
+        self.steps = _block(fn.body.block, _Ctx(self.name))
+
+    def __call__(self, buffers: Buffers) -> None:
+        env: dict = {}
+        for step in self.steps:
+            step(buffers, env)
+
+
+_CACHE: dict[csl.FuncOp, Compiled] = {}
+
+
+def compiled(fn: csl.FuncOp) -> Compiled:
+    c = _CACHE.get(fn)
+    if c is None:
+        c = _CACHE[fn] = Compiled(fn)
+    return c
+
+
+def run(fn: csl.FuncOp, buffers: Buffers) -> None:
+    """Run `fn` (a body's `csl.func`) on `buffers` (name -> float32 array), in place."""
+    compiled(fn)(buffers)
+
+
+def _block(block: Block, ctx: _Ctx) -> list[Step]:
+    steps = []
+    for op in block.ops:
+        f = _COMPILERS.get(type(op))
+        if f is None:
+            raise ctx.fail(f"no executor for op {op.name}")
+        step = f(op, ctx)
+        if step is not None:
+            steps.append(step)
+    return steps
+
+
+def _value(v: SSAValue, ctx: _Ctx) -> Callable[[dict], object]:
+    """A reader of SSA value v at run time: its constant, or what a step put in env."""
+    if v in ctx.const:
+        c = ctx.const[v]
+        return lambda env: c
+    if isinstance(v.owner, csl.ImportModuleConstOp) and v.owner.module.data == "<math>":
+        return lambda env: MATH_FNS
+    return lambda env: env[v]
+
+
+@impl(csl.ReturnOp, scf.YieldOp)
+def _end(op, ctx):
+    return None  # a body's last op: nothing follows it
+
+
+@impl(memref.GetGlobalOp)
+def _get_global(op, ctx):
+    ctx.const[op.memref] = (op.name_.root_reference.data, op.memref.type.get_shape()[0])
+
+
+@impl(arith.ConstantOp)
+def _constant(op, ctx):
+    v = op.value
+    if isinstance(v, IntegerAttr):
+        ctx.const[op.result] = int(v.value.data)
+    elif isinstance(v, FloatAttr):
+        ctx.const[op.result] = F32(v.value.data)
+    else:
+        raise ctx.fail(f"constant {v} is neither an integer nor a float")
+
+
+def _binary(fn):
+    def compile_op(op, ctx):
+        a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
+
+        def step(bufs, env):
+            env[res] = F32(fn(F32(a(env)), F32(b(env))))
+        return step
+    return compile_op
+
+
+impl(arith.AddfOp)(_binary(lambda a, b: a + b))
+impl(arith.SubfOp)(_binary(lambda a, b: a - b))
+impl(arith.MulfOp)(_binary(lambda a, b: a * b))
+impl(arith.DivfOp)(_binary(lambda a, b: a / b))
+
+
+@impl(csl.MemberCallOp)
+def _member_call(op, ctx):
+    fn = MATH_FNS.get(op.field.data)
+    if not (isinstance(op.struct.owner, csl.ImportModuleConstOp) and fn is not None):
+        raise ctx.fail(f"no executor for {op.field.data} of the imported module")
+    args, res = [_value(a, ctx) for a in op.args], op.result
+
+    def step(bufs, env):
+        env[res] = fn(*[a(env) for a in args])
+    return step
+
+
+def _element(op, ctx) -> tuple[str, Callable[[dict], int]]:
+    name, _ = ctx.const[op.memref]
+    (i,) = [_value(v, ctx) for v in op.indices]
+    return name, i
+
+
+@impl(memref.LoadOp)
+def _load(op, ctx):
+    (name, i), res = _element(op, ctx), op.res
+
+    def step(bufs, env):
+        env[res] = F32(bufs[name][i(env)])
+    return step
+
+
+@impl(memref.StoreOp)
+def _store(op, ctx):
+    (name, i), val = _element(op, ctx), _value(op.value, ctx)
+
+    def step(bufs, env):
+        bufs[name][i(env)] = val(env)
+    return step
+
+
+@impl(scf.ForOp)
+def _for(op, ctx):
+    lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
+    iv = op.body.block.args[0]
+    body = _block(op.body.block, ctx)
+
+    def step(bufs, env):
+        for i in range(lb, ub, step_):
+            env[iv] = i
+            for s in body:
+                s(bufs, env)
+    return step
+
+
+@impl(csl.GetMemDsdOp)
+def _get_mem_dsd(op, ctx):
+    name, size = ctx.const[op.base_addr]
+    sizes = [ctx.const[s] for s in op.sizes]
+    (expr,) = op.tensor_access.data.results
+    grids = np.indices(sizes).reshape(len(sizes), -1)  # row-major: the last index fastest
+    n = len(sizes)
+    base = expr.eval([0] * n, [])
+    coeff = np.array([expr.eval([int(k == d) for k in range(n)], []) - base for d in range(n)], np.int64)
+    idx = (base + coeff @ grids).astype(np.int64)
+    if len(idx) and (idx.min() < 0 or idx.max() >= size):
+        raise ctx.fail(f"a DSD of {len(idx)} elements reaches element {int(idx.max())} of "
+                       f"buffer '{name}', which has {size}")
+    ctx.const[op.result] = Dsd(name, idx, size)
+
+
+def _reader(v: SSAValue, ctx: _Ctx, n: int) -> Callable[[Buffers, dict], np.ndarray | F32]:
+    c = ctx.const.get(v)
+    if isinstance(c, Dsd):
+        if len(c.idx) != n:
+            raise ctx.fail(f"DSD operands of {len(c.idx)} and {n} elements")
+        name, idx = c.buf, c.idx
+        return lambda bufs, env: bufs[name][idx]
+    get = _value(v, ctx)
+    return lambda bufs, env: get(env)
+
+
+def _builtin(combine, addend=None):
+    """A DSD builtin dst = combine(src_1, ...); `addend(src_2, ...)` for those that compute
+    src_1 + something, so that a repeated destination accumulates."""
+    def compile_op(op, ctx):
+        dst, *srcs = op.ops
+        d = ctx.const.get(dst)
+        if not isinstance(d, Dsd):
+            raise ctx.fail(f"{op.name} writes to something that is not a memory DSD")
+        n, name, idx = len(d.idx), d.buf, d.idx
+        reads = [_reader(s, ctx, n) for s in srcs]
+        src_dsds = [ctx.const.get(s) for s in srcs]
+        aliased = [isinstance(s, Dsd) and s.buf == name for s in src_dsds]
+        same = [a and np.array_equal(s.idx, idx) for s, a in zip(src_dsds, aliased)]
+        if d.unique and all(s or not a for s, a in zip(same, aliased)):
+            def step(bufs, env):
+                bufs[name][idx] = combine(*[r(bufs, env) for r in reads])
+            return step
+        if addend is not None and same[0] and not any(aliased[1:]):
+            rest = reads[1:]
+
+            def step(bufs, env):  # dst = dst + addend, added in stream order
+                np.add.at(bufs[name], idx, np.broadcast_to(addend(*[r(bufs, env) for r in rest]), n))
+            return step
+        src_elems = [(s.buf, s.idx) if isinstance(s, Dsd) else None for s in src_dsds]
+        scalars = [None if isinstance(s, Dsd) else _value(v, ctx) for s, v in zip(src_dsds, srcs)]
+
+        def step(bufs, env):  # any other overlap: one element at a time
+            out = bufs[name]
+            for k in range(n):
+                vals = [np.asarray(bufs[e[0]][e[1][k]] if e else sc(env), F32).reshape(1)
+                        for e, sc in zip(src_elems, scalars)]
+                out[idx[k]] = combine(*vals)[0]
+        return step
+    return compile_op
+
+
+def _mul(a, b):
+    return np.multiply(a, b, dtype=F32)
+
+
+def _add(a, b):
+    return np.add(a, b, dtype=F32)
+
+
+impl(csl.FmovsOp)(_builtin(lambda a: np.asarray(a, F32)))
+impl(csl.FaddsOp)(_builtin(_add, lambda b: np.asarray(b, F32)))
+impl(csl.FsubsOp)(_builtin(lambda a, b: np.subtract(a, b, dtype=F32), lambda b: np.negative(b, dtype=F32)))
+impl(csl.FmulsOp)(_builtin(_mul))
+impl(csl.FmaxsOp)(_builtin(lambda a, b: np.maximum(a, b).astype(F32)))
+impl(csl.FnegsOp)(_builtin(lambda a: np.negative(a, dtype=F32)))
+# dst = a + b * s: the product rounded to float32, then the sum (not fused: see
+# docs/csl-backend.md, "Numerics")
+impl(csl.FmacsOp)(_builtin(lambda a, b, s: _add(a, _mul(b, s)), _mul))

@@ -1,0 +1,128 @@
+"""Compute bodies at the PE-program level: the executor's DSD semantics, RMSNorm's
+bodies against the NumPy reference, and the CSL printed from the same ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from xdsl.dialects import csl
+
+from meshrt.backend.csl.pe_print import body_lines
+from meshrt.backend.csl_lint import check_csl
+from meshrt.kernels.elementwise.pe import rmsnorm_bodies
+from meshrt.kernels.pe import Bodies, Buffer
+from meshrt.runtime import pe_exec
+from meshrt.runtime import reference as ref
+
+F32 = np.float32
+
+
+def _run(bodies: Bodies, op: str, bufs: dict[str, np.ndarray]) -> None:
+    pe_exec.run(bodies.funcs[op], bufs)
+
+
+def _buffers(bodies: Bodies) -> dict[str, np.ndarray]:
+    return {b.name: np.zeros(b.elems, F32) for b in bodies.buffers}
+
+
+def test_a_stride_0_destination_accumulates_in_stream_order():
+    bs = Bodies("k", [Buffer("acc", 2), Buffer("v", 6)])
+    b = bs.body("sum")
+    acc = b.dsd("acc", (2, 3), (1, 0))
+    b.fadds(acc, acc, b.dsd("v", (2, 3)))
+    bs.add("sum", b)
+    bufs = _buffers(bs)
+    bufs["acc"][:] = [1, 2]
+    bufs["v"][:] = [1e8, 1, -1e8, 3, 4, 5]
+    _run(bs, "sum", bufs)
+    # float32, left to right: ((1 + 1e8) + 1) - 1e8 = 0, as a stream adds them; 2 + 12 = 14
+    assert bufs["acc"].tolist() == [0.0, 14.0]
+
+
+def test_fmacs_and_a_broadcast_scalar_per_slot():
+    bs = Bodies("k", [Buffer("y", 4), Buffer("x", 4), Buffer("s", 2)])
+    b = bs.body("f")
+    b.fmacs(b.dsd("y", (4,)), b.dsd("y", (4,)), b.dsd("x", (4,)), b.scalar(2.0))
+    b.fmuls(b.dsd("y", (2, 2)), b.dsd("y", (2, 2)), b.dsd("s", (2, 2), (1, 0)))
+    bs.add("f", b)
+    bufs = _buffers(bs)
+    bufs["y"][:] = [1, 1, 1, 1]
+    bufs["x"][:] = [1, 2, 3, 4]
+    bufs["s"][:] = [10, -1]
+    _run(bs, "f", bufs)
+    assert bufs["y"].tolist() == [30.0, 50.0, -7.0, -9.0]
+
+
+def test_a_dsd_past_its_buffer_and_an_unknown_op_are_errors():
+    bs = Bodies("k", [Buffer("y", 4)])
+    b = bs.body("over")
+    b.fmovs(b.dsd("y", (5,)), b.scalar(0.0))
+    bs.add("over", b)
+    with pytest.raises(pe_exec.PeExecError, match="reaches element 4 of buffer 'y', which has 4"):
+        _run(bs, "over", _buffers(bs))
+    b = bs.body("half")
+    b._add(csl.FmaxhOp(operands=[[b.dsd("y", (4,)), b.dsd("y", (4,)), b.dsd("y", (4,))]]))
+    bs.add("half", b)
+    with pytest.raises(pe_exec.PeExecError, match="no executor for op csl.fmaxh"):
+        _run(bs, "half", _buffers(bs))
+
+
+def _rmsnorm_on_a_column(x: np.ndarray, gain: np.ndarray, h: int, eps: float) -> np.ndarray:
+    """RMSNorm of x (b, n) run as its bodies run on a column of h cores: every core's
+    square_sum, the partials added into core 0 one neighbour at a time, the root's
+    rsqrt, its inverse RMS relayed into the others' p, every core's scale."""
+    b, n = x.shape
+    k = -(-n // h)
+    bodies = rmsnorm_bodies("norm", b, k, n, eps, h > 1)
+    cores = []
+    for j in range(h):
+        bufs = _buffers(bodies)
+        lo, hi = min(n, j * k), min(n, (j + 1) * k)
+        bufs["x"].reshape(b, k)[:, :hi - lo] = x[:, lo:hi]
+        bufs["gain"][:hi - lo] = gain[lo:hi]
+        _run(bodies, "square_sum", bufs)
+        cores.append((lo, hi, bufs))
+    root = cores[0][2]
+    for _, _, other in reversed(cores[1:]):  # a chain: each partial added in at the root
+        root["p"][:] = other["y"][:b]
+        _run(bodies, "add", root)
+    _run(bodies, "rsqrt", root)
+    relayed = root["y"][:b].copy()  # what the root sends back up, before its own scale
+    out = np.zeros((b, n), F32)
+    for lo, hi, bufs in cores:
+        if bufs is not root:
+            bufs["p"][:] = relayed
+        _run(bodies, "scale", bufs)
+        out[:, lo:hi] = bufs["y"].reshape(b, k)[:, :hi - lo]
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 3), n=st.integers(1, 40), h=st.integers(1, 6),
+       eps=st.sampled_from([1e-6, 1e-5, 0.5]), seed=st.integers(0, 2**16))
+def test_rmsnorm_bodies_compute_the_reference_rmsnorm(b, n, h, eps, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((b, n)).astype(F32) * F32(rng.uniform(0.01, 100))
+    gain = rng.standard_normal(n).astype(F32)
+    got = _rmsnorm_on_a_column(x, gain, h, eps)
+    want = ref.rmsnorm(x, gain, eps)
+    # float32 sums against the reference's float64: a few ulps of the result's scale
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def test_rmsnorm_csl_is_the_executed_body_and_lints():
+    bodies = rmsnorm_bodies("l0_norm1", 2, 3, 6, 0.25, True)
+    text = {op: "\n".join(body_lines(fn, {"gain": ("w", 40)})) for op, fn in bodies.funcs.items()}
+    # the root's inverse RMS: the model's eps, 1 / n, sqrt of CSL's math library
+    assert "@fmuls(scale_dsd, y_dsd, 0.1666666716" in text["rsqrt"]
+    assert ", 0.25);" in text["rsqrt"] and "math.sqrt_f32(" in text["rsqrt"]
+    # the scale reads the relayed inverse RMS (p) and the gains at their place in w
+    assert "-> p[ d0 ]" in text["scale"] and "-> w[ (d1 + 40) ]" in text["scale"]
+    program = ["const math = @import_module(\"<math>\");",
+               "var x = @zeros([6]f32);", "var y = @zeros([6]f32);", "var p = @zeros([2]f32);",
+               "var scale = @zeros([2]f32);", "var w = @zeros([64]f32);"]
+    for op, body in text.items():
+        program += [f"fn {op}() void {{", body, "}"]
+    assert check_csl("\n".join(program), "rmsnorm.csl") == []
