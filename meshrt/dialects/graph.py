@@ -238,15 +238,17 @@ class MatmulOp(KernelOp):
 
     name = "graph.matmul"
     weights = opt_prop_def(StringAttr)  # the stored format of W (`meshrt.quant`); none: floats
+    bias = opt_prop_def(UnitAttr)  # y = x W + b: the model has a bias for this projection
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = _UNARY
 
     def __init__(self, name, region, input, out_features: int, *, layer, stage, wafer,
-                 weights: str | None = None):
+                 weights: str | None = None, bias: bool = False):
         super().__init__(
             operands=[input],
-            properties=self.common_props(name, region, layer, stage, wafer) | weights_prop(weights),
+            properties=self.common_props(name, region, layer, stage, wafer) | weights_prop(weights)
+            | ({"bias": UnitAttr()} if bias else {}),
             result_types=[ActType(out_features)],
         )
 

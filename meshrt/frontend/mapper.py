@@ -78,14 +78,14 @@ from meshrt.dialects import graph as g
 from meshrt.dialects.mesh import CoreSetAttr
 from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.frontend.model import SCALES, MappingSpec, ModelShape, ModelSpec
-from meshrt.kernels.attention.layout import lays_out, q_share, qkv_share, splits_heads
-from meshrt.kernels.attention.op import AttentionOp
+from meshrt.kernels.attention.layout import lays_out, q_share, splits_heads
+from meshrt.kernels.attention.op import AttentionOp, qkv_blocks
 from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.corridor import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.kernels.expert_reduce.op import expert_passes
-from meshrt.kernels.gemv.op import GemvOp
+from meshrt.kernels.gemv.op import GemvOp, tile_shape
 from meshrt.kernels.topk_gate.op import TopKGateOp
 from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div, held_share
 from meshrt.limits import format_bytes as _fmt_bytes
@@ -130,8 +130,8 @@ class Sizer:
     kv_slots: int
     usable: int  # per-core SRAM for data
 
-    def matmul(self, n_in: int, n_out: int, dbytes: float, w: int, h: int) -> float:
-        return GemvOp.footprint(n_in, n_out, dbytes, self.micro_batch, w, h).total
+    def matmul(self, n_in: int, n_out: int, dbytes: float, w: int, h: int, bias: bool = False) -> float:
+        return GemvOp.footprint(n_in, n_out, dbytes, self.micro_batch, w, h, bias=bias).total
 
     @property
     def mixer_in(self) -> int:
@@ -165,13 +165,13 @@ class Sizer:
         s, d, mb = self.shape, self.shape.dtype_bytes, self.micro_batch
         q = s.linear_bytes  # the layers' projections (quantized or not)
         if kind == "qkv":
-            return self.matmul(s.hidden, self.mixer_in, q, w, h)
+            return self.matmul(s.hidden, self.mixer_in, q, w, h, s.qkv_bias)
         if kind == "o":
-            return self.matmul(self.mixer_out, s.hidden, q, w, h)
+            return self.matmul(self.mixer_out, s.hidden, q, w, h, s.o_bias)
         if kind == "up":
-            return self.matmul(s.hidden, 2 * s.ffn, q, w, h)
+            return self.matmul(s.hidden, 2 * s.ffn, q, w, h, s.mlp_bias)
         if kind == "down":
-            return self.matmul(s.ffn, s.hidden, q, w, h)
+            return self.matmul(s.ffn, s.hidden, q, w, h, s.mlp_bias)
         if kind == "gate":
             cols = TopKGateOp.logit_columns(s.experts, s.shared_experts, s.shared_expert_gate)
             return self.matmul(s.hidden, cols, d, w, h)
@@ -191,19 +191,25 @@ class Sizer:
         layer's four, or (`ffn` off) an MoE layer's qkv and o."""
         s, d = self.shape, self.shape.linear_bytes
         qkv_cols, o_rows = ceil_div(self.mixer_in, w), ceil_div(self.mixer_out, w)
-        if splits_heads(s.kv_heads, w) and len(s.linear_layers) < s.layers:
-            # full attention splitting head_dim: q | k | v and o in its units (`layout`)
-            qkv_cols = max(qkv_cols, qkv_share(s.heads, s.kv_heads, s.head_dim, w, s.attn_gate))
-            o_rows = max(o_rows, q_share(s.heads, s.kv_heads, s.head_dim, w))
+        if len(s.linear_layers) < s.layers:
+            # full attention reads its q | k | v in place: blocked, or in its units where it
+            # splits head_dim (`layout`), and o takes its rows in those units
+            split = splits_heads(s.kv_heads, w)
+            heads = (s.heads, s.kv_heads, s.head_dim, w) if split else None
+            blocks = qkv_blocks(s.heads, s.kv_heads, s.head_dim, s.attn_gate)
+            qkv_cols = max(qkv_cols, tile_shape(s.hidden, s.qkv_width, w, h, "col", blocks, heads, None)[1])
+            if split:
+                o_rows = max(o_rows, q_share(s.heads, s.kv_heads, s.head_dim, w))
         mb = self.micro_batch
         mixer = (GemvOp.footprint(s.hidden, self.mixer_in, d, mb, w, h, "col",
-                                  (ceil_div(s.hidden, h), qkv_cols)).total
+                                  (ceil_div(s.hidden, h), qkv_cols), s.qkv_bias).total
                  + GemvOp.footprint(self.mixer_out, s.hidden, d, mb, w, h, "row",
-                                    (o_rows, ceil_div(s.hidden, h))).total)
+                                    (o_rows, ceil_div(s.hidden, h)), s.o_bias).total)
         if not ffn:
             return mixer
-        return (mixer + self.matmul(s.hidden, 2 * s.ffn, d, w, h)
-                + GemvOp.footprint(s.ffn, s.hidden, d, self.micro_batch, w, h, "row").total)
+        return (mixer + self.matmul(s.hidden, 2 * s.ffn, d, w, h, s.mlp_bias)
+                + GemvOp.footprint(s.ffn, s.hidden, d, self.micro_batch, w, h, "row",
+                                   bias=s.mlp_bias).total)
 
     def control(self) -> int:
         """Control state per core of the kernels that keep request state (the embedding and
@@ -1200,18 +1206,21 @@ class _Emitter:
                                       v_heads=s.linear_v_heads, k_dim=s.linear_k_dim,
                                       v_dim=s.linear_v_dim, conv=s.linear_conv, **kw))
         else:
-            qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, weights=q, **kw))
+            qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, weights=q,
+                                      bias=s.qkv_bias, **kw))
             a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
                                        kv_heads=s.kv_heads, head_dim=s.head_dim,
                                        max_seq=s.max_seq, gated=s.attn_gate, **kw))
         o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden,
-                                weights=None if s.is_linear_layer(i) else q, **kw))
+                                weights=None if s.is_linear_layer(i) else q,
+                                bias=s.o_bias and not s.is_linear_layer(i), **kw))
         h = self.add(g.AddOp(f"l{i}_add1", b["o"], x, o, **kw))
         if p.unit.kind == "dense":
             n2 = self.add(g.RMSNormOp(f"l{i}_norm2", b["up"], h, **kw))
-            up = self.add(g.MatmulOp(f"l{i}_up", b["up"], n2, 2 * s.ffn, weights=q, **kw))
+            up = self.add(g.MatmulOp(f"l{i}_up", b["up"], n2, 2 * s.ffn, weights=q, bias=s.mlp_bias, **kw))
             act = self.add(g.ElementwiseOp(f"l{i}_act", b["up"], up, "silu_mul", **kw))
-            y = self.add(g.MatmulOp(f"l{i}_down", b["down"], act, s.hidden, weights=q, **kw))
+            y = self.add(g.MatmulOp(f"l{i}_down", b["down"], act, s.hidden, weights=q, bias=s.mlp_bias,
+                                    **kw))
             return self.add(g.AddOp(f"l{i}_add2", b["down"], h, y, **kw))
         return self.moe_tail(p, b, h, kw)
 

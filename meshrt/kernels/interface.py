@@ -205,11 +205,12 @@ class KernelOp(MappedKernelOp):
         return cls.name.split(".", 1)[1]
 
     @classmethod
-    def pe_bodies(cls, info, micro_batch: int, hp, h: int) -> Bodies | None:
+    def pe_bodies(cls, info, micro_batch: int, hp, tile: tuple[int, int, int, int]) -> Bodies | None:
         """The compute bodies (`meshrt.kernels.pe.Bodies`) of kernel `info` (its
-        `event.kernel` record) on a tile `h` cores high: what the interpreter executes and
-        the CSL prints for its compute ops. None: the kind has none yet, and its compute
-        is its numerics' and its ComputeOps' CSL."""
+        `event.kernel` record) on `tile` (x, y, w, h), one of its region's rectangles:
+        what the interpreter executes and the CSL prints for its compute ops. None: the
+        kind has none (yet) there, and its compute is its numerics' and its ComputeOps'
+        CSL."""
         return None
 
     # -- geometry ----------------------------------------------------------

@@ -51,6 +51,7 @@ class Buffer:
     name: str
     elems: int
     elem: str = "f32"
+    resident: bool = False  # loaded by the host, kept across steps (weights, gains)
 
     def type(self) -> MemRefType:
         return MemRefType(ELEM_TYPES[self.elem], [max(1, self.elems)])
@@ -140,6 +141,20 @@ class Body:
         self._add(scf.YieldOp())
         self.block, (self._ints, self._globals) = outer, saved
         self._add(scf.ForOp(*bounds, [], Region(loop_body)))
+
+    def offset(self, dsd: SSAValue, by: SSAValue) -> SSAValue:
+        """`dsd` moved `by` elements on (`@increment_dsd_offset`)."""
+        off = self._add(arith.IndexCastOp(by, i16)).result
+        return self._add(csl.IncrementDsdOffsetOp.build(
+            operands=[dsd, off], properties={"elem_type": f32}, result_types=[dsd.type])).result
+
+    def mul(self, i: SSAValue, n: int) -> SSAValue:
+        """An index times a constant."""
+        c = self._add(arith.ConstantOp(IntegerAttr(n, IndexType()))).result
+        return self._add(arith.MuliOp(i, c)).result
+
+    def add(self, i: SSAValue, j: SSAValue) -> SSAValue:
+        return self._add(arith.AddiOp(i, j)).result
 
     def load(self, buf: str, i: SSAValue) -> SSAValue:
         return self._add(memref.LoadOp.get(self.buffer(buf), [i])).res

@@ -112,16 +112,10 @@ class DataPlane:
     # weights by kernel name (the lowering's naming: l{i}_qkv, l{i}_o, ...)
     def out_blocks(self, info) -> tuple[int, ...] | None:
         """The blocks a GEMV's output is laid out in per column (`numerics.block_order`), or
-        None (plain): as the kernel says (`blocks`: q | k | v for an attention reading in
-        place), and always gate | up for the fused up projection (silu_mul pairs them)."""
+        None (plain), as the kernel says (`blocks`: q | k | v for an attention reading in
+        place, gate | up for the silu_mul after a fused up projection)."""
         blocks = info.param("blocks")
-        if blocks:
-            return tuple(blocks)
-        name = info.kernel_name
-        if name != "lm_head" and name.split("_", 1)[-1] == "up":
-            f = info.param("out_width") // 2
-            return (f, f)
-        return None
+        return tuple(blocks) if blocks else None
 
     def matrix(self, name: str, layer: int, cols=None, rows=None) -> np.ndarray:
         """Gemv `name`'s weight matrix, its columns in order `cols` (a blocked output's

@@ -36,15 +36,27 @@ class PeExecError(Exception):
 
 @dataclass(frozen=True)
 class Dsd:
-    """A memory DSD: elements `idx` (stream order) of buffer `buf`."""
+    """A memory DSD: elements `idx` (stream order) of buffer `buf`, moved on at run time
+    by the sum of `moves` (`@increment_dsd_offset`; none: a constant DSD)."""
 
     buf: str
     idx: np.ndarray  # int64, flat
     size: int  # elements the declared buffer has
+    moves: tuple[Callable[[dict], int], ...] = ()
 
     @property
     def unique(self) -> bool:
         return len(np.unique(self.idx)) == len(self.idx)
+
+    def index(self, env: dict) -> np.ndarray:
+        """The elements it reaches in this run (its moves read from env)."""
+        if not self.moves:
+            return self.idx
+        off = sum(m(env) for m in self.moves)
+        if off and (self.idx.min() + off < 0 or self.idx.max() + off >= self.size):
+            raise PeExecError(f"a DSD of {len(self.idx)} elements moved by {off} reaches past "
+                              f"buffer '{self.buf}', which has {self.size}")
+        return self.idx + off
 
 
 # The `<math>` library's functions a body may call, float32 in and out.
@@ -159,6 +171,35 @@ def _binary(fn):
     return compile_op
 
 
+def _integer(fn):
+    def compile_op(op, ctx):
+        a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
+        if op.lhs in ctx.const and op.rhs in ctx.const:
+            ctx.const[res] = int(fn(ctx.const[op.lhs], ctx.const[op.rhs]))
+            return None
+
+        def step(bufs, env):  # ints, or every iteration's at once (a fused loop)
+            env[res] = fn(a(env), b(env))
+        return step
+    return compile_op
+
+
+impl(arith.AddiOp)(_integer(lambda a, b: a + b))
+impl(arith.MuliOp)(_integer(lambda a, b: a * b))
+
+
+@impl(arith.IndexCastOp)
+def _index_cast(op, ctx):
+    if op.input in ctx.const:
+        ctx.const[op.result] = ctx.const[op.input]
+        return None
+    get, res = _value(op.input, ctx), op.result
+
+    def step(bufs, env):
+        env[res] = get(env)
+    return step
+
+
 impl(arith.AddfOp)(_binary(lambda a, b: a + b))
 impl(arith.SubfOp)(_binary(lambda a, b: a - b))
 impl(arith.MulfOp)(_binary(lambda a, b: a * b))
@@ -187,8 +228,8 @@ def _element(op, ctx) -> tuple[str, Callable[[dict], int]]:
 def _load(op, ctx):
     (name, i), res = _element(op, ctx), op.res
 
-    def step(bufs, env):
-        env[res] = F32(bufs[name][i(env)])
+    def step(bufs, env):  # one element, or every iteration's of a fused loop
+        env[res] = np.asarray(bufs[name][i(env)], F32)[()]
     return step
 
 
@@ -201,8 +242,78 @@ def _store(op, ctx):
     return step
 
 
+# The ops a loop may hold besides its one accumulation and still run as one (`_fused`).
+_INDEX_OPS = (arith.ConstantOp, arith.AddiOp, arith.MuliOp, arith.IndexCastOp, memref.GetGlobalOp,
+              memref.LoadOp, csl.GetMemDsdOp, csl.IncrementDsdOffsetOp, scf.YieldOp)
+
+
+def _fused(op, ctx) -> Step | None:
+    """A loop whose iterations each add a DSD (or a DSD times a loaded scalar: @fmacs) into
+    one destination fixed outside the loop, with only index arithmetic and loads beside:
+    run as one computation, every iteration's operands gathered at once and the additions
+    made in iteration order (np.add.accumulate), so each element is rounded as the loop
+    rounds it. None where the loop is not of that form."""
+    block = op.body.block
+    accs = [o for o in block.ops if not isinstance(o, _INDEX_OPS)]
+    if len(accs) != 1 or not isinstance(accs[0], csl.FmacsOp | csl.FaddsOp):
+        return None
+    acc = accs[0]
+    dst, src0, src1, *scalar = acc.ops
+    if dst is not src0 or dst.owner.parent_block() is block:
+        return None
+    lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
+    iv = block.args[0]
+    pre = _block_ops([o for o in block.ops if o is not acc], ctx)
+    d, s1 = ctx.const.get(dst), ctx.const.get(src1)
+    if not (isinstance(d, Dsd) and isinstance(s1, Dsd)) or s1.buf == d.buf or len(s1.idx) != len(d.idx):
+        return None
+    mult = _value(scalar[0], ctx) if scalar else None
+    ivs = np.arange(lb, ub, step_)
+    n = len(d.idx)
+    gathers: dict[bytes, np.ndarray] = {}  # the moved DSD's elements, per offsets seen
+
+    def step(bufs, env):
+        if not len(ivs):
+            return
+        env[iv] = ivs
+        for s in pre:
+            s(bufs, env)
+        off = np.zeros(len(ivs), np.int64)
+        for m in s1.moves:
+            off += m(env)
+        key = off.tobytes()
+        idx = gathers.get(key)
+        if idx is None:
+            idx = gathers[key] = s1.idx[None, :] + off[:, None]
+            if idx.min() < 0 or idx.max() >= s1.size:
+                raise PeExecError(f"{ctx.where}: a DSD of {len(s1.idx)} elements moved on reaches "
+                                  f"past buffer '{s1.buf}', which has {s1.size}")
+        stack = np.empty((len(ivs) + 1, n), F32)
+        where = d.index(env)
+        out = bufs[d.buf]
+        stack[0] = out[where]
+        if mult is None:
+            stack[1:] = bufs[s1.buf][idx]
+        else:
+            np.multiply(bufs[s1.buf][idx], np.asarray(mult(env), F32).reshape(-1, 1), out=stack[1:])
+        out[where] = np.add.accumulate(stack, axis=0, dtype=F32)[-1]
+    return step
+
+
+def _block_ops(ops, ctx: _Ctx) -> list[Step]:
+    steps = []
+    for o in ops:
+        step = _COMPILERS[type(o)](o, ctx)
+        if step is not None:
+            steps.append(step)
+    return steps
+
+
 @impl(scf.ForOp)
 def _for(op, ctx):
+    fused = _fused(op, ctx)
+    if fused is not None:
+        return fused
     lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
     iv = op.body.block.args[0]
     body = _block(op.body.block, ctx)
@@ -231,12 +342,28 @@ def _get_mem_dsd(op, ctx):
     ctx.const[op.result] = Dsd(name, idx, size)
 
 
+@impl(csl.IncrementDsdOffsetOp)
+def _increment(op, ctx):
+    d = ctx.const.get(op.op)
+    if not isinstance(d, Dsd):
+        raise ctx.fail("@increment_dsd_offset of something that is not a memory DSD")
+    if op.offset in ctx.const:
+        by = ctx.const[op.offset]
+        ctx.const[op.result] = Dsd(d.buf, d.idx + by, d.size, d.moves)
+        if (d.idx + by).min() < 0 or (d.idx + by).max() >= d.size:
+            raise ctx.fail(f"a DSD moved by {by} reaches past buffer '{d.buf}', which has {d.size}")
+    else:
+        ctx.const[op.result] = Dsd(d.buf, d.idx, d.size, (*d.moves, _value(op.offset, ctx)))
+
+
 def _reader(v: SSAValue, ctx: _Ctx, n: int) -> Callable[[Buffers, dict], np.ndarray | F32]:
     c = ctx.const.get(v)
     if isinstance(c, Dsd):
         if len(c.idx) != n:
             raise ctx.fail(f"DSD operands of {len(c.idx)} and {n} elements")
         name, idx = c.buf, c.idx
+        if c.moves:
+            return lambda bufs, env: bufs[name][c.index(env)]
         return lambda bufs, env: bufs[name][idx]
     get = _value(v, ctx)
     return lambda bufs, env: get(env)
@@ -250,29 +377,32 @@ def _builtin(combine, addend=None):
         d = ctx.const.get(dst)
         if not isinstance(d, Dsd):
             raise ctx.fail(f"{op.name} writes to something that is not a memory DSD")
-        n, name, idx = len(d.idx), d.buf, d.idx
+        n, name = len(d.idx), d.buf
         reads = [_reader(s, ctx, n) for s in srcs]
         src_dsds = [ctx.const.get(s) for s in srcs]
         aliased = [isinstance(s, Dsd) and s.buf == name for s in src_dsds]
-        same = [a and np.array_equal(s.idx, idx) for s, a in zip(src_dsds, aliased)]
+        # the same elements as the destination: the same DSD, or equal constant ones
+        same = [a and (v is dst or not (s.moves or d.moves) and np.array_equal(s.idx, d.idx))
+                for v, s, a in zip(srcs, src_dsds, aliased)]
+        where = d.index
         if d.unique and all(s or not a for s, a in zip(same, aliased)):
             def step(bufs, env):
-                bufs[name][idx] = combine(*[r(bufs, env) for r in reads])
+                bufs[name][where(env)] = combine(*[r(bufs, env) for r in reads])
             return step
         if addend is not None and same[0] and not any(aliased[1:]):
             rest = reads[1:]
 
             def step(bufs, env):  # dst = dst + addend, added in stream order
-                np.add.at(bufs[name], idx, np.broadcast_to(addend(*[r(bufs, env) for r in rest]), n))
+                np.add.at(bufs[name], where(env), np.broadcast_to(addend(*[r(bufs, env) for r in rest]), n))
             return step
-        src_elems = [(s.buf, s.idx) if isinstance(s, Dsd) else None for s in src_dsds]
         scalars = [None if isinstance(s, Dsd) else _value(v, ctx) for s, v in zip(src_dsds, srcs)]
 
         def step(bufs, env):  # any other overlap: one element at a time
-            out = bufs[name]
+            out, idx = bufs[name], where(env)
+            elems = [(bufs[s.buf], s.index(env)) if isinstance(s, Dsd) else None for s in src_dsds]
             for k in range(n):
-                vals = [np.asarray(bufs[e[0]][e[1][k]] if e else sc(env), F32).reshape(1)
-                        for e, sc in zip(src_elems, scalars)]
+                vals = [np.asarray(e[0][e[1][k]] if e else sc(env), F32).reshape(1)
+                        for e, sc in zip(elems, scalars)]
                 out[idx[k]] = combine(*vals)[0]
         return step
     return compile_op

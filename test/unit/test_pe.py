@@ -126,3 +126,39 @@ def test_rmsnorm_csl_is_the_executed_body_and_lints():
     for op, body in text.items():
         program += [f"fn {op}() void {{", body, "}"]
     assert check_csl("\n".join(program), "rmsnorm.csl") == []
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 3), rows=st.integers(1, 40), cols=st.integers(1, 12), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_gemv_body_accumulates_row_by_row_in_float32(b, rows, cols, bias, seed):
+    """The fmac loop runs as one computation (pe_exec's fused loop) and gives exactly what
+    one @fmacs after another gives: bias, then each input row's product added in order."""
+    from meshrt.kernels.gemv.pe import gemv_bodies
+
+    rng = np.random.default_rng(seed)
+    bodies = gemv_bodies("g", b, rows, cols, bias)
+    bufs = _buffers(bodies)
+    bufs["x"][:] = rng.standard_normal(b * rows) * 10.0 ** rng.uniform(-3, 3, b * rows)
+    bufs["w"][:] = rng.standard_normal(rows * cols)
+    if bias:
+        bufs["bias"][:] = rng.standard_normal(cols)
+    _run(bodies, "fmac", bufs)
+    x, w = bufs["x"].reshape(b, rows), bufs["w"].reshape(rows, cols)
+    for j in range(b):
+        want = bufs["bias"].copy() if bias else np.zeros(cols, F32)
+        for r in range(rows):
+            want = (want + (w[r] * x[j, r]).astype(F32)).astype(F32)
+        assert bufs["y"][j * cols:(j + 1) * cols].tolist() == want.tolist()
+
+
+def test_gemv_csl_moves_the_row_dsd_and_reads_the_input_element():
+    from meshrt.kernels.gemv.pe import gemv_bodies
+
+    bodies = gemv_bodies("l0_qkv", 2, 3, 4, True)
+    text = "\n".join(body_lines(bodies.funcs["fmac"], {"w": ("w", 8), "bias": ("w", 20)}))
+    assert "-> w[ (d0 + 20) ]" in text and "-> w[ (d0 + 8) ]" in text
+    assert "@increment_dsd_offset(" in text and "@fmacs(" in text and "x[" in text
+    program = ["var x = @zeros([6]f32);", "var y = @zeros([8]f32);", "var w = @zeros([32]f32);",
+               "fn fmac() void {", text, "}"]
+    assert check_csl("\n".join(program), "gemv.csl") == []

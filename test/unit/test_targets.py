@@ -37,6 +37,8 @@ def test_wse3_figures():
     # switches on colours 0-9, 12, 13, 16, 17, 20, 21 only; 21 is memcpy's
     assert [c for c in t.user_colors if c in t.switch_colors] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 20]
     assert 31 in t.reserved_task_ids
+    # memcpy's task IDs (the SDK's task ID maps): its colours' 21-23 and 27, 28, 30
+    assert {21, 22, 23, 27, 28, 30} <= set(t.reserved_task_ids)
     assert 0 < t.usable_sram_bytes < t.sram_bytes
 
 
@@ -45,6 +47,8 @@ def test_wse2_figures():
     assert (t.width, t.height) == (750, 994)  # the 757 x 996 fabric minus memcpy's halo
     assert t.reserved_colors == (21, 22, 23)
     assert t.switch_colors == tuple(range(t.colors))
+    assert {21, 22, 23, 27, 28, 30, 31} <= set(t.reserved_task_ids)  # memcpy's, and no 31
+
 
 
 def test_switch_colours_outside_the_colours_are_a_located_error(tmp_path):

@@ -51,6 +51,18 @@ WSE3_DATA_TASK_IDS = range(0, 8)  # wse3: data task IDs are the input queues'
 DSR_IDS = range(1, 8)
 
 
+def switched_colors(program: Program, cls: CoreClass) -> list[int]:
+    """Colours with switch-chain positions at some router of `cls` in some segment: their
+    ring and pop modes are set at comptime there (the SDK's allreduce library sets them
+    once; a run-time install changes only the positions)."""
+    from meshrt.backend.csl import percore, streams
+
+    plans = streams.plans(program)
+    return sorted({plans[f].color for seg in cls.segments for f in seg.routes
+                   if f in plans and plans[f].switched
+                   and any(c.switch for _, c in percore.clip_to(plans[f].cells, cls.boxes))})
+
+
 @dataclass
 class QueuePlan:
     """Queue <-> colour bindings of one class across its segments."""
@@ -219,9 +231,7 @@ def allocate(cls: CoreClass, program: Program, lim: Limits, marker: int | None) 
     plans = streams.plans(program)
     receives = {e.flow for seg in cls.segments for e in seg.events() if e.kind == "recv"}
     relayed = {f for f in receives if f in plans and plans[f].scheme == streams.RELAY}
-    switched = sorted({plans[f].color for seg in cls.segments for f in seg.routes
-                       if f in plans and plans[f].switched
-                       and any(c.switch for _, c in percore.clip_to(plans[f].cells, cls.boxes))})
+    switched = switched_colors(program, cls)
     bad = [c for c in switched if c not in lim.target.switch_colors]
     if bad:
         flows = sorted(f for seg in cls.segments for f in seg.routes

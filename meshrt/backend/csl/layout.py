@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from meshrt.backend.csl import percore, streams
+from meshrt.backend.csl.alloc import switched_colors
 from meshrt.backend.csl.handshakes import frozen_at_start
 from meshrt.backend.csl.model import CoreClass, Flow, Program
 from meshrt.diagnostics import MeshrtError
@@ -259,6 +260,8 @@ def _flow_routes(program: Program, f: Flow, holders: list[CoreClass], idle: Rect
     stats.schemes[plan.scheme] = stats.schemes.get(plan.scheme, 0) + 1
     groups: dict[tuple, list] = {}
     frozen = {c.name: frozen_at_start(program, c) for c in holders}
+    # a class that switch-chains this colour in any segment keeps ring and pop mode on it
+    switched = {c.name for c in holders if f.color in switched_colors(program, c)}
     held: dict[int, list[tuple]] = defaultdict(list)  # cell index -> (piece, holder class)
     for cls in holders:
         for c, i in percore.clip_to([(s, i) for i, (s, _) in enumerate(plan.cells)], cls.boxes):
@@ -281,7 +284,8 @@ def _flow_routes(program: Program, f: Flow, holders: list[CoreClass], idle: Rect
             stats.switched += n if cfg.switch else 0
             stats.relayed += n if name in streams.RELAY_PHASES else 0
             stats.frozen += n if cold else 0
-            groups.setdefault((rx, tx, name if cfg.phased else "static", cfg.switch, cold), []).append(c)
+            switch = cfg.switch or (cls is not None and cls.name in switched)
+            groups.setdefault((rx, tx, name if cfg.phased else "static", switch, cold), []).append(c)
     # Routers configured alike merge back into few boxes, whatever class they are on.
     for (rx, tx, phase, switch, cold), pieces in groups.items():
         dense, strided = _merge_pieces(pieces)

@@ -307,7 +307,8 @@ class ProgramWriter:
 
     def route_stmts(self, flow: Flow, phase: str) -> list[str]:
         """Statements that give this core's router `flow`'s configuration in `phase`
-        (`color_config.reset_routes`; a core the flow does not cross clears the colour)."""
+        (`color_config.reset_routes` on the colour's configuration address, as the SDK's
+        allreduce library writes it; a core the flow does not cross clears the colour)."""
         col = self.color(flow.color)
         relay = phase in streams.RELAY_PHASES
         pieces = []
@@ -316,7 +317,7 @@ class ProgramWriter:
             if rxtx is not None:
                 pieces.append((box, routes_struct(*rxtx)))
         return percore.branch(pieces, self.cls.boxes,
-                              lambda v: f"tc.color_config.reset_routes({col}, {v});",
+                              lambda v: f"tc.color_config.reset_routes(tc.color_config.get_color_config_addr({col}), {v});",
                               None if relay else f"rt.clear_routes({col});")
 
     def switch_stmts(self, flow: Flow) -> list[str]:
@@ -325,11 +326,9 @@ class ProgramWriter:
         out = [f"tc.switch_config.clear_current_position({col});",
                f"tc.switch_config.set_invalid_for_all_switch_positions({col});"]
         pieces = [(box, 1) for box, cfg in self.own_cells(flow) if cfg.switch]
-        if pieces:
-            out += percore.branch(pieces, self.cls.boxes, lambda v: [
-                f"tc.switch_config.set_rx_switch_pos1({col}, RAMP);",
-                f"tc.switch_config.set_pop_mode({col}, tc.switch_config.pop_mode.POP_ON_ADVANCE);",
-                f"tc.switch_config.set_ring_mode({col}, tc.switch_config.ring_mode.RING_MODE);"], None)
+        if pieces:  # ring and pop mode stay as the layout set them (alloc.switched_colors)
+            out += percore.branch(pieces, self.cls.boxes,
+                                  lambda v: [f"tc.switch_config.set_rx_switch_pos1({col}, RAMP);"], None)
         return out
 
     def const(self, name: str, typ: str, value: str, comment: str = "") -> str:
@@ -942,15 +941,17 @@ class ProgramWriter:
         if bodies is False:
             info = self.p.record(sub)
             x0, y0 = self.cls.boxes[0][0], self.cls.boxes[0][1]
-            h = next((r.tuple[3] for r in info.region.rects.data
-                      if r.tuple[0] <= x0 < r.tuple[0] + r.tuple[2] and r.tuple[1] <= y0 < r.tuple[1] + r.tuple[3]),
-                     None)
-            bodies = None if h is None else self.p.kind_of(sub).pe_bodies(info, self.b, HParams.of(self.p.op), h)
+            tile = next((r.tuple[:4] for r in info.region.rects.data
+                         if r.tuple[0] <= x0 < r.tuple[0] + r.tuple[2]
+                         and r.tuple[1] <= y0 < r.tuple[1] + r.tuple[3]), None)
+            bodies = None if tile is None else self.p.kind_of(sub).pe_bodies(
+                info, self.b, HParams.of(self.p.op), tile)
             self._pe[sub.kernel] = bodies
         fn = bodies.funcs.get(op) if bodies is not None else None
         if fn is None:
             return None
         renames: dict[str, tuple[str, int]] = {}
+        resident = 0
         for buf in bodies.buffers:
             if buf.name in ("x", "y"):
                 self.need(buf.name, buf.elems)
@@ -963,13 +964,17 @@ class ProgramWriter:
                 if buf.elems > self.b:
                     raise MeshrtError(f"internal error: kernel @{sub.kernel}'s scale needs {buf.elems} "
                                       f"elements, the program has {self.b}", self.cls.op)
-            else:  # resident: its part of the sub-schedule's region
+            elif buf.resident:  # the resident buffers, one after the other in the region
                 reg = self.region(sub)
-                if reg is None or reg[2] < buf.elems:
-                    raise MeshrtError(f"internal error: kernel @{sub.kernel}'s '{buf.name}' needs "
-                                      f"{buf.elems} resident elements, its region holds "
+                if reg is None or reg[2] < resident + buf.elems:
+                    raise MeshrtError(f"internal error: kernel @{sub.kernel}'s resident '{buf.name}' "
+                                      f"ends at element {resident + buf.elems}, its region holds "
                                       f"{reg[2] if reg else 0}", self.cls.op)
-                renames[buf.name] = (reg[0], reg[1])
+                renames[buf.name] = (reg[0], reg[1] + resident)
+                resident += buf.elems
+            else:
+                raise MeshrtError(f"internal error: kernel @{sub.kernel}'s body uses a buffer "
+                                  f"'{buf.name}' the program does not have", self.cls.op)
         before: list[str] = []
         after: list[str] = []
         if self.sh.elem != "f32":

@@ -21,7 +21,7 @@ class Elementwise(KernelExec):
         if self.kind == "rmsnorm":
             self.gain = plane.norm_gain(self.name, self.layer)
             # per column height, the bodies the CSL prints: K features of a slot a core
-            self.bodies = {th: bodies_for(info, self.b, plane.hp, th) for _, _, _, th in self.tiles}
+            self.bodies = {t[3]: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
 
     def _buffers(self, cd, h: int, r0: int, r1: int) -> dict[str, np.ndarray]:
         """This core's buffers of the kernel (its gains loaded once, as the host does)."""

@@ -22,11 +22,12 @@ from meshrt.kernels.pe import Bodies, Body, Buffer
 from meshrt.shape import HParams
 
 
-def bodies_for(info, micro_batch: int, hp: HParams, h: int) -> Bodies | None:
-    """The PE bodies of elementwise kernel `info` (its `event.kernel` record) on a
-    column of `h` cores, or None for the kinds that have none yet (add, silu_mul)."""
+def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, int]) -> Bodies | None:
+    """The PE bodies of elementwise kernel `info` (its `event.kernel` record) on `tile`,
+    a column of h cores, or None for the kinds that have none yet (add, silu_mul)."""
     if info.param("kind") != "rmsnorm":
         return None
+    h = tile[3]
     n = info.param("out_width")
     return rmsnorm_bodies(info.kernel_name, micro_batch, -(-n // h), n, hp.float("rms_eps"), h > 1)
 
@@ -36,7 +37,7 @@ def rmsnorm_bodies(kernel: str, b: int, k: int, n: int, eps: float, chained: boo
     `chained`: the column has more than one core (partials and the inverse RMS travel
     through `p`; a lone core keeps its inverse RMS in `scale`)."""
     has_p, factor = chained, ("p" if chained else "scale")
-    bufs = [Buffer("x", b * k), Buffer("y", b * k), Buffer("scale", b), Buffer("gain", k)]
+    bufs = [Buffer("x", b * k), Buffer("y", b * k), Buffer("scale", b), Buffer("gain", k, resident=True)]
     if has_p:
         bufs.append(Buffer("p", b))
     out = Bodies(kernel, bufs)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from meshrt.kernels.attention.layout import HeadSplit
-from meshrt.kernels.numerics import F64, DataLayoutError, KernelExec, block_order, block_range, inverse, part
+from meshrt.kernels.gemv.pe import bodies_for
+from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, block_order, block_range, inverse, part
+from meshrt.runtime import pe_exec
 
 
 class Gemv(KernelExec):
@@ -38,6 +40,12 @@ class Gemv(KernelExec):
         self.fmt = info.packed_weights
         self.packed = None if self.fmt is None else plane.packed_matrix(
             self.name, self.layer, self.fmt, order, rows)
+        if (self.bias is not None) != (info.param("bias") is not None):
+            raise DataLayoutError(f"kernel @{self.name}: the model's weights "
+                                  f"{'have' if self.bias is not None else 'have no'} bias for it, "
+                                  f"its IR says {'no ' if info.param('bias') is None else ''}bias")
+        # its compute where it has PE bodies (float32 weights): per tile, what the CSL prints
+        self.bodies = {t: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
 
     def _head_split(self, info, key: str) -> HeadSplit | None:
         p = info.param(key)
@@ -63,6 +71,22 @@ class Gemv(KernelExec):
             return self.out_split.qkv_range(k, self.gated)
         return block_range(self.blocks, self.splits, k) if self.blocks else part(n_out, self.splits, k)
 
+    def _buffers(self, cd, bodies, r0: int, r1: int, c0: int, c1: int) -> dict[str, np.ndarray]:
+        """This core's buffers: its tile of W (and its columns' bias on the cores of the first
+        input rows) loaded once, as the host loads them."""
+        bufs = cd.buffers.get(self.name)
+        if bufs is None:
+            bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, F32) for b in bodies.buffers}
+            cols = len(bufs["y"]) // self.b
+            rows = len(bufs["x"]) // self.b
+            if r1 - r0 > rows or c1 - c0 > cols:
+                raise DataLayoutError(f"{self.where(cd)}: its {r1 - r0} x {c1 - c0} tile exceeds the "
+                                      f"{rows} x {cols} of its class's body")
+            bufs["w"].reshape(rows, cols)[:r1 - r0, :c1 - c0] = self.weight[r0:r1, c0:c1]
+            if "bias" in bufs and r0 == 0 < r1:
+                bufs["bias"][:c1 - c0] = self.bias[c0:c1]
+        return bufs
+
     def compute(self, cd, op):
         _, i, j, w, h = self.grid_pos(cd)
         n_in, n_out = self.weight.shape
@@ -76,6 +100,18 @@ class Gemv(KernelExec):
             cd.acc[self.name, "w"] = tile.decode()
             return
         x = self.input(cd).need(r0, r1, self.where(cd))
+        bodies = self.bodies[self.tiles[self.grid_pos(cd)[0]]]
+        if bodies is not None:
+            bufs = self._buffers(cd, bodies, r0, r1, c0, c1)
+            rows, cols = len(bufs["x"]) // self.b, len(bufs["y"]) // self.b
+            xb = bufs["x"].reshape(self.b, rows)
+            xb[:] = 0
+            xb[:, :r1 - r0] = x
+            pe_exec.run(bodies.funcs["fmac"], bufs)
+            partial = np.zeros((self.b, n_out), F32)
+            partial[:, c0:c1] = bufs["y"].reshape(self.b, cols)[:, :c1 - c0]
+            cd.values[self.name] = ("partial", c0, c1, partial)
+            return
         if self.packed is None:
             weights = cd.tile(self.name, lambda: self.weight[r0:r1, c0:c1])
         elif (self.name, "w") in cd.acc:

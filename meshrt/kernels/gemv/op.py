@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import DenseArrayBase, StringAttr, i64
+from xdsl.dialects.builtin import DenseArrayBase, StringAttr, UnitAttr, i64
 from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, result_def
 
 from meshrt.dialects import graph
@@ -23,6 +23,7 @@ from meshrt.kernels.attention.op import AttentionOp, qkv_blocks, reads_qkv_in_pl
 from meshrt.dialects.graph import verify_weights
 from meshrt.kernels.compute import DEQUANT, FMAC
 from meshrt.kernels.gemv.numerics import Gemv
+from meshrt.kernels.gemv.pe import bodies_for
 from meshrt.kernels.interface import (
     ACT_BYTES,
     INPUTS,
@@ -50,6 +51,29 @@ def _splits(w: int, h: int, axis: str) -> tuple[int, int]:
     return (h, w) if axis == "col" else (w, h)
 
 
+def _values(a: DenseArrayBase | None) -> tuple[int, ...] | None:
+    return None if a is None else tuple(a.get_values())
+
+
+def tile_shape(n_in: int, n_out: int, w: int, h: int, axis: str, blocks: tuple[int, ...] | None,
+               out_heads: tuple[int, ...] | None, in_heads: tuple[int, ...] | None) -> tuple[int, int]:
+    """(input rows, output columns) of the fullest core's tile of a GEMV (its op's
+    properties, or its `event.kernel` record's): a plain split of each; a blocked output
+    the first column's part of every block; the units of an attention splitting head_dim
+    (`attention.layout`) on the columns it shares with that attention."""
+    across_in, across_out = _splits(w, h, axis)
+    it, ot = ceil_div(n_in, across_in), ceil_div(n_out, across_out)
+    if out_heads is not None:
+        heads, kv, d, cols = out_heads
+        ot = qkv_share(heads, kv, d, cols, len(blocks or ()) == 4)
+    elif blocks:
+        ot = sum(min(b, ceil_div(b, across_out)) for b in blocks)
+    if in_heads is not None and axis == "row":
+        heads, kv, d, cols = in_heads
+        it = q_share(heads, kv, d, cols)
+    return it, ot
+
+
 @irdl_op_definition
 class GemvOp(KernelOp):
     """Tiled GEMV on its grid, in the orientation `axis` names (default "col").
@@ -71,6 +95,7 @@ class GemvOp(KernelOp):
     out_heads = opt_prop_def(DenseArrayBase)
     in_heads = opt_prop_def(DenseArrayBase)
     weights = opt_prop_def(StringAttr)  # W stored quantized (`meshrt.quant`): decoded per tile
+    bias = opt_prop_def(UnitAttr)  # y = x W + b: the cores of the first input rows hold b
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = UNARY_FORMAT
@@ -81,6 +106,10 @@ class GemvOp(KernelOp):
     VALUE_IN_FP32: ClassVar[bool] = True  # partial sums: the allreduce after it sums them
     NUMERICS: ClassVar[type] = Gemv
     LOWERS: ClassVar[tuple] = (graph.MatmulOp,)
+
+    @classmethod
+    def pe_bodies(cls, info, micro_batch, hp, tile):
+        return bodies_for(info, micro_batch, hp, tile)
 
     @property
     def reduce_axis(self) -> str:
@@ -121,27 +150,22 @@ class GemvOp(KernelOp):
 
     @staticmethod
     def footprint(n_in: int, n_out: int, weight_bytes: float, micro_batch: int, w: int, h: int,
-                  axis: str = "col", tile: tuple[int, int] | None = None) -> Footprint:
+                  axis: str = "col", tile: tuple[int, int] | None = None,
+                  bias: bool = False) -> Footprint:
         """The weight tile (`tile`: its rows and columns where the split is not plain,
-        `tile_shape`), plus input and output buffers and one input row of staging."""
+        `tile_shape`) and its columns' biases, plus input and output buffers and one input
+        row of staging."""
         across_in, across_out = _splits(w, h, axis)
         it, ot = tile or (ceil_div(n_in, across_in), ceil_div(n_out, across_out))
-        return Footprint(it * ot * weight_bytes, micro_batch * (it + ot) * ACT_BYTES + it * weight_bytes)
+        return Footprint((it * ot + (ot if bias else 0)) * weight_bytes,
+                         micro_batch * (it + ot) * ACT_BYTES + it * weight_bytes)
 
     def tile_shape(self) -> tuple[int, int]:
-        """(input rows, output columns) of the fullest core's tile: a plain split of each,
-        or the units of an attention splitting head_dim (`attention.layout`) on the
-        columns it shares with that attention."""
-        across_in, across_out = self.splits()
-        n_in, n_out = self.input.type.width.data, self.output.type.width.data
-        it, ot = ceil_div(n_in, across_in), ceil_div(n_out, across_out)
-        if self.out_heads is not None:
-            heads, kv, d, cols = self.out_heads.get_values()
-            ot = qkv_share(heads, kv, d, cols, len(self.blocks.get_values()) == 4)
-        if self.in_heads is not None and self.reduce_axis == "row":
-            heads, kv, d, cols = self.in_heads.get_values()
-            it = q_share(heads, kv, d, cols)
-        return it, ot
+        """(input rows, output columns) of the fullest core's tile (`tile_shape`)."""
+        _, _, w, h = self.grid()
+        return tile_shape(self.input.type.width.data, self.output.type.width.data, w, h,
+                          self.reduce_axis, _values(self.blocks), _values(self.out_heads),
+                          _values(self.in_heads))
 
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()
@@ -149,7 +173,8 @@ class GemvOp(KernelOp):
         fmt = self.weight_format
         it, ot = self.tile_shape()
         state = self.footprint(n_in, n_out, kctx.stored_bytes(fmt, kctx.weight_bytes),
-                               kctx.micro_batch, w, h, self.reduce_axis, (it, ot)).state
+                               kctx.micro_batch, w, h, self.reduce_axis, (it, ot),
+                               self.bias is not None).state
         tile = it * ot
         # a quantized tile is decoded where the kernel computes, once per step
         decode = [("compute", DEQUANT[fmt].name, tile)] if fmt else []
@@ -182,6 +207,14 @@ class GemvOp(KernelOp):
         props = {"axis": StringAttr("row")} if transposed else {}
         if op.weights is not None:
             props["weights"] = op.weights
+        if op.bias is not None:
+            props["bias"] = UnitAttr()
+        if any(isinstance(u.operation, graph.ElementwiseOp) and u.operation.kind.data == "silu_mul"
+               for u in op.results[0].uses):
+            # gate | up: each core of the output split holds its part of both, which
+            # silu_mul pairs
+            half = rt.width.data // 2
+            props["blocks"] = DenseArrayBase.from_list(i64, [half, half])
         for use in () if transposed else op.results[0].uses:
             attn = use.operation
             if isinstance(attn, graph.AttentionOp) and reads_qkv_in_place(attn, op.region):

@@ -39,7 +39,7 @@ graph.model @alternating target "test32" mesh 32 x 32 wafers 1 stages 1 micro_ba
 // CHECK-NEXT:   mesh_kernel.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
 // CHECK-NEXT:   mesh_kernel.allreduce @embed.reduce
 // CHECK-NEXT:   mesh_kernel.elementwise "rmsnorm" @l0.norm
-// CHECK-NEXT:   mesh_kernel.gemv @l0.up({{.*}}) on <(2, 0, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} :
+// CHECK-NEXT:   mesh_kernel.gemv @l0.up({{.*}}) on <(2, 0, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, blocks = array<i64: 32, 32>} :
 // CHECK-NEXT:   mesh_kernel.allreduce @l0.up.reduce({{.*}}axis = "col"
 // CHECK-NEXT:   mesh_kernel.elementwise "silu_mul" @l0.act({{.*}}) on <(2, 0, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} :
 // CHECK-NEXT:   mesh_kernel.gemv @l0.down({{.*}}) on <(2, 0, 4, 4)> {{{.*}}axis = "row"{{.*}}}
@@ -144,3 +144,15 @@ graph.model @whole target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 
 // CHECK-LABEL: mesh_kernel.program @whole
 // CHECK:       mesh_kernel.gemv @l0_qkv({{.*}}) on <(1, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, blocks = array<i64: 32, 32, 32>} : !graph.act<32> -> !graph.act<96>
 // CHECK:       mesh_kernel.gemv @l0_o({{.*}}) on <(1, 0, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, axis = "row"} : !graph.act<32> -> !graph.act<32>
+
+// -----
+
+// A projection the model gives a bias keeps it on its GEMV (the cores of its first
+// input rows hold it, so it is added once); its allreduce does not carry it.
+graph.model @biased target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 4)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 64 : i64} : !graph.act<32>
+  %y = graph.matmul @l0.o(%x) on <(2, 0, 4, 4)> {bias, layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64} : !graph.act<32> -> !graph.act<32>
+}
+// CHECK-LABEL: mesh_kernel.program @biased
+// CHECK:       mesh_kernel.gemv @l0.o({{.*}}) on <(2, 0, 4, 4)> {{{.*}}bias{{.*}}} : !graph.act<32> -> !graph.act<32>
+// CHECK-NEXT:  mesh_kernel.allreduce @l0.o.reduce({{.*}}) on <(2, 0, 4, 4)> {{{[^b]*}}} : !graph.act<32> -> !graph.act<32>
