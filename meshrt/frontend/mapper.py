@@ -85,7 +85,8 @@ from meshrt.kernels.dispatch.corridor import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
 from meshrt.kernels.expert_reduce.op import expert_passes
-from meshrt.kernels.gemv.op import GemvOp, tile_shape
+from meshrt.kernels.gemv.op import GemvOp
+from meshrt.kernels.gemv.tiles import tile_shape
 from meshrt.kernels.topk_gate.op import TopKGateOp
 from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div, held_share
 from meshrt.limits import format_bytes as _fmt_bytes

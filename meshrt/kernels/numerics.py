@@ -220,15 +220,25 @@ class KernelExec:
 
     def grid_pos(self, cd: CoreData) -> tuple[int, int, int, int, int]:
         """(tile index, i, j, w, h) of the core in the kernel's tiles."""
-        gp = self._grid.get(cd.pos)
+        return self.grid_at(cd.pos)
+
+    def grid_at(self, pos: tuple[int, int, int]) -> tuple[int, int, int, int, int]:
+        """(tile index, i, j, w, h) of the core at `pos` (wafer, x, y) in the kernel's tiles."""
+        gp = self._grid.get(pos)
         if gp is None:
-            _, x, y = cd.pos
+            _, x, y = pos
             for t, (tx, ty, tw, th) in enumerate(self.tiles):
                 if tx <= x < tx + tw and ty <= y < ty + th:
-                    gp = self._grid[cd.pos] = (t, x - tx, y - ty, tw, th)
+                    gp = self._grid[pos] = (t, x - tx, y - ty, tw, th)
                     return gp
-            raise DataLayoutError(f"kernel @{self.name}: core {cd.pos[1:]} is outside its region")
+            raise DataLayoutError(f"kernel @{self.name}: core {pos[1:]} is outside its region")
         return gp
+
+    def resident(self, pos: tuple[int, int, int]) -> list[np.ndarray] | None:
+        """What the host loads into the core at `pos` for this kernel: its PE bodies'
+        resident buffers, in their order (meshrt.kernels.pe), or None where the kernel's
+        compute is not PE bodies."""
+        return None
 
     def where(self, cd: CoreData) -> _Where:
         return _Where(self.name, cd.pos)

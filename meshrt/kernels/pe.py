@@ -187,6 +187,14 @@ class Bodies:
         self.math_import.result.name_hint = "math"
         self.funcs: dict[str, csl.FuncOp] = {}
 
+    def buffer(self, name: str) -> Buffer:
+        return next(b for b in self.buffers if b.name == name)
+
+    @property
+    def resident(self) -> list[Buffer]:
+        """The buffers the host loads, in the order they sit in the class's resident region."""
+        return [b for b in self.buffers if b.resident]
+
     def body(self, op: str) -> Body:
         b = Body(f"{self.kernel}_{op}", self.buffers)
         b.math = self.math_import.result

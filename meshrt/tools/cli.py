@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--report", action="store_true",
                    help="--emit csl: print the per-class allocation table (only the table "
                         "when there is no -o)")
+    c.add_argument("--weights", action="store_true",
+                   help="--emit csl -o DIR: also write each core class's resident tiles for the "
+                        "host (DIR/weights/<class>.w.npy, which run.py loads): MODEL's checkpoint, "
+                        "or random weights drawn with --weights-seed as `meshrt run` draws them")
+    c.add_argument("--weights-seed", type=int, default=0, metavar="S",
+                   help="--weights of a model without a checkpoint: the seed (default 0)")
     lint = sub.add_parser("csl-lint", help="syntax-check CSL files")
     lint.add_argument("files", nargs="+", metavar="FILE", help="CSL files (.csl) to check")
     from meshrt.tools import bench, run, viz
@@ -112,9 +118,13 @@ def _compile(args: argparse.Namespace) -> int:
     from meshrt import driver
     from meshrt.diagnostics import MeshrtError
 
-    if args.emit != "csl" and (args.arch or args.report):
-        flag = "--arch" if args.arch else "--report"
+    if args.emit != "csl" and (args.arch or args.report or args.weights):
+        flag = "--arch" if args.arch else ("--report" if args.report else "--weights")
         return _fail(f"meshrt compile: error: {flag} only applies to --emit csl")
+    if args.weights and not args.output:
+        return _fail("meshrt compile: error: --weights writes files: it needs -o DIR")
+    if not 0 <= args.weights_seed < 2**63:
+        return _fail(f"meshrt compile: error: --weights-seed must be in 0..2^63-1, got {args.weights_seed}")
     for flag, v in (("--micro-batch", args.micro_batch), ("--wafers", args.wafers)):
         if v is not None and v < 1:
             return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
@@ -164,8 +174,12 @@ def _emit_csl(args: argparse.Namespace, module, target) -> int:
     from meshrt.backend.csl import emit_csl
     from meshrt.diagnostics import MeshrtError
 
+    import numpy as np
+
     try:
-        out = emit_csl(module, args.arch, target)
+        out = emit_csl(module, args.arch, target, _host_weights(args, module) if args.weights else None)
+    except FrontendError as e:
+        return _fail(str(e))
     except MeshrtError as e:
         return _fail(f"{args.model}: error: CSL backend: {e.message}")
     except Exception as e:  # a backend bug on valid input: still one line
@@ -185,6 +199,10 @@ def _emit_csl(args: argparse.Namespace, module, target) -> int:
                     path.write_text(text, encoding="utf-8")
                     if name.endswith(".sh"):
                         path.chmod(0o755)
+                for name, array in out.arrays.items():
+                    path = built / name
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    np.save(path, array)
         elif not args.report:
             sys.stdout.write(out.as_text())
         if args.report:
@@ -195,6 +213,27 @@ def _emit_csl(args: argparse.Namespace, module, target) -> int:
     except OSError as e:
         return _fail(f"{args.output or '<stdout>'}: error: cannot write output: {e.strerror or e}")
     return 0
+
+
+def _host_weights(args: argparse.Namespace, module):
+    """The weights --emit csl --weights writes: MODEL's checkpoint, or random ones."""
+    from meshrt.backend.csl.model import segment_programs
+    from meshrt.runtime import reference as ref
+    from meshrt.runtime.checkpoint import is_checkpoint, load_checkpoint
+    from meshrt.runtime.serving import reference_shape
+
+    from meshrt.limits import check_memory
+    from meshrt.runtime.serving import run_bytes
+    from meshrt.shape import ModelShape
+
+    program = segment_programs(module)[0]
+    check_memory(run_bytes(ModelShape.from_hparams(program, program.program_name), 0),
+                 f"the weights and host tiles of {program.program_name}",
+                 "emit the CSL without --weights", args.model)
+    shape = reference_shape(program)
+    if is_checkpoint(args.model):
+        return load_checkpoint(args.model, shape)
+    return ref.Weights.random(shape, args.weights_seed)
 
 
 def parse_dynamism(text: str) -> tuple[str, ...]:

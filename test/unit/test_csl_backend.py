@@ -445,6 +445,13 @@ def test_cli_errors_are_one_line(tmp_path):
     assert "Traceback" not in r.stderr
     r = _meshrt("compile", "examples/tiny_moe.mrt", "--target", "wse3", "--report")
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "only applies to --emit csl" in r.stderr
+    for args, says in ((["--weights"], "only applies to --emit csl"),
+                       (["--emit", "csl", "--weights"], "--weights writes files: it needs -o DIR"),
+                       (["--emit", "csl", "-o", str(tmp_path / "d"), "--weights", "--weights-seed", "-1"],
+                        "--weights-seed must be in 0..2^63-1")):
+        r = _meshrt("compile", "examples/tiny_moe.mrt", "--target", "test32", *args)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+        assert not (tmp_path / "d").exists()
 
 
 def test_host_files_are_valid_scripts(tmp_path):

@@ -206,3 +206,51 @@ def test_a_program_filling_the_target_fits_its_fabric_with_memcpys_halo(name, fa
     assert "NOTE" not in text
     text = compile_sh(program, name, {0: (t.width + 1, t.height)}, (t.width, t.height))
     assert "NOTE: the" in text and f"a {fabric[0]} x {fabric[1]} fabric" in text
+
+
+def test_emitted_weights_hold_the_models_tiles_and_reach_their_cores(tmp_path):
+    """--emit csl --weights: each class's `w`, per core, holds what its kernels' PE bodies
+    keep resident, from the model's weights: the o projection's tiles hold every weight of
+    W_o once (the rest of a tile is padding), each row of the first norm's cores its gains
+    (one copy per column of the norm's region); run.py loads each core its own row."""
+    from meshrt.backend.csl.weights import class_weights  # noqa: F401  (the writer under test)
+    from meshrt.runtime import reference as ref
+    from meshrt.runtime.serving import reference_shape
+
+    module = lowered("examples/tiny_dense.mrt", "test32")
+    program = segment_programs(module)[0]
+    weights = ref.Weights.random(reference_shape(program), 3)
+    out = emit_csl(module, weights=weights)
+    assert out.arrays, "no class got weight tiles"
+    got: dict[str, list[np.ndarray]] = {}
+    for cls, regions in out.regions.items():
+        w = out.arrays.get(f"weights/{cls}.w.npy")
+        for kernel, array, off, n in regions:
+            if array == "w" and w is not None:
+                got.setdefault(kernel, []).append(w[:, off:off + n])
+    wo = weights.layers[0].wo
+    o = np.concatenate([a.ravel() for a in got["l0_o"]])
+    assert np.count_nonzero(o) == wo.size
+    assert np.array_equal(np.sort(o[o != 0]), np.sort(wo.ravel()))
+    gain = weights.layers[0].attn_norm
+    norm = [k for k in program.kernels() if k.kernel_name == "l0_norm1"][0]
+    cols = norm.region.rects.data[0].tuple[2]
+    g = np.concatenate([a.ravel() for a in got["l0_norm1"]])
+    assert np.array_equal(np.sort(g[g != 0]), np.sort(np.repeat(gain, cols)))
+    # run.py hands each core its row
+    for name, array in out.arrays.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp_path / name, array)
+    n = min(2, read_program(program).slots)
+    runners, _, g_ = run_driver(out.files, tmp_path, [{"id": "r0", "prompt": [5, 3], "max_new_tokens": 2}][:n])
+    for wafer, cls, rects, symbols in g_["CLASSES"]:
+        w = out.arrays.get(f"weights/{cls}.w.npy")
+        if w is None:
+            continue
+        row = 0
+        for x, y, rw, rh in rects:
+            for cy in range(y, y + rh):
+                for cx in range(x, x + rw):
+                    loaded = runners[wafer].mem[("w", cx, cy)].view(np.float32)
+                    assert np.array_equal(loaded[:w.shape[1]], w[row])
+                    row += 1

@@ -36,9 +36,11 @@ def resolve_arch(arch: str | None, target_name: str, where) -> str:
     return arch
 
 
-def emit_csl(module: ModuleOp, arch: str | None = None, target=None) -> CslOutput:
+def emit_csl(module: ModuleOp, arch: str | None = None, target=None, weights=None) -> CslOutput:
     """The CSL files of `module`'s segment programs. `target` (a meshrt
-    Target) is the one they were compiled for; None: the one each names."""
+    Target) is the one they were compiled for; None: the one each names.
+    `weights` (`reference.Weights`): also each class's resident tiles for the host
+    (`weights/<class>.w.npy`, `weights.py`)."""
     from meshrt.backend.csl import alloc as al
     from meshrt.backend.csl.host import compile_sh, report_table, report_txt, run_py
     from meshrt.backend.csl.layout import (
@@ -72,8 +74,20 @@ def emit_csl(module: ModuleOp, arch: str | None = None, target=None) -> CslOutpu
         marker = al.marker_task_id(program, lim)
         allocs = [al.allocate(c, program, lim, marker) for c in program.classes]
         texts: dict[str, str] = {}
+        plane = None
+        if weights is not None:
+            from meshrt.runtime.dataplane import DataPlane
+
+            plane = DataPlane(op, weights, None)
         for alloc in allocs:
-            texts[alloc.cls.ident] = write_program(alloc.cls, alloc, sh)
+            texts[alloc.cls.ident], regions = write_program(alloc.cls, alloc, sh)
+            result.regions[alloc.cls.name] = regions
+            if plane is not None:
+                from meshrt.backend.csl.weights import class_weights
+
+                w = class_weights(alloc.cls, alloc.symbols.get("w", (0,))[0], regions, plane)
+                if w is not None:
+                    result.arrays[f"{prefix}weights/{alloc.cls.name}.w.npy"] = w
         stats = RouteStats()
         rects = {}
         files: dict[str, str] = {}

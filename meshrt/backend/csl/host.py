@@ -48,8 +48,9 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
         "",
         "Written by meshrt, not run by it (meshrt has no Cerebras SDK). It does the host's",
         "part of the design: load each wafer's program, copy every class's resident",
-        "weights / KV tiles in (memcpy_h2d; zeros unless --weights DIR holds",
-        "<class>.<symbol>.npy arrays of shape (cores, elements)), prime the loop-carried",
+        "weights / KV tiles in (memcpy_h2d: the <class>.<symbol>.npy arrays of shape",
+        "(cores, elements) in --weights DIR, by default weights/ beside this file, which",
+        "`meshrt compile --emit csl --weights` writes; zeros where there is none), prime the loop-carried",
         "flows (the first message of each micro-batch in flight, as the interpreter's host",
         "does), put the first requests into `req`, launch `start`, then serve: refill",
         "`req`, read sampled tokens from `tok`, relay cross-wafer messages (`xout_*` ->",
@@ -247,7 +248,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", default="out", help="cslc output directory (prefix per wafer)")
     parser.add_argument("--cmaddr", help="IP:port of the CS system; omit for the simulator")
-    parser.add_argument("--weights", help="directory of <class>.<symbol>.npy arrays (default zeros)")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights")
+    parser.add_argument("--weights", default=here if os.path.isdir(here) else None,
+                        help="directory of <class>.<symbol>.npy arrays (default: weights/ beside this "
+                             "file, written by meshrt compile --emit csl --weights; else zeros)")
     parser.add_argument("--workload", help="JSONL: one request per line with prompt (token ids) and max_new_tokens")
     parser.add_argument("--polls", type=int, default=1000, help="serving-loop iterations at most")
     args = parser.parse_args()

@@ -10,6 +10,9 @@ FILE_MARK = "// ----- FILE: "
 @dataclass
 class CslOutput:
     files: dict[str, str] = field(default_factory=dict)  # relative path -> text
+    arrays: dict[str, object] = field(default_factory=dict)  # relative path -> numpy array (.npy)
+    # core class -> its resident regions: (kernel, array, offset, elements)
+    regions: dict[str, list[tuple[str, str, int, int]]] = field(default_factory=dict)
     report: str = ""
     table: list[str] = field(default_factory=list)
 

@@ -199,6 +199,7 @@ class ProgramWriter:
         # Resident state per sub (weights, KV tiles, embedding rows).
         wq_off = w_off = 0
         self.sub_region: dict[int, tuple[str, int, int]] = {}
+        self.regions: list[tuple[str, str, int, int]] = []  # (kernel, array, offset, elements)
         for seg in self.cls.segments:
             for sub in seg.subs:
                 if sub.state_bytes <= 0 or id(sub) in self.sub_region:
@@ -211,6 +212,7 @@ class ProgramWriter:
                     n = -(-sub.state_bytes // self.sh.elem_bytes)
                     self.sub_region[id(sub)] = ("w", w_off, n)
                     w_off += n
+                self.regions.append((sub.kernel, *self.sub_region[id(sub)]))
         self.nw, self.nwq = w_off, wq_off
         # KV rows this core scores: from the qk work, bounded by the KV tile it holds.
         self.attn_rows = 1
@@ -1303,11 +1305,13 @@ def _table(name: str, values) -> str:
 _DECODE_TABLES = {"E2M1": _table("E2M1", quant.E2M1.tolist()), "E4M3": _table("E4M3", quant.E4M3.tolist())}
 
 
-def write_program(cls: CoreClass, alloc: ClassAlloc, sh: Shared) -> str:
-    text = ProgramWriter(cls, alloc, sh).emit()
+def write_program(cls: CoreClass, alloc: ClassAlloc, sh: Shared) -> tuple[str, list[tuple[str, str, int, int]]]:
+    """The class's program, and its resident regions: (kernel, array, offset, elements)."""
+    writer = ProgramWriter(cls, alloc, sh)
+    text = writer.emit()
     limit = sh.lim.target.sram_bytes - sh.lim.target.reserved_sram_bytes
     if alloc.sram_bytes > limit:
         raise MeshrtError(
             f"core class @{cls.name} needs {alloc.sram_bytes} SRAM bytes of arrays but target "
             f"{sh.lim.target.name} leaves {limit} per core beside the program image", cls.op)
-    return text
+    return text, writer.regions

@@ -23,12 +23,21 @@ class Elementwise(KernelExec):
             # per column height, the bodies the CSL prints: K features of a slot a core
             self.bodies = {t[3]: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
 
-    def _buffers(self, cd, h: int, r0: int, r1: int) -> dict[str, np.ndarray]:
+    def resident(self, pos):
+        if self.kind != "rmsnorm":
+            return None
+        _, _, j, _, h = self.grid_at(pos)
+        r0, r1 = part(self.info.param("out_width"), h, j)
+        gain = np.zeros(self.bodies[h].buffer("gain").elems, F32)
+        gain[:r1 - r0] = self.gain[r0:r1]
+        return [gain]
+
+    def _buffers(self, cd, h: int) -> dict[str, np.ndarray]:
         """This core's buffers of the kernel (its gains loaded once, as the host does)."""
         bufs = cd.buffers.get(self.name)
         if bufs is None:
             bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, F32) for b in self.bodies[h].buffers}
-            bufs["gain"][:r1 - r0] = self.gain[r0:r1]
+            (bufs["gain"][:],) = self.resident(cd.pos)
         return bufs
 
     def compute(self, cd, op):
@@ -37,8 +46,8 @@ class Elementwise(KernelExec):
         where = self.where(cd)
         if self.kind == "rmsnorm":
             r0, r1 = part(n, h, j)
-            bufs = self._buffers(cd, h, r0, r1)
-            b, k = self.b, self.bodies[h].buffers[0].elems // self.b
+            bufs = self._buffers(cd, h)
+            b, k = self.b, self.bodies[h].buffer("x").elems // self.b
             if op == "square_sum":  # the input as it arrived in x: k features a slot
                 x = bufs["x"].reshape(b, k)
                 x[:] = 0

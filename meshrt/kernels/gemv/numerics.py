@@ -71,27 +71,48 @@ class Gemv(KernelExec):
             return self.out_split.qkv_range(k, self.gated)
         return block_range(self.blocks, self.splits, k) if self.blocks else part(n_out, self.splits, k)
 
-    def _buffers(self, cd, bodies, r0: int, r1: int, c0: int, c1: int) -> dict[str, np.ndarray]:
+    def _ranges(self, pos) -> tuple[int, int, int, int]:
+        """(r0, r1, c0, c1): the rows of the input and the columns of the output the core
+        at `pos` holds."""
+        _, i, j, w, h = self.grid_at(pos)
+        n_in, n_out = self.weight.shape
+        r0, r1 = self._in_range(i, j, w, h, n_in)
+        c0, c1 = self._out_range(j if self.transposed else i, n_out)
+        return r0, r1, c0, c1
+
+    def resident(self, pos):
+        bodies = self.bodies[self.tiles[self.grid_at(pos)[0]]]
+        if bodies is None:
+            return None
+        r0, r1, c0, c1 = self._ranges(pos)
+        rows, cols = bodies.buffer("x").elems // self.b, bodies.buffer("y").elems // self.b
+        if r1 - r0 > rows or c1 - c0 > cols:
+            raise DataLayoutError(f"kernel @{self.name} on core ({pos[1]}, {pos[2]}): its "
+                                  f"{r1 - r0} x {c1 - c0} tile exceeds the {rows} x {cols} of its "
+                                  "class's body")
+        tile = np.zeros((rows, cols), F32)
+        tile[:r1 - r0, :c1 - c0] = self.weight[r0:r1, c0:c1]
+        out = [tile.ravel()]
+        if self.bias is not None:  # on the cores of the first input rows, zeros elsewhere
+            bias = np.zeros(cols, F32)
+            if r0 == 0 < r1:
+                bias[:c1 - c0] = self.bias[c0:c1]
+            out.append(bias)
+        return out
+
+    def _buffers(self, cd, bodies) -> dict[str, np.ndarray]:
         """This core's buffers: its tile of W (and its columns' bias on the cores of the first
         input rows) loaded once, as the host loads them."""
         bufs = cd.buffers.get(self.name)
         if bufs is None:
             bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, F32) for b in bodies.buffers}
-            cols = len(bufs["y"]) // self.b
-            rows = len(bufs["x"]) // self.b
-            if r1 - r0 > rows or c1 - c0 > cols:
-                raise DataLayoutError(f"{self.where(cd)}: its {r1 - r0} x {c1 - c0} tile exceeds the "
-                                      f"{rows} x {cols} of its class's body")
-            bufs["w"].reshape(rows, cols)[:r1 - r0, :c1 - c0] = self.weight[r0:r1, c0:c1]
-            if "bias" in bufs and r0 == 0 < r1:
-                bufs["bias"][:c1 - c0] = self.bias[c0:c1]
+            for b, data in zip(bodies.resident, self.resident(cd.pos)):
+                bufs[b.name][:] = data
         return bufs
 
     def compute(self, cd, op):
-        _, i, j, w, h = self.grid_pos(cd)
-        n_in, n_out = self.weight.shape
-        r0, r1 = self._in_range(i, j, w, h, n_in)
-        c0, c1 = self._out_range(j if self.transposed else i, n_out)
+        n_out = self.weight.shape[1]
+        r0, r1, c0, c1 = self._ranges(cd.pos)
         if op != "fmac":  # dequant_*: the packed tile decoded for this step's fmac
             if self.packed is None or op != f"dequant_{self.fmt}":
                 raise DataLayoutError(f"{self.where(cd)}: {op} on weights stored as "
@@ -100,9 +121,9 @@ class Gemv(KernelExec):
             cd.acc[self.name, "w"] = tile.decode()
             return
         x = self.input(cd).need(r0, r1, self.where(cd))
-        bodies = self.bodies[self.tiles[self.grid_pos(cd)[0]]]
+        bodies = self.bodies[self.tiles[self.grid_at(cd.pos)[0]]]
         if bodies is not None:
-            bufs = self._buffers(cd, bodies, r0, r1, c0, c1)
+            bufs = self._buffers(cd, bodies)
             rows, cols = len(bufs["x"]) // self.b, len(bufs["y"]) // self.b
             xb = bufs["x"].reshape(self.b, rows)
             xb[:] = 0

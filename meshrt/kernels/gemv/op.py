@@ -18,12 +18,13 @@ from meshrt.dialects import graph
 from meshrt.dialects.graph import ActType
 from meshrt.dialects.base import int_value
 from meshrt.kernels.allreduce.op import AllReduceOp
-from meshrt.kernels.attention.layout import q_share, qkv_share, splits_heads
+from meshrt.kernels.attention.layout import splits_heads
 from meshrt.kernels.attention.op import AttentionOp, qkv_blocks, reads_qkv_in_place
 from meshrt.dialects.graph import verify_weights
 from meshrt.kernels.compute import DEQUANT, FMAC
 from meshrt.kernels.gemv.numerics import Gemv
 from meshrt.kernels.gemv.pe import bodies_for
+from meshrt.kernels.gemv.tiles import array_values, split_counts, tile_shape
 from meshrt.kernels.interface import (
     ACT_BYTES,
     INPUTS,
@@ -44,34 +45,6 @@ def _split_heads(attn: graph.AttentionOp | AttentionOp) -> DenseArrayBase | None
     if not splits_heads(kv, x1 - x0):
         return None
     return DenseArrayBase.from_list(i64, [heads, kv, d, x1 - x0])
-
-
-def _splits(w: int, h: int, axis: str) -> tuple[int, int]:
-    """(cores the input is split over, cores the output is split over) on a w x h grid."""
-    return (h, w) if axis == "col" else (w, h)
-
-
-def _values(a: DenseArrayBase | None) -> tuple[int, ...] | None:
-    return None if a is None else tuple(a.get_values())
-
-
-def tile_shape(n_in: int, n_out: int, w: int, h: int, axis: str, blocks: tuple[int, ...] | None,
-               out_heads: tuple[int, ...] | None, in_heads: tuple[int, ...] | None) -> tuple[int, int]:
-    """(input rows, output columns) of the fullest core's tile of a GEMV (its op's
-    properties, or its `event.kernel` record's): a plain split of each; a blocked output
-    the first column's part of every block; the units of an attention splitting head_dim
-    (`attention.layout`) on the columns it shares with that attention."""
-    across_in, across_out = _splits(w, h, axis)
-    it, ot = ceil_div(n_in, across_in), ceil_div(n_out, across_out)
-    if out_heads is not None:
-        heads, kv, d, cols = out_heads
-        ot = qkv_share(heads, kv, d, cols, len(blocks or ()) == 4)
-    elif blocks:
-        ot = sum(min(b, ceil_div(b, across_out)) for b in blocks)
-    if in_heads is not None and axis == "row":
-        heads, kv, d, cols = in_heads
-        it = q_share(heads, kv, d, cols)
-    return it, ot
 
 
 @irdl_op_definition
@@ -118,7 +91,7 @@ class GemvOp(KernelOp):
     def splits(self) -> tuple[int, int]:
         """(cores the input is split over, cores the output is split over)."""
         _, _, w, h = self.grid()
-        return _splits(w, h, self.reduce_axis)
+        return split_counts(w, h, self.reduce_axis)
 
     @property
     def weight_format(self) -> str | None:
@@ -155,7 +128,7 @@ class GemvOp(KernelOp):
         """The weight tile (`tile`: its rows and columns where the split is not plain,
         `tile_shape`) and its columns' biases, plus input and output buffers and one input
         row of staging."""
-        across_in, across_out = _splits(w, h, axis)
+        across_in, across_out = split_counts(w, h, axis)
         it, ot = tile or (ceil_div(n_in, across_in), ceil_div(n_out, across_out))
         return Footprint((it * ot + (ot if bias else 0)) * weight_bytes,
                          micro_batch * (it + ot) * ACT_BYTES + it * weight_bytes)
@@ -164,8 +137,8 @@ class GemvOp(KernelOp):
         """(input rows, output columns) of the fullest core's tile (`tile_shape`)."""
         _, _, w, h = self.grid()
         return tile_shape(self.input.type.width.data, self.output.type.width.data, w, h,
-                          self.reduce_axis, _values(self.blocks), _values(self.out_heads),
-                          _values(self.in_heads))
+                          self.reduce_axis, array_values(self.blocks), array_values(self.out_heads),
+                          array_values(self.in_heads))
 
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()

@@ -13,6 +13,7 @@ the first input rows (the others hold zeros), so it is added once.
 
 from __future__ import annotations
 
+from meshrt.kernels.gemv.tiles import tile_shape
 from meshrt.kernels.pe import Bodies, Body, Buffer
 from meshrt.shape import HParams
 
@@ -43,8 +44,6 @@ def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, i
     """The body of GEMV `info` (its `event.kernel` record) on `tile`, or None where its
     weights are stored quantized (decoded as the fmac reads them) or in 16 bits: not yet
     PE bodies (they need element types beside float32; docs/csl-backend.md)."""
-    from meshrt.kernels.gemv.op import tile_shape
-
     if info.packed_weights is not None or hp.dtype_bytes < 4:
         return None
     _, _, w, h = tile
