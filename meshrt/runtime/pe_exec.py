@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from xdsl.dialects import arith, csl, memref, scf
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Block, Operation, OpResult, SSAValue
 
 F32 = np.float32
 Buffers = dict[str, np.ndarray]
@@ -119,8 +119,12 @@ def run(fn: csl.FuncOp, buffers: Buffers) -> None:
 
 
 def _block(block: Block, ctx: _Ctx) -> list[Step]:
+    return _ops(block.ops, ctx)
+
+
+def _ops(ops, ctx: _Ctx) -> list[Step]:
     steps = []
-    for op in block.ops:
+    for op in ops:
         f = _COMPILERS.get(type(op))
         if f is None:
             raise ctx.fail(f"no executor for op {op.name}")
@@ -259,11 +263,11 @@ def _fused(op, ctx) -> Step | None:
         return None
     acc = accs[0]
     dst, src0, src1, *scalar = acc.ops
-    if dst is not src0 or dst.owner.parent_block() is block:
+    if dst is not src0 or not isinstance(dst, OpResult) or dst.op.parent_block() is block:
         return None
     lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
     iv = block.args[0]
-    pre = _block_ops([o for o in block.ops if o is not acc], ctx)
+    pre = _ops([o for o in block.ops if o is not acc], ctx)
     d, s1 = ctx.const.get(dst), ctx.const.get(src1)
     if not (isinstance(d, Dsd) and isinstance(s1, Dsd)) or s1.buf == d.buf or len(s1.idx) != len(d.idx):
         return None
@@ -298,15 +302,6 @@ def _fused(op, ctx) -> Step | None:
             np.multiply(bufs[s1.buf][idx], np.asarray(mult(env), F32).reshape(-1, 1), out=stack[1:])
         out[where] = np.add.accumulate(stack, axis=0, dtype=F32)[-1]
     return step
-
-
-def _block_ops(ops, ctx: _Ctx) -> list[Step]:
-    steps = []
-    for o in ops:
-        step = _COMPILERS[type(o)](o, ctx)
-        if step is not None:
-            steps.append(step)
-    return steps
 
 
 @impl(scf.ForOp)
