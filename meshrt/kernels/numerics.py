@@ -234,6 +234,16 @@ class KernelExec:
             raise DataLayoutError(f"kernel @{self.name}: core {pos[1:]} is outside its region")
         return gp
 
+    def pe_buffers(self, cd: CoreData, bodies) -> dict[str, np.ndarray]:
+        """The core's buffers of this kernel's PE bodies (`meshrt.kernels.pe.Bodies`),
+        made once, the resident ones loaded as the host loads them (`resident`)."""
+        bufs = cd.buffers.get(self.name)
+        if bufs is None:
+            bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, np.float32) for b in bodies.buffers}
+            for b, data in zip(bodies.resident, self.resident(cd.pos)):
+                bufs[b.name][:] = data
+        return bufs
+
     def resident(self, pos: tuple[int, int, int]) -> list[np.ndarray] | None:
         """What the host loads into the core at `pos` for this kernel: its PE bodies'
         resident buffers, in their order (meshrt.kernels.pe), or None where the kernel's

@@ -213,7 +213,6 @@ def test_emitted_weights_hold_the_models_tiles_and_reach_their_cores(tmp_path):
     keep resident, from the model's weights: the o projection's tiles hold every weight of
     W_o once (the rest of a tile is padding), each row of the first norm's cores its gains
     (one copy per column of the norm's region); run.py loads each core its own row."""
-    from meshrt.backend.csl.weights import class_weights  # noqa: F401  (the writer under test)
     from meshrt.runtime import reference as ref
     from meshrt.runtime.serving import reference_shape
 

@@ -32,21 +32,13 @@ class Elementwise(KernelExec):
         gain[:r1 - r0] = self.gain[r0:r1]
         return [gain]
 
-    def _buffers(self, cd, h: int) -> dict[str, np.ndarray]:
-        """This core's buffers of the kernel (its gains loaded once, as the host does)."""
-        bufs = cd.buffers.get(self.name)
-        if bufs is None:
-            bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, F32) for b in self.bodies[h].buffers}
-            (bufs["gain"][:],) = self.resident(cd.pos)
-        return bufs
-
     def compute(self, cd, op):
         _, i, j, w, h = self.grid_pos(cd)
         n = self.info.param("out_width")
         where = self.where(cd)
         if self.kind == "rmsnorm":
             r0, r1 = part(n, h, j)
-            bufs = self._buffers(cd, h)
+            bufs = self.pe_buffers(cd, self.bodies[h])
             b, k = self.b, self.bodies[h].buffer("x").elems // self.b
             if op == "square_sum":  # the input as it arrived in x: k features a slot
                 x = bufs["x"].reshape(b, k)

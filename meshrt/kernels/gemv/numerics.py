@@ -100,16 +100,6 @@ class Gemv(KernelExec):
             out.append(bias)
         return out
 
-    def _buffers(self, cd, bodies) -> dict[str, np.ndarray]:
-        """This core's buffers: its tile of W (and its columns' bias on the cores of the first
-        input rows) loaded once, as the host loads them."""
-        bufs = cd.buffers.get(self.name)
-        if bufs is None:
-            bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, F32) for b in bodies.buffers}
-            for b, data in zip(bodies.resident, self.resident(cd.pos)):
-                bufs[b.name][:] = data
-        return bufs
-
     def compute(self, cd, op):
         n_out = self.weight.shape[1]
         r0, r1, c0, c1 = self._ranges(cd.pos)
@@ -123,7 +113,7 @@ class Gemv(KernelExec):
         x = self.input(cd).need(r0, r1, self.where(cd))
         bodies = self.bodies[self.tiles[self.grid_at(cd.pos)[0]]]
         if bodies is not None:
-            bufs = self._buffers(cd, bodies)
+            bufs = self.pe_buffers(cd, bodies)
             rows, cols = len(bufs["x"]) // self.b, len(bufs["y"]) // self.b
             xb = bufs["x"].reshape(self.b, rows)
             xb[:] = 0
