@@ -213,6 +213,15 @@ class KernelOp(MappedKernelOp):
         CSL."""
         return None
 
+    @classmethod
+    def operands_read(cls, info, op: str) -> int:
+        """How many of kernel `info`'s operands compute op `op` reads where the core holds
+        them (`meshrt.backend.csl.values`): the first for an op that reads its input (its
+        body reads x), none for the others."""
+        from meshrt.kernels import registry
+
+        return 1 if registry.compute_op(op).reads_input else 0
+
     # -- geometry ----------------------------------------------------------
     def grid(self) -> tuple[int, int, int, int]:
         """(x, y, w, h) of a kernel laid out on one dense rectangle."""

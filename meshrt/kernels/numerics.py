@@ -240,7 +240,7 @@ class KernelExec:
         bufs = cd.buffers.get(self.name)
         if bufs is None:
             bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, np.float32) for b in bodies.buffers}
-            for b, data in zip(bodies.resident, self.resident(cd.pos)):
+            for b, data in zip(bodies.resident, self.resident(cd.pos) or ()):
                 bufs[b.name][:] = data
         return bufs
 

@@ -29,8 +29,9 @@ class ComputeBody:
     event's work and are clamped to the buffers.
     """
 
-    def __init__(self, w: ProgramWriter, e: Event, sub, src: str | None):
+    def __init__(self, w: ProgramWriter, e: Event, sub, src: str | None, operands=()):
         self.w, self.e, self.sub, self.src = w, e, sub, src
+        self.operands = operands  # where the kernel's operands are held (values.py)
         self.T = w.sh.elem
         self.s = w.sh.sfx
         self.b = w.b
@@ -38,7 +39,7 @@ class ComputeBody:
 
     def lines(self) -> list[str]:
         # a kind with compute bodies at the PE level prints the body the interpreter runs
-        pe = self.w.pe_lines(self.sub, self.e.name)
+        pe = self.w.pe_lines(self.sub, self.e.name, self.operands)
         if pe is not None:
             return pe
         op = registry.compute_op(self.e.name, self.kind.kernel_kind())

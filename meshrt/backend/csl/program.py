@@ -50,6 +50,7 @@ from meshrt.backend.csl.metainfo import MetaCode
 from meshrt.backend.csl.pe_print import body_lines, calls_math
 from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment
 from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
+from meshrt.backend.csl.values import plan_values
 from meshrt.diagnostics import MeshrtError
 from meshrt.kernels import registry
 from meshrt.routing import Box, RectSet, rect_boxes
@@ -120,6 +121,7 @@ class ProgramWriter:
         self._consts: set[str] = set()
         self._plan_handshakes()
         self._plan_buffers()
+        self.values = plan_values(self.p, cls, self.has_p, self.relay_here)
 
     # ------------------------------------------------------------------ sizes
     def _flows_used(self) -> list[Flow]:
@@ -233,7 +235,7 @@ class ProgramWriter:
         n += 4 * self.slots * 4 if self.cf else 0
         n += (2 + 4 + 2) * self.b * self.top_k if self.moe else 0
         n += eb * self.b * self.attn_rows + 4 * self.b + 2 * self.b  # sc, scale (f32), done (u16)
-        n += 4 * sum(self.shadows.values())
+        n += 4 * sum(self.shadows.values()) + eb * sum(self.values.saved.values())
         for k in self.xw_in + self.xw_out:
             n += eb * self.xw_elems[k] + 4 * self.xw_meta[k]
         for words, meta in self.primed.values():
@@ -404,18 +406,16 @@ class ProgramWriter:
         for i, e in enumerate(seg.events()):
             if e.kind == "send":
                 last_send[e.flow] = i
-        written = "y"
         pending_meta: set[str] = set()
         idx = 0
         for sub in seg.subs:
-            got_x = got_p = False
-            promoted = False
             for e in sub.events:
                 first = idx == 0
                 idx += 1
                 comment = f"{label}: " if first else ""
                 comment += f"@{sub.kernel} \"{sub.role}\": "
                 flow = self.p.flows.get(e.flow) if e.flow else None
+                st = self.values.step(e)  # its buffers (values.py)
                 if e.kind == "resolve":
                     if flow is not None and self.relay_here(flow):
                         raise MeshrtError(
@@ -424,27 +424,20 @@ class ProgramWriter:
                     self.emit_resolve(s, e, flow, comment)
                     pending_meta.add(e.flow)
                 elif e.kind == "recv":
-                    internal = self._internal(e)
-                    target = "p" if internal or (got_x and self.has_p) else "x"
-                    self.emit_recv(s, e, flow, target, e.flow in pending_meta, comment)
+                    self.emit_recv(s, e, flow, st.target, e.flow in pending_meta, comment)
                     pending_meta.discard(e.flow)
-                    if target == "p":
-                        got_p = True
-                    else:
-                        got_x = True
-                    written = target
+                    comment = ""
                 elif e.kind == "compute":
-                    if registry.compute_op(e.name).reads_input and not got_x and not promoted and written != "x":
-                        n = min(self.nx, self.ny)
-                        self.state([f"@fmov{self.sh.sfx}({self.mem('x', n)}, {self.mem('y', n)});"], False,
-                                   comment + "input is the previous kernel's output")
+                    if st.promote is not None:
+                        n = min(self.nx, self.cap.get(st.promote, self.values.saved.get(st.promote, self.ny)))
+                        what = ("the previous kernel's output" if st.promote == "y" else
+                                f"held in {st.promote}")
+                        self.state([f"@fmov{self.sh.sfx}({self.mem('x', n)}, {self.mem(st.promote, n)});"],
+                                   False, comment + f"input is {what}")
                         comment = ""
-                        promoted = True
-                    src = "p" if got_p else ("x" if got_x else None)
-                    fn = self.emit_compute(e, sub, src)
+                    fn = self.emit_compute(e, sub, st)
                     self.state([f"{fn}();"], False, comment + f"compute \"{e.name}\" ({e.work} ops)")
-                    if e.name not in ("route", "eos_check", "topk", "rsqrt"):
-                        written = "y"
+                    comment = ""
                 elif e.kind == "produce":
                     self.state([f"produce_{e.name}();"], False,
                                comment + f"metainfo producer: {e.name} onto @{e.flow} ({e.meta} B)")
@@ -457,7 +450,13 @@ class ProgramWriter:
                     marker = (sync_here and last_send.get(e.flow) == pos and flow.color is not None
                               and self.a.marker_task is not None
                               and not (plan is not None and plan.scheme == RELAY))
-                    self.emit_send(s, e, flow, written, comment, marker)
+                    self.emit_send(s, e, flow, st.source, comment, marker)
+                if st.saves:
+                    for src, _, n in st.saves:
+                        self.need(src, n)
+                    self.state([f"@fmov{self.sh.sfx}({self.mem(into, n)}, {self.mem(src, n)});"
+                                for src, into, n in st.saves], False,
+                               f"keep {', '.join(into for _, into, _ in st.saves)}: a later kernel reads it")
 
     # -------------------------------------------------------------- metainfo
     def meta_task(self, s: int, flow: Flow) -> str:
@@ -935,10 +934,12 @@ class ProgramWriter:
     def region(self, sub) -> tuple[str, int, int] | None:
         return self.sub_region.get(id(sub))
 
-    def pe_lines(self, sub, op: str) -> list[str] | None:
+    def pe_lines(self, sub, op: str, operands=()) -> list[str] | None:
         """The CSL of compute op `op` of `sub`'s kernel where its kind has PE bodies
-        (`KernelOp.pe_bodies`), else None. The bodies' buffers are this program's: x, y,
-        p, scale by name, any other (resident: a norm's gains) the sub-schedule's region."""
+        (`KernelOp.pe_bodies`), else None. The bodies' buffers are this program's: y, p,
+        scale by name, x and x1 the arrays `operands` (values.py) holds the kernel's
+        operands in (x by default), any other (resident: a norm's gains) the
+        sub-schedule's region."""
         bodies = self._pe.get(sub.kernel, False)
         if bodies is False:
             info = self.p.record(sub)
@@ -955,7 +956,23 @@ class ProgramWriter:
         renames: dict[str, tuple[str, int]] = {}
         resident = 0
         for buf in bodies.buffers:
-            if buf.name in ("x", "y"):
+            if buf.name in ("x", "x1"):
+                k = 0 if buf.name == "x" else 1
+                array = operands[k] if k < len(operands) and operands[k] is not None else None
+                if array is None and buf.name == "x1":
+                    raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel}'s operand 1 "
+                                      "is held in no buffer of its program (no earlier event receives "
+                                      "or computes it here)", self.cls.op)
+                array = array or "x"
+                if array in ("x", "y", "p"):
+                    self.need(array, buf.elems)
+                elif self.values.saved.get(array, 0) < buf.elems:
+                    raise MeshrtError(f"internal error: kernel @{sub.kernel} reads {buf.elems} elements "
+                                      f"of {array}, which holds {self.values.saved.get(array, 0)}",
+                                      self.cls.op)
+                if array != buf.name:
+                    renames[buf.name] = (array, 0)
+            elif buf.name == "y":
                 self.need(buf.name, buf.elems)
             elif buf.name == "p":
                 if not self.has_p:
@@ -987,19 +1004,19 @@ class ProgramWriter:
                 if buf.name == "scale":
                     continue
                 array, offset = renames.get(buf.name, (buf.name, 0))
-                shadow = f"{array}32" if buf.name in ("x", "y", "p") else f"{sub.kernel}_{buf.name}32"
+                shadow = f"{sub.kernel}_{buf.name}32" if buf.resident else f"{array}32"
                 self.shadows[shadow] = max(self.shadows.get(shadow, 0), buf.elems)
                 renames[buf.name] = (shadow, 0)
                 before.append(f"@fh2s({self.mem(shadow, buf.elems)}, {self.mem(array, buf.elems, offset)});")
-                if buf.name in ("x", "y", "p"):
+                if not buf.resident:
                     after.append(f"@fs2h({self.mem(array, buf.elems)}, {self.mem(shadow, buf.elems)});")
         self.uses_math |= calls_math(fn)
         return before + body_lines(fn, renames) + after
 
-    def emit_compute(self, e: Event, sub, src: str | None) -> str:
+    def emit_compute(self, e: Event, sub, st) -> str:
         i = len(self.fns)
         name = f"k{i}_{e.name}"
-        body = ComputeBody(self, e, sub, src).lines()
+        body = ComputeBody(self, e, sub, st.received, st.operands).lines()
         self.fns.append("\n".join([f"// @{sub.kernel} \"{sub.role}\": {e.name}, {e.work} ops",
                                    f"fn {name}() void {{", *("  " + l for l in body), "}"]))
         return name
@@ -1077,6 +1094,8 @@ class ProgramWriter:
         if self.nwq:
             out.extend(self.host_buffer("wq", self.nwq, "u16", "packed sub-16-bit weights (host-loaded)"))
         add(f"var scale = @zeros([{self.b}]f32); // per-slot inverse RMS of a norm")
+        for name, n in sorted(self.values.saved.items()):
+            add(f"var {name} = @zeros([{n}]{T}); // a value a later kernel reads (values.py)")
         for name, n in sorted(self.shadows.items()):
             add(f"var {name} = @zeros([{n}]f32); // float32 copy the compute bodies run on")
         add(f"var sc = @zeros([{self.b * self.attn_rows}]{T}); // attention scores of this core's KV rows")

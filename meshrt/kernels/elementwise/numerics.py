@@ -22,6 +22,8 @@ class Elementwise(KernelExec):
             self.gain = plane.norm_gain(self.name, self.layer)
             # per column height, the bodies the CSL prints: K features of a slot a core
             self.bodies = {t[3]: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
+        elif self.kind == "add":  # per tile shape: K entries of a slot a core
+            self.bodies = {t[2:]: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
 
     def resident(self, pos):
         if self.kind != "rmsnorm":
@@ -55,9 +57,15 @@ class Elementwise(KernelExec):
             return
         c0, c1 = part(n, h, j) if self.by_rows else part(n, w, i)
         if self.kind == "add":
-            a = self.input(cd, 0).need(c0, c1, where)
-            b = self.input(cd, 1).need(c0, c1, where)
-            out = a + b
+            bodies = self.bodies[w, h]
+            bufs = self.pe_buffers(cd, bodies)
+            k = bodies.buffer("x").elems // self.b
+            for name, operand in (("x", 0), ("x1", 1)):
+                buf = bufs[name].reshape(self.b, k)
+                buf[:] = 0
+                buf[:, :c1 - c0] = self.input(cd, operand).need(c0, c1, where)
+            pe_exec.run(bodies.funcs["add"], bufs)
+            out = bufs["y"].reshape(self.b, k)[:, :c1 - c0].copy()
         elif self.kind == "silu_mul":
             # gate | up of the fused up projection, blocked over its own output split
             # (not necessarily this kernel's): find this slice's entries of each

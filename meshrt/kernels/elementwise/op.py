@@ -60,6 +60,12 @@ class ElementwiseOp(KernelOp):
     def pe_bodies(cls, info, micro_batch, hp, h):
         return bodies_for(info, micro_batch, hp, h)
 
+    @classmethod
+    def operands_read(cls, info, op):
+        if op == "add" and info.param("kind") == "add":  # its body reads both, where they are held
+            return 2
+        return super().operands_read(info, op)
+
     @property
     def is_rmsnorm(self) -> bool:
         return self.kind.data == "rmsnorm"

@@ -1,4 +1,8 @@
-"""RMSNorm's compute bodies at the PE-program level (see meshrt.kernels.pe).
+"""Elementwise compute bodies at the PE-program level (see meshrt.kernels.pe).
+
+add: y = x + x1, the two operands where the program holds them
+(meshrt.backend.csl.values: a residual add reads the layer's input, kept
+since it arrived, and the reduced projection).
 
 An RMSNorm over a column of h cores: each core holds K = ceil(n / h) of the
 n features of every slot (B slots), in `x` slot by slot. Buffers are the
@@ -23,13 +27,26 @@ from meshrt.shape import HParams
 
 
 def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, int]) -> Bodies | None:
-    """The PE bodies of elementwise kernel `info` (its `event.kernel` record) on `tile`,
-    a column of h cores, or None for the kinds that have none yet (add, silu_mul)."""
-    if info.param("kind") != "rmsnorm":
-        return None
-    h = tile[3]
-    n = info.param("out_width")
-    return rmsnorm_bodies(info.kernel_name, micro_batch, -(-n // h), n, hp.float("rms_eps"), h > 1)
+    """The PE bodies of elementwise kernel `info` (its `event.kernel` record) on `tile`
+    (x, y, w, h), or None for the kinds that have none yet (silu_mul)."""
+    kind, n = info.param("kind"), info.param("out_width")
+    w, h = tile[2], tile[3]
+    if kind == "rmsnorm":  # a column of h cores
+        return rmsnorm_bodies(info.kernel_name, micro_batch, -(-n // h), n, hp.float("rms_eps"), h > 1)
+    if kind == "add":  # its operands split over the rows or the columns of its grid
+        split = h if info.param("layout", "cols") == "rows" else w
+        return add_bodies(info.kernel_name, micro_batch, -(-n // split))
+    return None
+
+
+def add_bodies(kernel: str, b: int, k: int) -> Bodies:
+    """y = x + x1 on this core's `k` entries of each of `b` slots (x, x1: the operands,
+    wherever the program holds them)."""
+    out = Bodies(kernel, [Buffer("x", b * k), Buffer("x1", b * k), Buffer("y", b * k)])
+    body = out.body("add")
+    body.fadds(body.dsd("y", (b * k,)), body.dsd("x", (b * k,)), body.dsd("x1", (b * k,)))
+    out.add("add", body)
+    return out
 
 
 def rmsnorm_bodies(kernel: str, b: int, k: int, n: int, eps: float, chained: bool) -> Bodies:

@@ -1,0 +1,200 @@
+"""Which buffer holds which kernel value, event by event, on one core class.
+
+A core class's program has three working buffers: `x` (what the running
+kernel receives, and what a body that reads its input reads), `y` (what it
+computes, and by default what it sends) and `p` (a chain partner's partial,
+or a chain's result coming back up). A kernel value lives in one of them
+until an event overwrites it, but a kernel may read a value computed or
+received several kernels earlier: a residual add reads the layer's input,
+received at the start of the layer, beside the attention output's reduced
+value, which an edge core of the reduction has in `p`. This plan walks the
+class's events in the order the core runs them (segments in order, one step)
+and says where each event reads and writes; a value that a later compute
+reads but that an event in between overwrote is saved right after it is
+defined, into a buffer of its own (`v_<kernel>`).
+
+The interpreter keeps values by name (`meshrt.kernels.numerics.CoreData`):
+this is how the program keeps the same values in its few buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshrt.backend.csl.model import CoreClass, Event, Program, Sub
+from meshrt.dialects.mesh import FlowRole
+from meshrt.kernels import registry
+
+# compute ops whose CSL writes no working buffer a value is kept in (state of their own)
+KEEPS_Y = frozenset({"route", "eos_check", "topk"})
+# compute ops whose result is not what the kernel sends (its send reads the buffer before)
+WRITES_NO_VALUE = KEEPS_Y | {"rsqrt"}
+
+
+def save_buffer(value: str) -> str:
+    """The CSL array a saved value lives in."""
+    return "v_" + "".join(c if c.isalnum() else "_" for c in value)
+
+
+@dataclass
+class Step:
+    """What one event does with the class's buffers."""
+
+    target: str | None = None  # recv: the buffer it writes
+    operands: tuple[str | None, ...] = ()  # compute: the buffer each operand is read from (None: unknown)
+    promote: str | None = None  # compute: copy this buffer into x first (its body reads x)
+    source: str | None = None  # send: the buffer it sends
+    received: str | None = None  # compute: where the sub's own receive put its data (p, else x)
+    saves: list[tuple[str, str, int]] = field(default_factory=list)  # after it: (from, into, elements)
+
+
+@dataclass
+class ValuePlan:
+    steps: dict[int, Step]  # id(event) -> its step
+    saved: dict[str, int]  # save buffer -> elements
+
+    def step(self, e: Event) -> Step:
+        return self.steps[id(e)]
+
+
+def operand_count(p: Program, sub: Sub, op: str) -> int:
+    """How many of the kernel's operands compute op `op` reads where they are held
+    (`KernelOp.operands_read`; none for a sub without a kernel record)."""
+    rec = p.records.get(sub.kernel)
+    return 0 if rec is None else registry.kind(rec.kind.data).operands_read(rec, op)
+
+
+def plan_values(p: Program, cls: CoreClass, has_p: bool, relays) -> ValuePlan:
+    """The buffer plan of core class `cls` (`has_p`: the class has a partner buffer;
+    `relays(flow)`: this class relays the flow, summing what passes into x)."""
+    need: set[str] = set()
+    while True:
+        plan, missing = _walk(p, cls, has_p, relays, need)
+        if not missing - need:
+            return plan
+        need |= missing
+
+
+def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str]):
+    holds: dict[str, str] = {}  # buffer -> the value it holds
+    steps: dict[int, Step] = {}
+    saved: dict[str, int] = {}
+    missing: set[str] = set()
+    sizes = _read_sizes(p, cls)
+
+    aliases: dict[str, str] = {}  # a kernel whose value is its input's as held (no events here)
+
+    def where(value: str) -> str | None:
+        value = aliases.get(value, value)
+        for buf in ("x", "y", "p"):
+            if holds.get(buf) == value:
+                return buf
+        return save_buffer(value) if holds.get(save_buffer(value)) == value else None
+
+    def define(buf: str, value: str | None, n: int, step: Step) -> None:
+        for b in [b for b, v in holds.items() if v == value and not b.startswith("v_")]:
+            del holds[b]  # an older copy of a value now redefined
+        holds.pop(buf, None)
+        if value is None:
+            return
+        holds[buf] = value
+        if value in save:
+            into = save_buffer(value)
+            m = sizes.get(value, n)  # as many as its readers read
+            saved[into] = max(saved.get(into, 0), m)
+            step.saves.append((buf, into, m))
+            holds[into] = value
+
+    for seg in cls.segments:
+        written = "y"  # the buffer the last event wrote: what a send sends
+        for sub in seg.subs:
+            got_x = got_p = False
+            promoted = False
+            rec = p.records.get(sub.kernel)  # hand-written IR may lack it (no PE bodies then)
+            inputs = rec.input_names if rec is not None else ()
+            if not sub.events and len(inputs) == 1 and _local_value(rec):
+                aliases[sub.kernel] = aliases.get(inputs[0], inputs[0])
+            for e in sub.events:
+                st = steps[id(e)] = Step()
+                if e.kind == "recv":
+                    flow = p.flows[e.flow]
+                    internal = flow.role.internal
+                    st.target = "p" if internal or (got_x and has_p) else "x"
+                    got_x |= st.target == "x"
+                    got_p |= st.target == "p"
+                    written = st.target
+                    value = None
+                    if flow.role is FlowRole.UP:
+                        # a chain's result, back from its root (chains of several kernels
+                        # share a flow: it serves the kernel the core runs)
+                        value = sub.kernel
+                    elif flow.role is FlowRole.INPUT and not relays(flow) and flow.op.operand is not None:
+                        consumer = p.records.get(flow.kernel)
+                        if consumer is not None and flow.op.operand.value.data < len(consumer.input_names):
+                            value = consumer.input_names[flow.op.operand.value.data]
+                    define(st.target, value, e.elems, st)
+                elif e.kind == "compute":
+                    st.received = "p" if got_p else ("x" if got_x else None)
+                    n_ops = operand_count(p, sub, e.name)
+                    st.operands = tuple(where(v) for v in inputs[:n_ops])
+                    for v, buf in zip(inputs[:n_ops], st.operands):
+                        v = aliases.get(v, v)
+                        if buf is None and _defined_here(p, cls, v):
+                            missing.add(v)
+                    if registry.compute_op(e.name).reads_input and not got_x and not promoted:
+                        # its body reads x: the input from where it is held, else (a value
+                        # this plan does not know) the previous kernel's output in y
+                        src = st.operands[0] if st.operands else None
+                        if src not in (None, "x") or (src is None and written != "x"):
+                            st.promote = src or "y"
+                            holds["x"] = holds.get(st.promote)  # type: ignore[assignment]
+                            promoted = True
+                        st.operands = ("x",) + st.operands[1:]
+                    if e.name not in KEEPS_Y:
+                        define("y", sub.kernel, e.work, st)
+                    if e.name not in WRITES_NO_VALUE:
+                        written = "y"
+                elif e.kind == "send":
+                    st.source = written
+    return ValuePlan(steps, saved), missing
+
+
+def _local_value(rec) -> bool:
+    """Whether a kernel of this record's kind has a value where none of its events ran
+    (a reduction along a line of one core: its input as it is, `KernelExec.local_value`)."""
+    from meshrt.kernels.numerics import KernelExec
+
+    return registry.kind(rec.kind.data).NUMERICS.local_value is not KernelExec.local_value
+
+
+def _defined_here(p: Program, cls: CoreClass, value: str) -> bool:
+    """Whether the class receives or computes `value` (else there is nothing to save)."""
+    for seg in cls.segments:
+        for sub in seg.subs:
+            if sub.kernel == value and any(e.kind == "compute" for e in sub.events):
+                return True
+            for e in sub.events:
+                if e.kind == "recv":
+                    flow = p.flows[e.flow]
+                    rec = p.records.get(flow.kernel)
+                    if (flow.role is FlowRole.INPUT and rec is not None and flow.op.operand is not None
+                            and flow.op.operand.value.data < len(rec.input_names)
+                            and rec.input_names[flow.op.operand.value.data] == value):
+                        return True
+                    if flow.role is FlowRole.UP and sub.kernel == value:
+                        return True
+    return False
+
+
+def _read_sizes(p: Program, cls: CoreClass) -> dict[str, int]:
+    """Elements of each value the class's computes read (a save holds that many)."""
+    sizes: dict[str, int] = {}
+    for seg in cls.segments:
+        for sub in seg.subs:
+            rec = p.records.get(sub.kernel)
+            inputs = rec.input_names if rec is not None else ()
+            for e in sub.events:
+                if e.kind == "compute":
+                    for v in inputs[:operand_count(p, sub, e.name)]:
+                        sizes[v] = max(sizes.get(v, 0), e.work)
+    return sizes
