@@ -156,6 +156,11 @@ class Body:
     def add(self, i: SSAValue, j: SSAValue) -> SSAValue:
         return self._add(arith.AddiOp(i, j)).result
 
+    def plus(self, i: SSAValue, n: int) -> SSAValue:
+        """An index plus a constant."""
+        c = self._add(arith.ConstantOp(IntegerAttr(n, IndexType()))).result
+        return self.add(i, c)
+
     def load(self, buf: str, i: SSAValue) -> SSAValue:
         return self._add(memref.LoadOp.get(self.buffer(buf), [i])).res
 
@@ -170,6 +175,21 @@ class Body:
 
     def divf(self, a: SSAValue, b: SSAValue) -> SSAValue:
         return self._add(arith.DivfOp(a, b)).result
+
+    def addf(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self._add(arith.AddfOp(a, b)).result
+
+    def mulf(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self._add(arith.MulfOp(a, b)).result
+
+    def minf(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        """The smaller of two scalars (a compare and a select: CSL has no float min)."""
+        lt = self._add(arith.CmpfOp(a, b, "olt")).result
+        return self._add(arith.SelectOp(lt, a, b)).result
+
+    def maxf(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        gt = self._add(arith.CmpfOp(a, b, "ogt")).result
+        return self._add(arith.SelectOp(gt, a, b)).result
 
     def func(self) -> csl.FuncOp:
         self._add(csl.ReturnOp())

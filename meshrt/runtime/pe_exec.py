@@ -210,6 +210,32 @@ impl(arith.MulfOp)(_binary(lambda a, b: a * b))
 impl(arith.DivfOp)(_binary(lambda a, b: a / b))
 
 
+_CMPF = {"olt": np.less, "ole": np.less_equal, "ogt": np.greater, "oge": np.greater_equal,
+         "oeq": np.equal, "one": np.not_equal}
+
+
+@impl(arith.CmpfOp)
+def _cmpf(op, ctx):
+    pred = arith.CMPF_COMPARISON_OPERATIONS[op.predicate.value.data]
+    fn = _CMPF.get(pred)
+    if fn is None:
+        raise ctx.fail(f"no executor for the float comparison '{pred}'")
+    a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
+
+    def step(bufs, env):
+        env[res] = fn(F32(a(env)), F32(b(env)))
+    return step
+
+
+@impl(arith.SelectOp)
+def _select(op, ctx):
+    c, a, b, res = _value(op.cond, ctx), _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
+
+    def step(bufs, env):
+        env[res] = np.where(c(env), a(env), b(env)).astype(F32)[()]
+    return step
+
+
 @impl(csl.MemberCallOp)
 def _member_call(op, ctx):
     fn = MATH_FNS.get(op.field.data)
@@ -304,9 +330,54 @@ def _fused(op, ctx) -> Step | None:
     return step
 
 
+# The ops of a loop whose iterations are independent (`_parallel`).
+_SCALAR_OPS = (arith.ConstantOp, arith.AddiOp, arith.MuliOp, arith.IndexCastOp, memref.GetGlobalOp,
+               memref.LoadOp, memref.StoreOp, arith.AddfOp, arith.SubfOp, arith.MulfOp, arith.DivfOp,
+               arith.CmpfOp, arith.SelectOp, csl.MemberCallOp, scf.YieldOp)
+
+
+def _parallel(op, ctx) -> Step | None:
+    """A loop over scalars whose iterations are independent - only scalar arithmetic,
+    loads, and stores each to an element that depends on the induction variable, into
+    buffers the loop reads only at that element - run as one computation on every
+    iteration's values at once (the same float32 operations, elementwise). None
+    otherwise."""
+    block = op.body.block
+    if not all(isinstance(o, _SCALAR_OPS) for o in block.ops):
+        return None
+    iv = block.args[0]
+    varying = {iv}
+    for o in block.ops:
+        if any(v in varying for v in o.operands):
+            varying.update(o.results)
+
+    def buffer(v: SSAValue) -> str | None:
+        return v.owner.name_.root_reference.data if isinstance(v.owner, memref.GetGlobalOp) else None
+
+    loads = [(buffer(o.memref), tuple(o.indices)) for o in block.ops if isinstance(o, memref.LoadOp)]
+    for o in block.ops:
+        if isinstance(o, memref.StoreOp):
+            name, idx = buffer(o.memref), tuple(o.indices)
+            if name is None or not all(i in varying for i in idx):
+                return None
+            # a buffer it stores into is read only at the element stored (this iteration's)
+            if any(n == name and i != idx for n, i in loads):
+                return None
+    lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
+    ivs = np.arange(lb, ub, step_)
+    body = _block(block, ctx)
+
+    def step(bufs, env):
+        if len(ivs):
+            env[iv] = ivs
+            for s in body:
+                s(bufs, env)
+    return step
+
+
 @impl(scf.ForOp)
 def _for(op, ctx):
-    fused = _fused(op, ctx)
+    fused = _fused(op, ctx) or _parallel(op, ctx)
     if fused is not None:
         return fused
     lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))

@@ -11,7 +11,7 @@ from xdsl.dialects import csl
 
 from meshrt.backend.csl.pe_print import body_lines
 from meshrt.backend.csl_lint import check_csl
-from meshrt.kernels.elementwise.pe import rmsnorm_bodies
+from meshrt.kernels.elementwise.pe import rmsnorm_bodies, silu_mul_bodies
 from meshrt.kernels.pe import Bodies, Buffer
 from meshrt.runtime import pe_exec
 from meshrt.runtime import reference as ref
@@ -162,3 +162,56 @@ def test_gemv_csl_moves_the_row_dsd_and_reads_the_input_element():
     program = ["var x = @zeros([6]f32);", "var y = @zeros([8]f32);", "var w = @zeros([32]f32);",
                "fn fmac() void {", text, "}"]
     assert check_csl("\n".join(program), "gemv.csl") == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 3), k=st.integers(1, 20), seed=st.integers(0, 2**16),
+       act=st.sampled_from([(1.0, 0.0, 0.0), (1.702, 7.0, 1.0), (1.5, 0.5, -0.25)]))
+def test_silu_mul_body_is_the_reference_glu_exactly(b, k, seed, act):
+    """silu(gate) * up, and gpt-oss's clamped form, element for element as
+    reference.glu computes them in float32 (a loop calling <math>'s exp_f32)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((b, 2, k)) * 8).astype(np.float32)
+    bodies = silu_mul_bodies("act", b, k, *act)
+    bufs = _buffers(bodies)
+    bufs["x"][:] = x.reshape(-1)
+    _run(bodies, "silu_mul", bufs)
+    want = ref.glu(x[:, 0], x[:, 1], ref.Act(*act))
+    np.testing.assert_array_equal(bufs["y"].reshape(b, k), want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 3), k=st.integers(1, 12), n=st.integers(1, 30), seed=st.integers(0, 2**16))
+def test_independent_loop_iterations_run_at_once_as_they_run_one_by_one(b, k, n, seed):
+    """pe_exec runs a loop whose iterations are independent (silu_mul's, the norm's 1/sqrt)
+    on all iterations at once; the result is the one-by-one loop's, bit for bit."""
+    rng = np.random.default_rng(seed)
+    cases = [(silu_mul_bodies("act", b, k, 1.702, 7.0, 1.0), "silu_mul"),
+             (rmsnorm_bodies("norm", b, k, n, 1e-5, True), "rsqrt")]
+    for bodies, op in cases:
+        start = {name: (rng.standard_normal(v.size) * 4).astype(np.float32) ** 2
+                 for name, v in _buffers(bodies).items()}
+        got = {name: v.copy() for name, v in start.items()}
+        pe_exec._CACHE.clear()
+        _run(bodies, op, got)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(pe_exec, "_parallel", lambda op, ctx: None)
+            pe_exec._CACHE.clear()
+            one_by_one = {name: v.copy() for name, v in start.items()}
+            _run(bodies, op, one_by_one)
+        pe_exec._CACHE.clear()
+        for name in start:
+            np.testing.assert_array_equal(got[name], one_by_one[name])
+
+
+def test_a_loop_that_reads_another_iterations_element_runs_one_by_one():
+    """A prefix sum (x[i] += x[i - 1]) carries a value from one iteration to the next:
+    it must not run at once."""
+    bodies = Bodies("scan", [Buffer("x", 5)])
+    body = bodies.body("scan")
+    body.each(4, lambda bd, i: bd.store(bd.addf(bd.load("x", i), bd.load("x", bd.plus(i, 1))), "x",
+                                        bd.plus(i, 1)))
+    bodies.add("scan", body)
+    bufs = {"x": np.arange(1, 6, dtype=np.float32)}
+    _run(bodies, "scan", bufs)
+    np.testing.assert_array_equal(bufs["x"], np.cumsum(np.arange(1, 6, dtype=np.float32)))

@@ -429,7 +429,12 @@ class ProgramWriter:
                     comment = ""
                 elif e.kind == "compute":
                     if st.promote is not None:
-                        n = min(self.nx, self.cap.get(st.promote, self.values.saved.get(st.promote, self.ny)))
+                        n = self.pe_reads(sub, e.name)  # a body's whole input, else as before
+                        if n is None:
+                            n = min(self.nx, self.cap.get(st.promote, self.values.saved.get(st.promote, self.ny)))
+                        self.need("x", n)
+                        if st.promote in self.cap:
+                            self.need(st.promote, n)
                         what = ("the previous kernel's output" if st.promote == "y" else
                                 f"held in {st.promote}")
                         self.state([f"@fmov{self.sh.sfx}({self.mem('x', n)}, {self.mem(st.promote, n)});"],
@@ -934,12 +939,8 @@ class ProgramWriter:
     def region(self, sub) -> tuple[str, int, int] | None:
         return self.sub_region.get(id(sub))
 
-    def pe_lines(self, sub, op: str, operands=()) -> list[str] | None:
-        """The CSL of compute op `op` of `sub`'s kernel where its kind has PE bodies
-        (`KernelOp.pe_bodies`), else None. The bodies' buffers are this program's: y, p,
-        scale by name, x and x1 the arrays `operands` (values.py) holds the kernel's
-        operands in (x by default), any other (resident: a norm's gains) the
-        sub-schedule's region."""
+    def pe_bodies(self, sub):
+        """The PE bodies of `sub`'s kernel on this class's tile (None: its kind has none)."""
         bodies = self._pe.get(sub.kernel, False)
         if bodies is False:
             info = self.p.record(sub)
@@ -950,6 +951,22 @@ class ProgramWriter:
             bodies = None if tile is None else self.p.kind_of(sub).pe_bodies(
                 info, self.b, HParams.of(self.p.op), tile)
             self._pe[sub.kernel] = bodies
+        return bodies
+
+    def pe_reads(self, sub, op: str) -> int | None:
+        """Elements of x compute op `op`'s PE body reads (None: it has no body)."""
+        bodies = self.pe_bodies(sub)
+        if bodies is None or op not in bodies.funcs:
+            return None
+        return next((b.elems for b in bodies.buffers if b.name == "x"), None)
+
+    def pe_lines(self, sub, op: str, operands=()) -> list[str] | None:
+        """The CSL of compute op `op` of `sub`'s kernel where its kind has PE bodies
+        (`KernelOp.pe_bodies`), else None. The bodies' buffers are this program's: y, p,
+        scale by name, x and x1 the arrays `operands` (values.py) holds the kernel's
+        operands in (x by default), any other (resident: a norm's gains) the
+        sub-schedule's region."""
+        bodies = self.pe_bodies(sub)
         fn = bodies.funcs.get(op) if bodies is not None else None
         if fn is None:
             return None

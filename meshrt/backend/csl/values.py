@@ -59,9 +59,11 @@ class ValuePlan:
 
 def operand_count(p: Program, sub: Sub, op: str) -> int:
     """How many of the kernel's operands compute op `op` reads where they are held
-    (`KernelOp.operands_read`; none for a sub without a kernel record)."""
+    (`KernelOp.operands_read`; for a sub without a kernel record, the default rule)."""
     rec = p.records.get(sub.kernel)
-    return 0 if rec is None else registry.kind(rec.kind.data).operands_read(rec, op)
+    if rec is None:
+        return 1 if registry.compute_op(op).reads_input else 0
+    return registry.kind(rec.kind.data).operands_read(rec, op)
 
 
 def plan_values(p: Program, cls: CoreClass, has_p: bool, relays) -> ValuePlan:
@@ -141,7 +143,7 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str]):
                         v = aliases.get(v, v)
                         if buf is None and _defined_here(p, cls, v):
                             missing.add(v)
-                    if registry.compute_op(e.name).reads_input and not got_x and not promoted:
+                    if n_ops == 1 and not got_x and not promoted:
                         # its body reads x: the input from where it is held, else (a value
                         # this plan does not know) the previous kernel's output in y
                         src = st.operands[0] if st.operands else None

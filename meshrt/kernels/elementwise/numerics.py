@@ -8,7 +8,6 @@ from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, DataLayoutError, KernelExec, Vec, part
 from meshrt.kernels.elementwise.pe import bodies_for
 from meshrt.runtime import pe_exec
-from meshrt.runtime import reference as ref
 
 
 class Elementwise(KernelExec):
@@ -22,7 +21,7 @@ class Elementwise(KernelExec):
             self.gain = plane.norm_gain(self.name, self.layer)
             # per column height, the bodies the CSL prints: K features of a slot a core
             self.bodies = {t[3]: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
-        elif self.kind == "add":  # per tile shape: K entries of a slot a core
+        elif self.kind in ("add", "silu_mul"):  # per tile shape: K entries of a slot a core
             self.bodies = {t[2:]: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
 
     def resident(self, pos):
@@ -74,9 +73,15 @@ class Elementwise(KernelExec):
             if pos is None:
                 raise DataLayoutError(f"{where}: silu_mul's input @{self.inputs[0]} is not a "
                                       "fused gate | up projection")
-            gate = v.need_at(pos[c0:c1], where)
-            up = v.need_at(pos[n + c0:n + c1], where)
-            out = ref.glu(gate, up, self.plane.act)
+            bodies = self.bodies[w, h]
+            bufs = self.pe_buffers(cd, bodies)
+            k = bodies.buffer("y").elems // self.b
+            x = bufs["x"].reshape(self.b, 2, k)  # per slot: k gate entries, then k up entries
+            x[:] = 0
+            x[:, 0, :c1 - c0] = v.need_at(pos[c0:c1], where)
+            x[:, 1, :c1 - c0] = v.need_at(pos[n + c0:n + c1], where)
+            pe_exec.run(bodies.funcs["silu_mul"], bufs)
+            out = bufs["y"].reshape(self.b, k)[:, :c1 - c0].copy()
         else:
             raise DataLayoutError(f"{where}: elementwise \"{self.kind}\" has no numerics here")
         cd.values[self.name] = Vec.of(out.astype(F32), c0, n)

@@ -64,6 +64,8 @@ class ElementwiseOp(KernelOp):
     def operands_read(cls, info, op):
         if op == "add" and info.param("kind") == "add":  # its body reads both, where they are held
             return 2
+        if op == "silu_mul":  # its body reads x: gate | up
+            return 1
         return super().operands_read(info, op)
 
     @property

@@ -1,5 +1,8 @@
 """Elementwise compute bodies at the PE-program level (see meshrt.kernels.pe).
 
+silu_mul: y = silu(gate) * up (or gpt-oss's clamped form), gate and up side by
+side per slot in x.
+
 add: y = x + x1, the two operands where the program holds them
 (meshrt.backend.csl.values: a residual add reads the layer's input, kept
 since it arrived, and the reduced projection).
@@ -28,14 +31,17 @@ from meshrt.shape import HParams
 
 def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, int]) -> Bodies | None:
     """The PE bodies of elementwise kernel `info` (its `event.kernel` record) on `tile`
-    (x, y, w, h), or None for the kinds that have none yet (silu_mul)."""
+    (x, y, w, h)."""
     kind, n = info.param("kind"), info.param("out_width")
     w, h = tile[2], tile[3]
     if kind == "rmsnorm":  # a column of h cores
         return rmsnorm_bodies(info.kernel_name, micro_batch, -(-n // h), n, hp.float("rms_eps"), h > 1)
-    if kind == "add":  # its operands split over the rows or the columns of its grid
-        split = h if info.param("layout", "cols") == "rows" else w
+    split = h if info.param("layout", "cols") == "rows" else w  # its vectors' split
+    if kind == "add":
         return add_bodies(info.kernel_name, micro_batch, -(-n // split))
+    if kind == "silu_mul":
+        act = tuple(hp.float(k) for k in ("swiglu_alpha", "swiglu_limit", "swiglu_shift"))
+        return silu_mul_bodies(info.kernel_name, micro_batch, -(-n // split), *act)
     return None
 
 
@@ -89,4 +95,31 @@ def rmsnorm_bodies(kernel: str, b: int, k: int, n: int, eps: float, chained: boo
     body.fmuls(body.dsd("y", (b, k)), body.dsd("x", (b, k)), body.dsd(factor, (b, k), (1, 0)))
     body.fmuls(body.dsd("y", (b, k)), body.dsd("y", (b, k)), body.dsd("gain", (b, k), (0, 1)))
     out.add("scale", body)
+    return out
+
+
+def silu_mul_bodies(kernel: str, b: int, k: int, alpha: float = 1.0, limit: float = 0.0,
+                    shift: float = 0.0) -> Bodies:
+    """y[j, i] = g / (1 + exp(-alpha g)) * (u + shift) for this core's `k` entries of each
+    of `b` slots, g and u the gate and up entries: in x, per slot, the core's k gate
+    entries then its k up entries (the fused up projection's gate | up blocks, as this
+    core's column of it holds them). `limit` > 0: g = min(g, limit), u clipped to
+    +-limit first (gpt-oss); alpha 1, no limit, shift 0 is SiLU (`reference.glu`)."""
+    out = Bodies(kernel, [Buffer("x", b * 2 * k), Buffer("y", b * k)])
+    body = out.body("silu_mul")
+
+    def entry(bd: Body, j, i) -> None:
+        g = bd.load("x", bd.add(bd.mul(j, 2 * k), i))
+        u = bd.load("x", bd.plus(bd.add(bd.mul(j, 2 * k), i), k))
+        if limit:
+            g = bd.minf(g, bd.scalar(limit))
+            u = bd.maxf(bd.minf(u, bd.scalar(limit)), bd.scalar(-limit))
+        e = bd.call("exp_f32", bd.mulf(bd.scalar(-alpha), g))
+        act = bd.divf(g, bd.addf(bd.scalar(1.0), e))
+        if shift:
+            u = bd.addf(u, bd.scalar(shift))
+        bd.store(bd.mulf(act, u), "y", bd.add(bd.mul(j, k), i))
+
+    body.each(b, lambda bd, j: bd.each(k, lambda bd2, i: entry(bd2, j, i)))
+    out.add("silu_mul", body)
     return out
