@@ -99,12 +99,14 @@ def parse_ir(text: str, filename: str = "<input>") -> ModuleOp:
     from xdsl.dialects.builtin import Builtin
 
     from meshrt.diagnostics import parse_module
-    from meshrt.dialects import get_all_dialects
+    from meshrt.dialects import get_all_dialects, xdsl_dialects
 
     ctx = Context()
     ctx.load_dialect(Builtin)
     for load in get_all_dialects().values():
         ctx.load_dialect(load())
+    for dialect in xdsl_dialects():  # the PE level's bodies
+        ctx.load_dialect(dialect)
     return parse_module(ctx, text, filename)
 
 

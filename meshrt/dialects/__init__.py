@@ -1,5 +1,5 @@
 """meshrt's dialects, one module each: mesh (shared attributes), graph,
-mesh_kernel, event, segment."""
+mesh_kernel, event, segment, pe."""
 
 from collections.abc import Callable
 
@@ -32,10 +32,24 @@ def get_all_dialects() -> dict[str, Callable[[], Dialect]]:
 
         return Segment
 
+    def pe():
+        from meshrt.dialects.pe import Pe
+
+        return Pe
+
     return {
         "mesh": mesh,
         "graph": graph,
         "mesh_kernel": mesh_kernel,
         "event": event,
         "segment": segment,
+        "pe": pe,
     }
+
+
+def xdsl_dialects() -> list[Dialect]:
+    """xDSL's dialects the PE level (`lower-to-pe`) holds: its programs are `csl.module`s
+    whose bodies use memref, arith and scf."""
+    from xdsl.dialects import arith, csl, memref, scf
+
+    return [csl.CSL, memref.MemRef, arith.Arith, scf.Scf]

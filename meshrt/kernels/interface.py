@@ -218,9 +218,7 @@ class KernelOp(MappedKernelOp):
         """How many of kernel `info`'s operands compute op `op` reads where the core holds
         them (`meshrt.backend.csl.values`): the first for an op that reads its input (its
         body reads x), none for the others."""
-        from meshrt.kernels import registry
-
-        return 1 if registry.compute_op(op).reads_input else 0
+        return 1 if any(c.name == op and c.reads_input for c in cls.COMPUTE) else 0
 
     # -- geometry ----------------------------------------------------------
     def grid(self) -> tuple[int, int, int, int]:

@@ -34,13 +34,14 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
     UnitAttr,
+    f16,
     f32,
     i16,
 )
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.ir.affine import AffineExpr, AffineMap
 
-ELEM_TYPES = {"f32": f32}
+ELEM_TYPES = {"f32": f32, "f16": f16}
 MATH = "<math>"  # the CSL library of scalar functions the bodies call
 
 

@@ -43,6 +43,11 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
 
         return CheckSegments
 
+    def lower_to_pe():
+        from meshrt.passes.lower_to_pe import LowerToPe
+
+        return LowerToPe
+
     return {
         "place-experts": place_experts,
         "lower-to-mesh-kernels": lower_to_mesh_kernels,
@@ -51,4 +56,5 @@ def get_all_passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "color-routes": color_routes,
         "insert-route-handshakes": insert_route_handshakes,
         "check-segments": check_segments,
+        "lower-to-pe": lower_to_pe,
     }

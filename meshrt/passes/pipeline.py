@@ -17,7 +17,7 @@ from xdsl.dialects.builtin import ModuleOp
 if TYPE_CHECKING:
     from meshrt.targets import Target
 
-LEVELS: tuple[str, ...] = ("graph", "kernels", "events", "segments", "csl")
+LEVELS: tuple[str, ...] = ("graph", "kernels", "events", "segments", "pe", "csl")
 
 _SEGMENTS = (
     "lower-to-mesh-kernels,synthesize-schedules,materialize-segments,color-routes,"
@@ -31,8 +31,10 @@ LEVEL_PIPELINES: dict[str, str | None] = {
     "kernels": "lower-to-mesh-kernels",
     "events": "lower-to-mesh-kernels,synthesize-schedules",
     "segments": _SEGMENTS,
-    # CSL is a printing target on top of segment IR (meshrt.backend.csl), not a pass.
-    "csl": _SEGMENTS,
+    # each core class's program (meshrt.dialects.pe), beside the segment program
+    "pe": _SEGMENTS + ",lower-to-pe",
+    # CSL is a printing target on top of the PE level (meshrt.backend.csl), not a pass.
+    "csl": _SEGMENTS + ",lower-to-pe",
 }
 
 
@@ -61,24 +63,31 @@ class LevelNotReady(Exception):
 
 
 def level_of(module: ModuleOp) -> str | None:
-    """The level of the first top-level program op of `module` (None: there is none)."""
-    return next((TOP_OPS[op.name] for op in module.body.block.ops if op.name in TOP_OPS), None)
+    """The level of the first top-level program op of `module` (None: there is none):
+    segment IR with its classes' `csl.module`s beside it is the PE level."""
+    level = next((TOP_OPS[op.name] for op in module.body.block.ops if op.name in TOP_OPS), None)
+    if level == "segments" and any(op.name == "csl.module" for op in module.body.block.ops):
+        return "pe"
+    return level
 
 
 def pipeline_between(start: str, stop: str) -> str:
     """The passes (meshrt-opt syntax) that take IR of level `start` to level `stop`.
 
-    Restarting from segment IR (to `segments` or `csl`) runs the check only.
+    Restarting from segment IR runs the check only (then lower-to-pe, to `pe` or
+    `csl`); from the PE level, the check only.
     """
     for level in (start, stop):
         if level not in LEVELS:
             raise ValueError(f"unknown level '{level}', expected one of {', '.join(LEVELS)}")
     if LEVEL_PIPELINES[stop] is None:
         raise LevelNotReady(stop)
+    if (start, stop) == ("pe", "segments"):  # the PE level keeps its segment program
+        return _CHECK_SEGMENTS
     if LEVELS.index(stop) < LEVELS.index(start):
         raise ValueError(f"cannot take {start} IR up to the {stop} level")
-    if start in ("segments", "csl"):  # CSL is printed from segment IR
-        return _CHECK_SEGMENTS
+    if start in ("segments", "pe", "csl"):  # printed IR is already coloured: check it
+        return _CHECK_SEGMENTS + (",lower-to-pe" if start == "segments" and stop != "segments" else "")
     done, todo = _passes(LEVEL_PIPELINES[start]), _passes(LEVEL_PIPELINES[stop])
     assert todo[:len(done)] == done, (start, stop)  # each level's pipeline extends the one above
     return ",".join(todo[len(done):])

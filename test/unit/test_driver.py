@@ -87,7 +87,12 @@ def test_pipeline_between_levels():
     assert pipeline_between("graph", "segments") == LEVEL_PIPELINES["segments"]
     assert pipeline_between("kernels", "events") == "synthesize-schedules"
     assert pipeline_between("events", "events") == ""
-    assert pipeline_between("segments", "csl") == "check-segments{handshakes=true}"
+    assert pipeline_between("segments", "csl") == "check-segments{handshakes=true},lower-to-pe"
+    assert pipeline_between("segments", "pe") == "check-segments{handshakes=true},lower-to-pe"
+    # the PE level keeps its segment program: restarting from it only checks it
+    assert pipeline_between("pe", "csl") == "check-segments{handshakes=true}"
+    assert pipeline_between("pe", "segments") == "check-segments{handshakes=true}"
+    assert pipeline_between("graph", "pe") == LEVEL_PIPELINES["segments"] + ",lower-to-pe"
     with pytest.raises(ValueError, match="cannot take segments IR up to the kernels level"):
         pipeline_between("segments", "kernels")
 

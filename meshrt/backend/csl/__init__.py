@@ -57,8 +57,16 @@ def emit_csl(module: ModuleOp, arch: str | None = None, target=None, weights=Non
     from meshrt.backend.csl.sync import marker_counts
     from meshrt.targets import target_for
 
+    from meshrt.backend.csl.pe_level import class_modules, lower_to_pe, module_name, program_elem, read_class_module
+
     result = CslOutput()
     ops = segment_programs(module)
+    mods = class_modules(module)
+    if any(module_name(op.program_name, c.sym_name.data) not in mods for op in ops for c in op.core_classes()):
+        # segment IR: its classes' PE-level modules first (the lower-to-pe pass)
+        module = module.clone()
+        lower_to_pe(module)
+        ops, mods = segment_programs(module), class_modules(module)
     programs = []
     for op in ops:
         prefix = f"{op.program_name}/" if len(ops) > 1 else ""
@@ -67,7 +75,7 @@ def emit_csl(module: ModuleOp, arch: str | None = None, target=None, weights=Non
         tgt = target_for(target, op)
         a = resolve_arch(arch, program.target, op)
         lim = al.limits(program, tgt, a)
-        elem = "f32" if program.hp("dtype_bytes", 4) >= 4 else "f16"
+        elem = program_elem(program)
         sh = Shared(program, lim, a, elem)
         sh.drained = drained_flows(program)
         sh.marker_counts = marker_counts(program)
@@ -80,7 +88,8 @@ def emit_csl(module: ModuleOp, arch: str | None = None, target=None, weights=Non
 
             plane = DataPlane(op, weights, None)
         for alloc in allocs:
-            texts[alloc.cls.ident], regions = write_program(alloc.cls, alloc, sh)
+            level = read_class_module(mods[module_name(op.program_name, alloc.cls.name)], program, alloc.cls)
+            texts[alloc.cls.ident], regions = write_program(alloc.cls, alloc, sh, level)
             result.regions[alloc.cls.name] = regions
             if plane is not None:
                 from meshrt.backend.csl.weights import class_weights

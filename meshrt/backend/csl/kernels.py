@@ -29,9 +29,8 @@ class ComputeBody:
     event's work and are clamped to the buffers.
     """
 
-    def __init__(self, w: ProgramWriter, e: Event, sub, src: str | None, operands=()):
+    def __init__(self, w: ProgramWriter, e: Event, sub, src: str | None):
         self.w, self.e, self.sub, self.src = w, e, sub, src
-        self.operands = operands  # where the kernel's operands are held (values.py)
         self.T = w.sh.elem
         self.s = w.sh.sfx
         self.b = w.b
@@ -39,7 +38,7 @@ class ComputeBody:
 
     def lines(self) -> list[str]:
         # a kind with compute bodies at the PE level prints the body the interpreter runs
-        pe = self.w.pe_lines(self.sub, self.e.name, self.operands)
+        pe = self.w.pe_lines(self.sub, self.e)
         if pe is not None:
             return pe
         op = registry.compute_op(self.e.name, self.kind.kernel_kind())

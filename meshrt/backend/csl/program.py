@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from xdsl.dialects import memref
+
 from meshrt import quant
 from meshrt.backend.csl import handshakes as hsk
 from meshrt.backend.csl import percore, streams
@@ -50,11 +52,10 @@ from meshrt.backend.csl.metainfo import MetaCode
 from meshrt.backend.csl.pe_print import body_lines, calls_math
 from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment
 from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
-from meshrt.backend.csl.values import plan_values
+from meshrt.backend.csl.pe_level import ClassLevel, has_partner, relays
 from meshrt.diagnostics import MeshrtError
 from meshrt.kernels import registry
 from meshrt.routing import Box, RectSet, rect_boxes
-from meshrt.shape import HParams
 
 
 
@@ -93,11 +94,13 @@ def routes_struct(rx, tx) -> str:
 
 
 class ProgramWriter:
-    def __init__(self, cls: CoreClass, alloc: ClassAlloc, sh: Shared):
+    def __init__(self, cls: CoreClass, alloc: ClassAlloc, sh: Shared, level: ClassLevel):
         self.cls = cls
+        self.level = level
         self.a = alloc
         self.sh = sh
         self.p = sh.program
+        self._relayed = relays(self.p, cls)
         self.lines: list[str] = []
         self.decls: list[str] = []
         self.fns: list[str] = []
@@ -113,7 +116,6 @@ class ProgramWriter:
         self.tables: set[str] = set()  # decode tables packed weights need (E2M1, E4M3)
         self.wscale = 0  # float32 block scales of the largest packed tile (dequant_*)
         self.uses_ctrl = alloc.marker_task is not None
-        self._pe: dict[str, object] = {}  # kernel -> its PE bodies (None: its kind has none)
         self.shadows: dict[str, int] = {}  # float32 copies 16-bit programs run PE bodies on
         self.plans = streams.plans(self.p)
         self.lp_used = False  # the loop counter of multi-message transfers
@@ -121,7 +123,7 @@ class ProgramWriter:
         self._consts: set[str] = set()
         self._plan_handshakes()
         self._plan_buffers()
-        self.values = plan_values(self.p, cls, self.has_p, self.relay_here)
+        self.values = level.plan  # where each value is held (pe_level.py, values.py)
 
     # ------------------------------------------------------------------ sizes
     def _flows_used(self) -> list[Flow]:
@@ -165,8 +167,7 @@ class ProgramWriter:
                         meta_out[e.name] = max(meta_out.get(e.name, 0), e.meta_words)
         self.nx, self.np, self.ny = nx, np_, max(ny, nx, np_)
         self.cap = {"x": self.nx, "y": self.ny, "p": self.np}  # grown by the transfers below
-        self.has_p = any(e.kind == "recv" and self._internal(e)
-                         for seg in self.cls.segments for sub in seg.subs for e in sub.events)
+        self.has_p = has_partner(self.p, self.cls)
         self.meta_in = meta_in
         self.meta_in_words = max(meta_in.values(), default=0)  # the cross-wafer staging size
         cross = [(e.kind, self.p.flows[e.flow].xw_index) for seg in self.cls.segments for e in seg.events()
@@ -305,9 +306,7 @@ class ProgramWriter:
         return any(cfg.switch for _, cfg in self.own_cells(flow))
 
     def relay_here(self, flow: Flow) -> bool:
-        plan = self.plan(flow)
-        return plan is not None and plan.scheme == RELAY and any(
-            cfg.names()[0] in streams.RELAY_PHASES for _, cfg in self.own_cells(flow))
+        return self._relayed(flow)
 
     def route_stmts(self, flow: Flow, phase: str) -> list[str]:
         """Statements that give this core's router `flow`'s configuration in `phase`
@@ -429,7 +428,7 @@ class ProgramWriter:
                     comment = ""
                 elif e.kind == "compute":
                     if st.promote is not None:
-                        n = self.pe_reads(sub, e.name)  # a body's whole input, else as before
+                        n = self.pe_reads(e)  # a body's whole input, else as before
                         if n is None:
                             n = min(self.nx, self.cap.get(st.promote, self.values.saved.get(st.promote, self.ny)))
                         self.need("x", n)
@@ -939,101 +938,77 @@ class ProgramWriter:
     def region(self, sub) -> tuple[str, int, int] | None:
         return self.sub_region.get(id(sub))
 
-    def pe_bodies(self, sub):
-        """The PE bodies of `sub`'s kernel on this class's tile (None: its kind has none)."""
-        bodies = self._pe.get(sub.kernel, False)
-        if bodies is False:
-            info = self.p.record(sub)
-            x0, y0 = self.cls.boxes[0][0], self.cls.boxes[0][1]
-            tile = next((r.tuple[:4] for r in info.region.rects.data
-                         if r.tuple[0] <= x0 < r.tuple[0] + r.tuple[2]
-                         and r.tuple[1] <= y0 < r.tuple[1] + r.tuple[3]), None)
-            bodies = None if tile is None else self.p.kind_of(sub).pe_bodies(
-                info, self.b, HParams.of(self.p.op), tile)
-            self._pe[sub.kernel] = bodies
-        return bodies
-
-    def pe_reads(self, sub, op: str) -> int | None:
-        """Elements of x compute op `op`'s PE body reads (None: it has no body)."""
-        bodies = self.pe_bodies(sub)
-        if bodies is None or op not in bodies.funcs:
+    def pe_reads(self, e: Event) -> int | None:
+        """Elements of x the PE body of compute event `e` reads (None: it has none)."""
+        fn = self.level.calls.get(id(e))
+        if fn is None:
             return None
-        return next((b.elems for b in bodies.buffers if b.name == "x"), None)
+        return max((n for name, n in _arrays_of(fn) if name == "x"), default=None)
 
-    def pe_lines(self, sub, op: str, operands=()) -> list[str] | None:
-        """The CSL of compute op `op` of `sub`'s kernel where its kind has PE bodies
-        (`KernelOp.pe_bodies`), else None. The bodies' buffers are this program's: y, p,
-        scale by name, x and x1 the arrays `operands` (values.py) holds the kernel's
-        operands in (x by default), any other (resident: a norm's gains) the
+    def pe_lines(self, sub, e: Event) -> list[str] | None:
+        """The CSL of compute event `e` where the class's PE-level module gives it a body
+        (`pe_level.py`), else None. The body's arrays are this program's: x, y, p, scale
+        and the kept values by name, a kernel's resident arrays at their offsets in the
         sub-schedule's region."""
-        bodies = self.pe_bodies(sub)
-        fn = bodies.funcs.get(op) if bodies is not None else None
+        fn = self.level.calls.get(id(e))
         if fn is None:
             return None
         renames: dict[str, tuple[str, int]] = {}
-        resident = 0
-        for buf in bodies.buffers:
-            if buf.name in ("x", "x1"):
-                k = 0 if buf.name == "x" else 1
-                array = operands[k] if k < len(operands) and operands[k] is not None else None
-                if array is None and buf.name == "x1":
-                    raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel}'s operand 1 "
-                                      "is held in no buffer of its program (no earlier event receives "
-                                      "or computes it here)", self.cls.op)
-                array = array or "x"
-                if array in ("x", "y", "p"):
-                    self.need(array, buf.elems)
-                elif self.values.saved.get(array, 0) < buf.elems:
-                    raise MeshrtError(f"internal error: kernel @{sub.kernel} reads {buf.elems} elements "
-                                      f"of {array}, which holds {self.values.saved.get(array, 0)}",
-                                      self.cls.op)
-                if array != buf.name:
-                    renames[buf.name] = (array, 0)
-            elif buf.name == "y":
-                self.need(buf.name, buf.elems)
-            elif buf.name == "p":
+        resident: set[str] = set()
+        used: dict[str, int] = {}
+        for name, n in _arrays_of(fn):
+            used[name] = max(used.get(name, 0), n)
+        for name, n in used.items():
+            if name in ("x", "y"):
+                self.need(name, n)
+            elif name == "p":
                 if not self.has_p:
                     raise MeshrtError(f"internal error: kernel @{sub.kernel}'s body reads p, which core "
                                       f"class @{self.cls.name} does not have", self.cls.op)
-                self.need("p", buf.elems)
-            elif buf.name == "scale":
-                if buf.elems > self.b:
-                    raise MeshrtError(f"internal error: kernel @{sub.kernel}'s scale needs {buf.elems} "
+                self.need("p", n)
+            elif name == "scale":
+                if n > self.b:
+                    raise MeshrtError(f"internal error: kernel @{sub.kernel}'s scale needs {n} "
                                       f"elements, the program has {self.b}", self.cls.op)
-            elif buf.resident:  # the resident buffers, one after the other in the region
-                reg = self.region(sub)
-                if reg is None or reg[2] < resident + buf.elems:
-                    raise MeshrtError(f"internal error: kernel @{sub.kernel}'s resident '{buf.name}' "
-                                      f"ends at element {resident + buf.elems}, its region holds "
-                                      f"{reg[2] if reg else 0}", self.cls.op)
-                renames[buf.name] = (reg[0], reg[1] + resident)
-                resident += buf.elems
+            elif name in self.level.arrays:
+                size, off = self.level.arrays[name]
+                if n > size:
+                    raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel} reads {n} "
+                                      f"elements of {name}, which has {size}", self.cls.op)
+                if off is not None:  # resident: at its offset in the sub-schedule's region
+                    reg = self.region(sub)
+                    if reg is None or reg[2] < off + n:
+                        raise MeshrtError(f"internal error: kernel @{sub.kernel}'s resident '{name}' "
+                                          f"ends at element {off + n}, its region holds "
+                                          f"{reg[2] if reg else 0}", self.cls.op)
+                    renames[name] = (reg[0], reg[1] + off)
+                    resident.add(name)
             else:
-                raise MeshrtError(f"internal error: kernel @{sub.kernel}'s body uses a buffer "
-                                  f"'{buf.name}' the program does not have", self.cls.op)
+                raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel}'s body uses an "
+                                  f"array '{name}' the program does not have", self.cls.op)
         before: list[str] = []
         after: list[str] = []
         if self.sh.elem != "f32":
             # 16-bit activations: the body runs on float32 copies (`<array>32`), converted
             # in before it and out after it (@fh2s / @fs2h), so it computes as it does in
             # the interpreter; the resident values are converted from their region.
-            for buf in bodies.buffers:
-                if buf.name == "scale":
+            for name, n in used.items():
+                if name == "scale":
                     continue
-                array, offset = renames.get(buf.name, (buf.name, 0))
-                shadow = f"{sub.kernel}_{buf.name}32" if buf.resident else f"{array}32"
-                self.shadows[shadow] = max(self.shadows.get(shadow, 0), buf.elems)
-                renames[buf.name] = (shadow, 0)
-                before.append(f"@fh2s({self.mem(shadow, buf.elems)}, {self.mem(array, buf.elems, offset)});")
-                if not buf.resident:
-                    after.append(f"@fs2h({self.mem(array, buf.elems)}, {self.mem(shadow, buf.elems)});")
+                array, offset = renames.get(name, (name, 0))
+                shadow = f"{_ident(name.replace('::', '_'))}32"  # a resident kernel::buf: kernel_buf32
+                self.shadows[shadow] = max(self.shadows.get(shadow, 0), n)
+                renames[name] = (shadow, 0)
+                before.append(f"@fh2s({self.mem(shadow, n)}, {self.mem(array, n, offset)});")
+                if name not in resident:
+                    after.append(f"@fs2h({self.mem(array, n)}, {self.mem(shadow, n)});")
         self.uses_math |= calls_math(fn)
         return before + body_lines(fn, renames) + after
 
     def emit_compute(self, e: Event, sub, st) -> str:
         i = len(self.fns)
         name = f"k{i}_{e.name}"
-        body = ComputeBody(self, e, sub, st.received, st.operands).lines()
+        body = ComputeBody(self, e, sub, st.received).lines()
         self.fns.append("\n".join([f"// @{sub.kernel} \"{sub.role}\": {e.name}, {e.work} ops",
                                    f"fn {name}() void {{", *("  " + l for l in body), "}"]))
         return name
@@ -1333,6 +1308,16 @@ class ProgramWriter:
         return text
 
 
+def _arrays_of(fn) -> list[tuple[str, int]]:
+    """(array, elements) of every array a body names."""
+    return [(op.name_.root_reference.data, op.memref.type.get_shape()[0])
+            for op in fn.walk() if isinstance(op, memref.GetGlobalOp)]
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
 def _table(name: str, values) -> str:
     body = ", ".join(f"{0.0 if v != v else float(v)!r}" for v in values)  # NaN codes: never stored
     return f"const {name} = [{len(values)}]f32 {{ {body} }}; // value of each code (meshrt.quant)"
@@ -1341,9 +1326,11 @@ def _table(name: str, values) -> str:
 _DECODE_TABLES = {"E2M1": _table("E2M1", quant.E2M1.tolist()), "E4M3": _table("E4M3", quant.E4M3.tolist())}
 
 
-def write_program(cls: CoreClass, alloc: ClassAlloc, sh: Shared) -> tuple[str, list[tuple[str, str, int, int]]]:
-    """The class's program, and its resident regions: (kernel, array, offset, elements)."""
-    writer = ProgramWriter(cls, alloc, sh)
+def write_program(cls: CoreClass, alloc: ClassAlloc, sh: Shared,
+                  level: ClassLevel) -> tuple[str, list[tuple[str, str, int, int]]]:
+    """The class's program, from its PE-level module (`level`), and its resident regions:
+    (kernel, array, offset, elements)."""
+    writer = ProgramWriter(cls, alloc, sh, level)
     text = writer.emit()
     limit = sh.lim.target.sram_bytes - sh.lim.target.reserved_sram_bytes
     if alloc.sram_bytes > limit:

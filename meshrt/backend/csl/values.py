@@ -41,6 +41,7 @@ class Step:
     """What one event does with the class's buffers."""
 
     target: str | None = None  # recv: the buffer it writes
+    holds: str | None = None  # recv: the kernel whose value it receives (None: a partial, a relay)
     operands: tuple[str | None, ...] = ()  # compute: the buffer each operand is read from (None: unknown)
     promote: str | None = None  # compute: copy this buffer into x first (its body reads x)
     source: str | None = None  # send: the buffer it sends
@@ -134,6 +135,7 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str]):
                         consumer = p.records.get(flow.kernel)
                         if consumer is not None and flow.op.operand.value.data < len(consumer.input_names):
                             value = consumer.input_names[flow.op.operand.value.data]
+                    st.holds = value
                     define(st.target, value, e.elems, st)
                 elif e.kind == "compute":
                     st.received = "p" if got_p else ("x" if got_x else None)

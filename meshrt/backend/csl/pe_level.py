@@ -1,0 +1,293 @@
+"""The PE-program level: one `csl.module` per core class (see meshrt.dialects.pe).
+
+`class_module` builds it from the segment program (the `lower-to-pe` pass):
+the value plan of the class (`values.py`) becomes its `pe.table`, the arrays
+the plan adds (kept values) and each kernel's resident arrays become
+`memref.global`s, and every compute event of a kind with PE bodies
+(`KernelOp.pe_bodies`) gets its `csl.func`, the kind's body with its buffers
+renamed onto the class's arrays. `read_class_module` gives the CSL backend
+the plan and bodies back, checked against the class's events.
+
+The working arrays x, y, p and scale are the program's own: the backend sizes
+them from the transfers, so the module does not declare them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects import csl, memref
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    IntegerAttr,
+    MemRefType,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    UnitAttr,
+    i64,
+)
+from xdsl.ir import Block, Region
+
+from meshrt.backend.csl import percore, streams
+from meshrt.backend.csl.model import CoreClass, Event, Program
+from meshrt.backend.csl.values import Step, ValuePlan, plan_values
+from meshrt.diagnostics import MeshrtError
+from meshrt.dialects import pe
+from meshrt.kernels.pe import ELEM_TYPES
+from meshrt.shape import HParams
+
+WORKING = ("x", "y", "p", "scale")  # the program's own arrays
+
+
+def program_elem(p: Program) -> str:
+    """The element type of a program's activation arrays: f32, or f16 for 16-bit models."""
+    return "f32" if p.hp("dtype_bytes", 4) >= 4 else "f16"
+
+
+def module_name(program: str, cls: str) -> str:
+    """The symbol of class `cls`'s module (unique among the programs of one file)."""
+    return f"{program}.{cls}"
+
+
+def resident_global(kernel: str, buf: str) -> str:
+    return f"{kernel}::{buf}"
+
+
+def has_partner(p: Program, cls: CoreClass) -> bool:
+    """Whether the class receives on a chain of its own (and so has the array p)."""
+    return any(e.kind == "recv" and p.flows[e.flow].role.internal
+               for seg in cls.segments for sub in seg.subs for e in sub.events)
+
+
+def relays(p: Program, cls: CoreClass):
+    """flow -> whether the class's cores relay it (a relayed flow's receive sums into x)."""
+    plans = streams.plans(p)
+    cache: dict[str, bool] = {}
+
+    def relayed(flow) -> bool:
+        got = cache.get(flow.name)
+        if got is None:
+            plan = plans.get(flow.name)
+            got = cache[flow.name] = plan is not None and plan.scheme == streams.RELAY and any(
+                cfg.names()[0] in streams.RELAY_PHASES for _, cfg in percore.clip_to(plan.cells, cls.boxes))
+        return got
+    return relayed
+
+
+def class_bodies(p: Program, cls: CoreClass, sub):
+    """The PE bodies of `sub`'s kernel on this class's tile (the rectangle of the kernel's
+    region holding the class's first core), or None."""
+    info = p.record(sub)
+    x0, y0 = cls.boxes[0][0], cls.boxes[0][1]
+    tile = next((r.tuple[:4] for r in info.region.rects.data
+                 if r.tuple[0] <= x0 < r.tuple[0] + r.tuple[2]
+                 and r.tuple[1] <= y0 < r.tuple[1] + r.tuple[3]), None)
+    return None if tile is None else p.kind_of(sub).pe_bodies(info, max(1, p.micro_batch), HParams.of(p.op), tile)
+
+
+def _sym(name: str | None) -> SymbolRefAttr:
+    return SymbolRefAttr(name if name is not None else pe.UNKNOWN)
+
+
+def _global(name: str, elems: int, elem: str, **attrs) -> memref.GlobalOp:
+    g = memref.GlobalOp.get(StringAttr(name), MemRefType(ELEM_TYPES[elem], [max(1, elems)]), UnitAttr(),
+                            sym_visibility=StringAttr("private"))
+    for k, v in attrs.items():
+        g.attributes[k] = v
+    return g
+
+
+def _renamed_body(fn: csl.FuncOp, name: str, renames: dict[str, str]) -> csl.FuncOp:
+    """A copy of body `fn` named `name`, its buffers renamed onto the class's arrays."""
+    out = fn.clone()
+    out.sym_name = StringAttr(name)
+    for op in out.walk():
+        if isinstance(op, memref.GetGlobalOp):
+            new = renames.get(op.name_.root_reference.data)
+            if new is not None:
+                op.name_ = SymbolRefAttr(new)
+    return out
+
+
+def class_module(p: Program, cls: CoreClass) -> csl.CslModuleOp:
+    """The PE-program level of core class `cls` of program `p`."""
+    plan = plan_values(p, cls, has_partner(p, cls), relays(p, cls))
+    elem = program_elem(p)
+    decls: list = [_global(name, n, elem) for name, n in sorted(plan.saved.items())]
+    funcs: list[csl.FuncOp] = []
+    bodies_of: dict[str, object] = {}
+    segments = []
+    n_compute = 0
+    for seg in cls.segments:
+        ops = []
+        for sub in seg.subs:
+            for e in sub.events:
+                st = plan.step(e)
+                if e.kind == "recv":
+                    ops.append(pe.RecvOp(properties=_props(flow=SymbolRefAttr(e.flow), into=SymbolRefAttr(st.target),
+                                                           holds=st.holds and SymbolRefAttr(st.holds))))
+                elif e.kind == "send":
+                    ops.append(pe.SendOp(properties=_props(flow=SymbolRefAttr(e.flow),
+                                                           source=SymbolRefAttr(st.source))))
+                elif e.kind in ("resolve", "produce"):
+                    ops.append(pe.MetaOp(properties=_props(kind=StringAttr(e.kind), flow=SymbolRefAttr(e.flow))))
+                elif e.kind == "compute":
+                    call = None
+                    if sub.kernel not in bodies_of:
+                        bodies_of[sub.kernel] = class_bodies(p, cls, sub) if sub.kernel in p.records else None
+                        bodies = bodies_of[sub.kernel]
+                        if bodies is not None:
+                            off = 0
+                            for b in bodies.resident:
+                                decls.append(_global(resident_global(sub.kernel, b.name), b.elems, b.elem,
+                                                     resident_offset=IntegerAttr(off, i64)))
+                                off += b.elems
+                    bodies = bodies_of[sub.kernel]
+                    fn = bodies.funcs.get(e.name) if bodies is not None else None
+                    if fn is not None:
+                        renames = {b.name: resident_global(sub.kernel, b.name) for b in bodies.resident}
+                        for k, buf in enumerate(("x", "x1")):
+                            if k < len(st.operands) and st.operands[k] not in (None, buf):
+                                renames[buf] = st.operands[k]
+                        call = f"k{n_compute}_{e.name}"
+                        funcs.append(_renamed_body(fn, call, renames))
+                    n_compute += 1
+                    ops.append(pe.ComputeOp(properties=_props(
+                        kernel=SymbolRefAttr(sub.kernel), op=StringAttr(e.name),
+                        reads=ArrayAttr([_sym(b) for b in st.operands]) if st.operands else None,
+                        promote=st.promote and SymbolRefAttr(st.promote),
+                        received=st.received and SymbolRefAttr(st.received),
+                        call=call and SymbolRefAttr(call))))
+                for src, into, n in st.saves:
+                    ops.append(pe.KeepOp(properties=_props(source=SymbolRefAttr(src), into=SymbolRefAttr(into),
+                                                           elems=IntegerAttr(n, i64))))
+        segments.append(pe.SegmentOp(properties={"index": IntegerAttr(seg.index, i64)},
+                                     regions=[Region(Block(ops))]))
+    table = pe.TableOp(regions=[Region(Block(segments))])
+    body: list = []
+    if any(isinstance(o, csl.MemberCallOp) for f in funcs for o in f.walk()):
+        # the bodies call <math>: one import, which each body's calls now use
+        math = csl.ImportModuleConstOp("<math>")
+        math.result.name_hint = "math"
+        body.append(math)
+        for f in funcs:
+            for o in f.walk():
+                if isinstance(o, csl.MemberCallOp):
+                    o.operands = (math.result, *o.operands[1:])
+    return csl.CslModuleOp(regions=[Region(Block([*body, *decls, *funcs, table]))], properties={
+        "kind": csl.ModuleKindAttr(csl.ModuleKind.PROGRAM),
+        "sym_name": StringAttr(module_name(p.op.program_name, cls.name))})
+
+
+def lower_to_pe(module: ModuleOp) -> None:
+    """Give every core class of `module`'s segment programs its PE-level module (a module
+    already there is built again)."""
+    from meshrt.backend.csl.model import read_program, segment_programs
+
+    old = class_modules(module)
+    for prog_op in segment_programs(module):
+        program = read_program(prog_op)
+        for cls in program.classes:
+            new = class_module(program, cls)
+            stale = old.pop(module_name(prog_op.program_name, cls.name), None)
+            if stale is not None:
+                stale.detach()
+                stale.erase()
+            module.body.block.add_op(new)
+
+
+def _props(**kw) -> dict:
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+@dataclass
+class ClassLevel:
+    """What the backend reads back: the plan, each compute event's body (or None), and
+    the module's arrays (name -> (elements, resident offset or None))."""
+
+    plan: ValuePlan
+    calls: dict[int, csl.FuncOp | None]
+    arrays: dict[str, tuple[int, int | None]]
+
+
+def class_modules(module: ModuleOp) -> dict[str, csl.CslModuleOp]:
+    return {op.sym_name.data: op for op in module.body.block.ops if isinstance(op, csl.CslModuleOp)}
+
+
+def read_class_module(mod: csl.CslModuleOp, p: Program, cls: CoreClass) -> ClassLevel:
+    """The plan and bodies of `cls` from its module, event by event (a table that does
+    not follow the class's events is an error naming both)."""
+    arrays: dict[str, tuple[int, int | None]] = {}
+    funcs: dict[str, csl.FuncOp] = {}
+    table = None
+    for op in mod.body.block.ops:
+        if isinstance(op, memref.GlobalOp):
+            off = op.attributes.get("resident_offset")
+            arrays[op.sym_name.data] = (op.type.get_shape()[0],
+                                        off.value.data if isinstance(off, IntegerAttr) else None)
+        elif isinstance(op, csl.FuncOp):
+            funcs[op.sym_name.data] = op
+        elif isinstance(op, pe.TableOp):
+            table = op
+    if table is None:
+        raise MeshrtError(f"core class @{cls.name}: its PE-level module has no pe.table", mod)
+    events = [(e, sub) for seg in cls.segments for sub in seg.subs for e in sub.events]
+    steps: dict[int, Step] = {}
+    calls: dict[int, csl.FuncOp | None] = {}
+    saved = {name: n for name, (n, off) in arrays.items() if off is None}
+    ops = [op for seg in table.segments() for op in seg.body.block.ops]
+    k = 0
+    last: Step | None = None
+    for op in ops:
+        if isinstance(op, pe.KeepOp):
+            if last is None:
+                raise MeshrtError(f"core class @{cls.name}: pe.keep before any event", op)
+            last.saves.append((_n(op.source), _n(op.into), op.elems.value.data))
+            continue
+        if k >= len(events):
+            raise MeshrtError(f"core class @{cls.name}: its pe.table has more events than its "
+                              f"table ({len(events)})", op)
+        e, sub = events[k]
+        k += 1
+        _match(op, e, sub, cls)
+        st = last = steps[id(e)] = Step()
+        if isinstance(op, pe.RecvOp):
+            st.target, st.holds = _n(op.into), op.holds and _n(op.holds)
+        elif isinstance(op, pe.SendOp):
+            st.source = _n(op.source)
+        elif isinstance(op, pe.ComputeOp):
+            st.operands = op.operand_arrays()
+            st.promote = op.promote and _n(op.promote)
+            st.received = op.received and _n(op.received)
+            calls[id(e)] = None
+            if op.call is not None:
+                fn = funcs.get(_n(op.call))
+                if fn is None:
+                    raise MeshrtError(f"core class @{cls.name}: calls @{_n(op.call)}, which the "
+                                      "module does not define", op)
+                calls[id(e)] = fn
+    if k != len(events):
+        raise MeshrtError(f"core class @{cls.name}: its pe.table has {k} events, its table "
+                          f"{len(events)}", table)
+    return ClassLevel(ValuePlan(steps, saved), calls, arrays)
+
+
+_KIND = {pe.RecvOp: "recv", pe.SendOp: "send", pe.ComputeOp: "compute"}
+
+
+def _match(op, e: Event, sub, cls: CoreClass) -> None:
+    kind = op.kind.data if isinstance(op, pe.MetaOp) else _KIND[type(op)]
+    ok = kind == e.kind
+    if ok and isinstance(op, pe.RecvOp | pe.SendOp | pe.MetaOp):
+        ok = _n(op.flow) == e.flow
+    if ok and isinstance(op, pe.ComputeOp):
+        ok = _n(op.kernel) == sub.kernel and op.op.data == e.name
+    if not ok:
+        what = f"{e.kind} of @{sub.kernel}" + (f" on @{e.flow}" if e.flow else f" \"{e.name}\"")
+        raise MeshrtError(f"core class @{cls.name}: does not follow the class's event table, "
+                          f"whose event here is the {what}", op)
+
+
+def _n(ref: SymbolRefAttr) -> str:
+    return ref.root_reference.data
