@@ -75,15 +75,24 @@ def relays(p: Program, cls: CoreClass):
     return relayed
 
 
-def class_bodies(p: Program, cls: CoreClass, sub):
+def class_bodies(p: Program, cls: CoreClass, sub, cache: dict | None = None):
     """The PE bodies of `sub`'s kernel on this class's tile (the rectangle of the kernel's
-    region holding the class's first core), or None."""
+    region holding the class's first core), or None. `cache`: bodies already built, by
+    kernel and tile (the classes of one rectangle share them)."""
     info = p.record(sub)
     x0, y0 = cls.boxes[0][0], cls.boxes[0][1]
     tile = next((r.tuple[:4] for r in info.region.rects.data
                  if r.tuple[0] <= x0 < r.tuple[0] + r.tuple[2]
                  and r.tuple[1] <= y0 < r.tuple[1] + r.tuple[3]), None)
-    return None if tile is None else p.kind_of(sub).pe_bodies(info, max(1, p.micro_batch), HParams.of(p.op), tile)
+    if tile is None:
+        return None
+    key = (sub.kernel, tile)
+    if cache is not None and key in cache:
+        return cache[key]
+    bodies = p.kind_of(sub).pe_bodies(info, max(1, p.micro_batch), HParams.of(p.op), tile)
+    if cache is not None:
+        cache[key] = bodies
+    return bodies
 
 
 def _sym(name: str | None) -> SymbolRefAttr:
@@ -110,8 +119,8 @@ def _renamed_body(fn: csl.FuncOp, name: str, renames: dict[str, str]) -> csl.Fun
     return out
 
 
-def class_module(p: Program, cls: CoreClass) -> csl.CslModuleOp:
-    """The PE-program level of core class `cls` of program `p`."""
+def class_module(p: Program, cls: CoreClass, cache: dict | None = None) -> csl.CslModuleOp:
+    """The PE-program level of core class `cls` of program `p` (`cache`: `class_bodies`')."""
     plan = plan_values(p, cls, has_partner(p, cls), relays(p, cls))
     elem = program_elem(p)
     decls: list = [_global(name, n, elem) for name, n in sorted(plan.saved.items())]
@@ -135,7 +144,7 @@ def class_module(p: Program, cls: CoreClass) -> csl.CslModuleOp:
                 elif e.kind == "compute":
                     call = None
                     if sub.kernel not in bodies_of:
-                        bodies_of[sub.kernel] = class_bodies(p, cls, sub) if sub.kernel in p.records else None
+                        bodies_of[sub.kernel] = class_bodies(p, cls, sub, cache) if sub.kernel in p.records else None
                         bodies = bodies_of[sub.kernel]
                         if bodies is not None:
                             off = 0
@@ -188,8 +197,9 @@ def lower_to_pe(module: ModuleOp) -> None:
     old = class_modules(module)
     for prog_op in segment_programs(module):
         program = read_program(prog_op)
+        cache: dict = {}
         for cls in program.classes:
-            new = class_module(program, cls)
+            new = class_module(program, cls, cache)
             stale = old.pop(module_name(prog_op.program_name, cls.name), None)
             if stale is not None:
                 stale.detach()
