@@ -38,9 +38,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="print meshrt's version")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     c = sub.add_parser("compile", help="compile a .mrt spec or a config.json to IR",
-                       description="Compile MODEL (a .mrt spec or a Hugging Face config.json) "
-                       "for target T and print the IR at LEVEL.")
-    c.add_argument("model", metavar="MODEL", help="a .mrt spec or a Hugging Face config.json")
+                       description="Compile MODEL (a .mrt spec or a Hugging Face config.json, or "
+                       "printed IR of any level, .mlir) for target T and print the IR at LEVEL.")
+    c.add_argument("model", metavar="MODEL", help="a .mrt spec, a Hugging Face config.json, or "
+                   "printed IR (.mlir), which restarts where it stands")
     c.add_argument("--target", required=True, metavar="T",
                    help=f"a bundled target ({', '.join(available_targets())}) or a target .toml "
                         "file")
@@ -129,10 +130,16 @@ def _compile(args: argparse.Namespace) -> int:
         if v is not None and v < 1:
             return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
     try:
-        module = driver.load_model(args.model, args.target, micro_batch=args.micro_batch,
-                                   wafers=args.wafers, dynamism=args.dynamism)
+        if driver.is_ir(args.model):  # printed IR of any level: restart where it stands
+            if (args.micro_batch, args.wafers, args.dynamism) != (None, None, None):
+                return _fail(f"{args.model}: error: --micro-batch, --wafers and --dynamism are "
+                             "chosen when a model is compiled, not on IR")
+            module = driver.read_ir(args.model)
+        else:
+            module = driver.load_model(args.model, args.target, micro_batch=args.micro_batch,
+                                       wafers=args.wafers, dynamism=args.dynamism)
         target = driver.load_target(args.target)
-    except FrontendError as e:
+    except (FrontendError, MeshrtError) as e:
         return _fail(str(e))
     try:
         module.verify()
