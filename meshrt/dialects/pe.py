@@ -51,8 +51,15 @@ from xdsl.utils.exceptions import VerifyException
 UNKNOWN = "?"  # an operand the plan knows no array of (the backend then reads x)
 
 
-def _name(ref: SymbolRefAttr) -> str:
+def ref_name(ref: SymbolRefAttr) -> str:
+    """The name a symbol reference of these ops names (a flow, kernel, array or body)."""
     return ref.root_reference.data
+
+
+def _holds_only(op: IRDLOperation, types: tuple, what: str) -> None:
+    for inner in op.body.block.ops:
+        if not isinstance(inner, types):
+            raise VerifyException(f"a {op.name} holds {what} only, found {inner.name}")
 
 
 @irdl_op_definition
@@ -68,9 +75,7 @@ class TableOp(IRDLOperation):
         return [op for op in self.body.block.ops if isinstance(op, SegmentOp)]
 
     def verify_(self) -> None:
-        for op in self.body.block.ops:
-            if not isinstance(op, SegmentOp):
-                raise VerifyException(f"a pe.table holds pe.segment ops only, found {op.name}")
+        _holds_only(self, (SegmentOp,), "pe.segment ops")
 
 
 @irdl_op_definition
@@ -84,9 +89,7 @@ class SegmentOp(IRDLOperation):
     assembly_format = "$index attr-dict-with-keyword $body"
 
     def verify_(self) -> None:
-        for op in self.body.block.ops:
-            if not isinstance(op, EVENT_OPS):
-                raise VerifyException(f"a pe.segment holds pe event ops only, found {op.name}")
+        _holds_only(self, EVENT_OPS, "pe event ops")
 
 
 @irdl_op_definition
@@ -132,7 +135,7 @@ class ComputeOp(IRDLOperation):
     def operand_arrays(self) -> tuple[str | None, ...]:
         if self.reads is None:
             return ()
-        return tuple(None if _name(r) == UNKNOWN else _name(r) for r in self.reads.data)
+        return tuple(None if ref_name(r) == UNKNOWN else ref_name(r) for r in self.reads.data)
 
     def verify_(self) -> None:
         if not self.op.data:

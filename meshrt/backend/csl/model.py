@@ -188,8 +188,13 @@ CSL_KEYWORDS = {
 }
 
 
+def plain_identifier(name: str) -> str:
+    """`name` with every character CSL does not allow in an identifier made `_`."""
+    return _IDENT.sub("_", name)
+
+
 def identifier(name: str, used: set[str], prefix: str = "") -> str:
-    base = prefix + _IDENT.sub("_", name).strip("_")
+    base = prefix + plain_identifier(name).strip("_")
     if not base or base[0].isdigit() or base in CSL_KEYWORDS:
         base = "n_" + base
     ident, n = base, 1

@@ -30,15 +30,13 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Block, Region
 
 from meshrt.backend.csl import percore, streams
-from meshrt.backend.csl.model import CoreClass, Event, Program
+from meshrt.backend.csl.model import CoreClass, Event, Program, read_program, segment_programs
 from meshrt.backend.csl.values import Step, ValuePlan, plan_values
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import pe
+from meshrt.dialects.pe import ref_name
 from meshrt.kernels.pe import ELEM_TYPES
 from meshrt.shape import HParams
-
-WORKING = ("x", "y", "p", "scale")  # the program's own arrays
-
 
 def program_elem(p: Program) -> str:
     """The element type of a program's activation arrays: f32, or f16 for 16-bit models."""
@@ -192,8 +190,6 @@ def class_module(p: Program, cls: CoreClass, cache: dict | None = None) -> csl.C
 def lower_to_pe(module: ModuleOp) -> None:
     """Give every core class of `module`'s segment programs its PE-level module (a module
     already there is built again)."""
-    from meshrt.backend.csl.model import read_program, segment_programs
-
     old = class_modules(module)
     for prog_op in segment_programs(module):
         program = read_program(prog_op)
@@ -253,7 +249,7 @@ def read_class_module(mod: csl.CslModuleOp, p: Program, cls: CoreClass) -> Class
         if isinstance(op, pe.KeepOp):
             if last is None:
                 raise MeshrtError(f"core class @{cls.name}: pe.keep before any event", op)
-            last.saves.append((_n(op.source), _n(op.into), op.elems.value.data))
+            last.saves.append((ref_name(op.source), ref_name(op.into), op.elems.value.data))
             continue
         if k >= len(events):
             raise MeshrtError(f"core class @{cls.name}: its pe.table has more events than its "
@@ -263,18 +259,18 @@ def read_class_module(mod: csl.CslModuleOp, p: Program, cls: CoreClass) -> Class
         _match(op, e, sub, cls)
         st = last = steps[id(e)] = Step()
         if isinstance(op, pe.RecvOp):
-            st.target, st.holds = _n(op.into), op.holds and _n(op.holds)
+            st.target, st.holds = ref_name(op.into), op.holds and ref_name(op.holds)
         elif isinstance(op, pe.SendOp):
-            st.source = _n(op.source)
+            st.source = ref_name(op.source)
         elif isinstance(op, pe.ComputeOp):
             st.operands = op.operand_arrays()
-            st.promote = op.promote and _n(op.promote)
-            st.received = op.received and _n(op.received)
+            st.promote = op.promote and ref_name(op.promote)
+            st.received = op.received and ref_name(op.received)
             calls[id(e)] = None
             if op.call is not None:
-                fn = funcs.get(_n(op.call))
+                fn = funcs.get(ref_name(op.call))
                 if fn is None:
-                    raise MeshrtError(f"core class @{cls.name}: calls @{_n(op.call)}, which the "
+                    raise MeshrtError(f"core class @{cls.name}: calls @{ref_name(op.call)}, which the "
                                       "module does not define", op)
                 calls[id(e)] = fn
     if k != len(events):
@@ -290,14 +286,10 @@ def _match(op, e: Event, sub, cls: CoreClass) -> None:
     kind = op.kind.data if isinstance(op, pe.MetaOp) else _KIND[type(op)]
     ok = kind == e.kind
     if ok and isinstance(op, pe.RecvOp | pe.SendOp | pe.MetaOp):
-        ok = _n(op.flow) == e.flow
+        ok = ref_name(op.flow) == e.flow
     if ok and isinstance(op, pe.ComputeOp):
-        ok = _n(op.kernel) == sub.kernel and op.op.data == e.name
+        ok = ref_name(op.kernel) == sub.kernel and op.op.data == e.name
     if not ok:
         what = f"{e.kind} of @{sub.kernel}" + (f" on @{e.flow}" if e.flow else f" \"{e.name}\"")
         raise MeshrtError(f"core class @{cls.name}: does not follow the class's event table, "
                           f"whose event here is the {what}", op)
-
-
-def _n(ref: SymbolRefAttr) -> str:
-    return ref.root_reference.data

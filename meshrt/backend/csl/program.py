@@ -50,7 +50,7 @@ from meshrt.backend.csl.alloc import ClassAlloc, Limits, format_table, report_ro
 from meshrt.backend.csl.kernels import ComputeBody
 from meshrt.backend.csl.metainfo import MetaCode
 from meshrt.backend.csl.pe_print import body_lines, calls_math
-from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment
+from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment, plain_identifier
 from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
 from meshrt.backend.csl.pe_level import ClassLevel, has_partner, relays
 from meshrt.diagnostics import MeshrtError
@@ -425,7 +425,6 @@ class ProgramWriter:
                 elif e.kind == "recv":
                     self.emit_recv(s, e, flow, st.target, e.flow in pending_meta, comment)
                     pending_meta.discard(e.flow)
-                    comment = ""
                 elif e.kind == "compute":
                     if st.promote is not None:
                         n = self.pe_reads(e)  # a body's whole input, else as before
@@ -441,7 +440,6 @@ class ProgramWriter:
                         comment = ""
                     fn = self.emit_compute(e, sub, st)
                     self.state([f"{fn}();"], False, comment + f"compute \"{e.name}\" ({e.work} ops)")
-                    comment = ""
                 elif e.kind == "produce":
                     self.state([f"produce_{e.name}();"], False,
                                comment + f"metainfo producer: {e.name} onto @{e.flow} ({e.meta} B)")
@@ -996,7 +994,7 @@ class ProgramWriter:
                 if name == "scale":
                     continue
                 array, offset = renames.get(name, (name, 0))
-                shadow = f"{_ident(name.replace('::', '_'))}32"  # a resident kernel::buf: kernel_buf32
+                shadow = f"{plain_identifier(name.replace('::', '_'))}32"  # resident kernel::buf: kernel_buf32
                 self.shadows[shadow] = max(self.shadows.get(shadow, 0), n)
                 renames[name] = (shadow, 0)
                 before.append(f"@fh2s({self.mem(shadow, n)}, {self.mem(array, n, offset)});")
@@ -1312,10 +1310,6 @@ def _arrays_of(fn) -> list[tuple[str, int]]:
     """(array, elements) of every array a body names."""
     return [(op.name_.root_reference.data, op.memref.type.get_shape()[0])
             for op in fn.walk() if isinstance(op, memref.GetGlobalOp)]
-
-
-def _ident(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name)
 
 
 def _table(name: str, values) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from meshrt.backend.csl.model import CoreClass, Event, Program, Sub
+from meshrt.backend.csl.model import CoreClass, Event, Program, Sub, plain_identifier
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
 
@@ -33,7 +33,7 @@ WRITES_NO_VALUE = KEEPS_Y | {"rsqrt"}
 
 def save_buffer(value: str) -> str:
     """The CSL array a saved value lives in."""
-    return "v_" + "".join(c if c.isalnum() else "_" for c in value)
+    return "v_" + plain_identifier(value)
 
 
 @dataclass
@@ -71,19 +71,23 @@ def plan_values(p: Program, cls: CoreClass, has_p: bool, relays) -> ValuePlan:
     """The buffer plan of core class `cls` (`has_p`: the class has a partner buffer;
     `relays(flow)`: this class relays the flow, summing what passes into x)."""
     need: set[str] = set()
+    sizes = _read_sizes(p, cls)
     while True:
-        plan, missing = _walk(p, cls, has_p, relays, need)
+        plan, missing = _walk(p, cls, has_p, relays, need, sizes)
         if not missing - need:
             return plan
         need |= missing
 
 
-def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str]):
+def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes: dict[str, int]):
+    """One pass over the class's events, keeping the values in `save`: the plan, and the
+    values some compute read where no array held them any more though the class
+    receives or computes them (the ones to keep)."""
     holds: dict[str, str] = {}  # buffer -> the value it holds
     steps: dict[int, Step] = {}
     saved: dict[str, int] = {}
-    missing: set[str] = set()
-    sizes = _read_sizes(p, cls)
+    unheld: set[str] = set()  # values a compute found in no array
+    defined: set[str] = set()  # values an event of the class put in an array
 
     aliases: dict[str, str] = {}  # a kernel whose value is its input's as held (no events here)
 
@@ -101,6 +105,7 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str]):
         if value is None:
             return
         holds[buf] = value
+        defined.add(value)
         if value in save:
             into = save_buffer(value)
             m = sizes.get(value, n)  # as many as its readers read
@@ -126,25 +131,14 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str]):
                     got_x |= st.target == "x"
                     got_p |= st.target == "p"
                     written = st.target
-                    value = None
-                    if flow.role is FlowRole.UP:
-                        # a chain's result, back from its root (chains of several kernels
-                        # share a flow: it serves the kernel the core runs)
-                        value = sub.kernel
-                    elif flow.role is FlowRole.INPUT and not relays(flow) and flow.op.operand is not None:
-                        consumer = p.records.get(flow.kernel)
-                        if consumer is not None and flow.op.operand.value.data < len(consumer.input_names):
-                            value = consumer.input_names[flow.op.operand.value.data]
-                    st.holds = value
-                    define(st.target, value, e.elems, st)
+                    st.holds = None if relays(flow) else _received(p, sub, flow)
+                    define(st.target, st.holds, e.elems, st)
                 elif e.kind == "compute":
                     st.received = "p" if got_p else ("x" if got_x else None)
                     n_ops = operand_count(p, sub, e.name)
                     st.operands = tuple(where(v) for v in inputs[:n_ops])
-                    for v, buf in zip(inputs[:n_ops], st.operands):
-                        v = aliases.get(v, v)
-                        if buf is None and _defined_here(p, cls, v):
-                            missing.add(v)
+                    unheld.update(aliases.get(v, v) for v, buf in zip(inputs[:n_ops], st.operands)
+                                  if buf is None)
                     if n_ops == 1 and not got_x and not promoted:
                         # its body reads x: the input from where it is held, else (a value
                         # this plan does not know) the previous kernel's output in y
@@ -160,7 +154,7 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str]):
                         written = "y"
                 elif e.kind == "send":
                     st.source = written
-    return ValuePlan(steps, saved), missing
+    return ValuePlan(steps, saved), unheld & defined
 
 
 def _local_value(rec) -> bool:
@@ -171,23 +165,19 @@ def _local_value(rec) -> bool:
     return registry.kind(rec.kind.data).NUMERICS.local_value is not KernelExec.local_value
 
 
-def _defined_here(p: Program, cls: CoreClass, value: str) -> bool:
-    """Whether the class receives or computes `value` (else there is nothing to save)."""
-    for seg in cls.segments:
-        for sub in seg.subs:
-            if sub.kernel == value and any(e.kind == "compute" for e in sub.events):
-                return True
-            for e in sub.events:
-                if e.kind == "recv":
-                    flow = p.flows[e.flow]
-                    rec = p.records.get(flow.kernel)
-                    if (flow.role is FlowRole.INPUT and rec is not None and flow.op.operand is not None
-                            and flow.op.operand.value.data < len(rec.input_names)
-                            and rec.input_names[flow.op.operand.value.data] == value):
-                        return True
-                    if flow.role is FlowRole.UP and sub.kernel == value:
-                        return True
-    return False
+def _received(p: Program, sub: Sub, flow) -> str | None:
+    """The kernel whose value a receive of `flow` in `sub` brings: a chain's result coming
+    back up is the chain kernel's (chains of several kernels share a flow: it serves the
+    kernel the core runs), an input the producer of the consumer's operand; None for a
+    partner's partial."""
+    if flow.role is FlowRole.UP:
+        return sub.kernel
+    if flow.role is FlowRole.INPUT and flow.op.operand is not None:
+        consumer = p.records.get(flow.kernel)
+        k = flow.op.operand.value.data
+        if consumer is not None and k < len(consumer.input_names):
+            return consumer.input_names[k]
+    return None
 
 
 def _read_sizes(p: Program, cls: CoreClass) -> dict[str, int]:

@@ -19,17 +19,15 @@ class Elementwise(KernelExec):
         self.by_rows = info.param("layout", "cols") == "rows"
         if self.kind == "rmsnorm":
             self.gain = plane.norm_gain(self.name, self.layer)
-            # per column height, the bodies the CSL prints: K features of a slot a core
-            self.bodies = {t[3]: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
-        elif self.kind in ("add", "silu_mul"):  # per tile shape: K entries of a slot a core
-            self.bodies = {t[2:]: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
+        # per tile shape (w, h), the bodies the CSL prints: K entries of a slot a core
+        self.bodies = {t[2:]: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
 
     def resident(self, pos):
         if self.kind != "rmsnorm":
             return None
-        _, _, j, _, h = self.grid_at(pos)
+        _, _, j, w, h = self.grid_at(pos)
         r0, r1 = part(self.info.param("out_width"), h, j)
-        gain = np.zeros(self.bodies[h].buffer("gain").elems, F32)
+        gain = np.zeros(self.bodies[w, h].buffer("gain").elems, F32)
         gain[:r1 - r0] = self.gain[r0:r1]
         return [gain]
 
@@ -39,8 +37,9 @@ class Elementwise(KernelExec):
         where = self.where(cd)
         if self.kind == "rmsnorm":
             r0, r1 = part(n, h, j)
-            bufs = self.pe_buffers(cd, self.bodies[h])
-            b, k = self.b, self.bodies[h].buffer("x").elems // self.b
+            bodies = self.bodies[w, h]
+            bufs = self.pe_buffers(cd, bodies)
+            b, k = self.b, bodies.buffer("x").elems // self.b
             if op == "square_sum":  # the input as it arrived in x: k features a slot
                 x = bufs["x"].reshape(b, k)
                 x[:] = 0
@@ -48,43 +47,36 @@ class Elementwise(KernelExec):
             elif op == "add":
                 (got,) = self.take(cd, FlowRole.DOWN)
                 bufs["p"][:] = got
-            pe_exec.run(self.bodies[h].funcs[op], bufs)
+            pe_exec.run(bodies.funcs[op], bufs)
             if op == "scale":
                 cd.values[self.name] = Vec.of(bufs["y"].reshape(b, k)[:, :r1 - r0].copy(), r0, n)
             return
         if op != self.kind:
             return
+        bodies = self.bodies[w, h]
+        if bodies is None:
+            raise DataLayoutError(f"{where}: elementwise \"{self.kind}\" has no numerics here")
         c0, c1 = part(n, h, j) if self.by_rows else part(n, w, i)
-        if self.kind == "add":
-            bodies = self.bodies[w, h]
-            bufs = self.pe_buffers(cd, bodies)
-            k = bodies.buffer("x").elems // self.b
+        bufs = self.pe_buffers(cd, bodies)
+        k = bodies.buffer("y").elems // self.b  # per slot: this core's k entries of y
+        if self.kind == "add":  # x and x1: the operands' k entries a slot
             for name, operand in (("x", 0), ("x1", 1)):
                 buf = bufs[name].reshape(self.b, k)
                 buf[:] = 0
                 buf[:, :c1 - c0] = self.input(cd, operand).need(c0, c1, where)
-            pe_exec.run(bodies.funcs["add"], bufs)
-            out = bufs["y"].reshape(self.b, k)[:, :c1 - c0].copy()
-        elif self.kind == "silu_mul":
-            # gate | up of the fused up projection, blocked over its own output split
+        else:  # silu_mul: gate | up of the fused up projection, blocked over its own output split
             # (not necessarily this kernel's): find this slice's entries of each
             v = self.input(cd)
             pos = self.plane.positions(self.inputs[0])
             if pos is None:
                 raise DataLayoutError(f"{where}: silu_mul's input @{self.inputs[0]} is not a "
                                       "fused gate | up projection")
-            bodies = self.bodies[w, h]
-            bufs = self.pe_buffers(cd, bodies)
-            k = bodies.buffer("y").elems // self.b
             x = bufs["x"].reshape(self.b, 2, k)  # per slot: k gate entries, then k up entries
             x[:] = 0
             x[:, 0, :c1 - c0] = v.need_at(pos[c0:c1], where)
             x[:, 1, :c1 - c0] = v.need_at(pos[n + c0:n + c1], where)
-            pe_exec.run(bodies.funcs["silu_mul"], bufs)
-            out = bufs["y"].reshape(self.b, k)[:, :c1 - c0].copy()
-        else:
-            raise DataLayoutError(f"{where}: elementwise \"{self.kind}\" has no numerics here")
-        cd.values[self.name] = Vec.of(out.astype(F32), c0, n)
+        pe_exec.run(bodies.funcs[op], bufs)
+        cd.values[self.name] = Vec.of(bufs["y"].reshape(self.b, k)[:, :c1 - c0].copy(), c0, n)
 
     def send(self, cd, role):
         if self.kind == "rmsnorm" and role in (FlowRole.DOWN, FlowRole.UP):
