@@ -214,6 +214,21 @@ class KernelOp(MappedKernelOp):
         return None
 
     @classmethod
+    def message_buffer(cls, role, send: bool) -> str | None:
+        """The buffer of this kind's PE bodies that a message on a flow of `role` (a
+        `FlowRole`) is sent from (`send`) or received into, where it is not a working
+        array (x, y, p): candidates or token ids in 32-bit words. None: the default
+        (meshrt.backend.csl.values)."""
+        return None
+
+    @classmethod
+    def reads_in_place(cls, info, op: str) -> bool:
+        """Whether compute op `op`'s body reads its operand wherever the core holds it (it
+        writes none of the working arrays x, y, p), so the program need not copy the
+        operand into x first."""
+        return False
+
+    @classmethod
     def operands_read(cls, info, op: str) -> int:
         """How many of kernel `info`'s operands compute op `op` reads where the core holds
         them (`meshrt.backend.csl.values`): the first for an op that reads its input (its

@@ -22,6 +22,7 @@ import numpy as np
 
 from meshrt.activations import round_activations
 from meshrt.dialects.mesh import FlowRole
+from meshrt.runtime import pe_exec
 
 if TYPE_CHECKING:
     from meshrt.dialects import event as ev
@@ -239,9 +240,17 @@ class KernelExec:
         made once, the resident ones loaded as the host loads them (`resident`)."""
         bufs = cd.buffers.get(self.name)
         if bufs is None:
-            bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, np.float32) for b in bodies.buffers}
+            bufs = cd.buffers[self.name] = {b.name: np.zeros(b.elems, pe_exec.dtype(b.type().element_type))
+                                            for b in bodies.buffers}
             for b, data in zip(bodies.resident, self.resident(cd.pos) or ()):
                 bufs[b.name][:] = data
+        return bufs
+
+    def run_body(self, cd: CoreData, bodies, op: str) -> dict[str, np.ndarray]:
+        """Run compute op `op`'s PE body on the core's buffers (its coordinates the
+        program's px, py); the buffers."""
+        bufs = self.pe_buffers(cd, bodies)
+        pe_exec.run(bodies.funcs[op], bufs, {"px": cd.pos[1], "py": cd.pos[2]})
         return bufs
 
     def resident(self, pos: tuple[int, int, int]) -> list[np.ndarray] | None:

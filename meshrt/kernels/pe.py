@@ -15,8 +15,10 @@ Buffers are named by what they hold for the kernel (`in`, `out`, `gain`,
 one `csl.module` of a kernel's bodies declares them (`memref.global`, with
 the element count the fullest core of the class needs: cores holding less
 leave the rest zero, which no body lets into a value). Element types are
-the declared ones: float32 today (16-bit activations round at the kernel's
-boundary, where `meshrt.activations` says).
+the declared ones: float32 for values (16-bit activations round at the
+kernel's boundary, where `meshrt.activations` says), i32 for token ids and
+what travels with them (32-bit words; arith wants signless integers). A body that needs its core's place in the kernel's
+region reads the program's coordinate parameters (`Body.param`: px, py).
 """
 
 from __future__ import annotations
@@ -37,12 +39,22 @@ from xdsl.dialects.builtin import (
     f16,
     f32,
     i16,
+    i32,
 )
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.ir.affine import AffineExpr, AffineMap
 
-ELEM_TYPES = {"f32": f32, "f16": f16}
+ELEM_TYPES = {"f32": f32, "f16": f16, "i32": i32}
+
+
+def activation_elem(dtype_bytes: float) -> str:
+    """The element type a program keeps activations in: f32, or f16 for 16-bit models."""
+    return "f32" if dtype_bytes >= 4 else "f16"
 MATH = "<math>"  # the CSL library of scalar functions the bodies call
+# The core's coordinates, comptime parameters of every class's program (the layout
+# sets them per core): a body that needs its core's place in the kernel's region
+# (which rows of the vocabulary it holds) reads them.
+CORE_PARAMS = ("px", "py")
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,7 @@ class Body:
         self._globals: dict[str, SSAValue] = {}
         self._ints: dict[int, SSAValue] = {}
         self.math: SSAValue | None = None  # the module's `<math>` import, set by `Bodies`
+        self.params: dict[str, SSAValue] = {}  # the module's `csl.param`s, set by `Bodies`
 
     def _add(self, op: Operation) -> Operation:
         self.block.add_op(op)
@@ -145,7 +158,7 @@ class Body:
 
     def offset(self, dsd: SSAValue, by: SSAValue) -> SSAValue:
         """`dsd` moved `by` elements on (`@increment_dsd_offset`)."""
-        off = self._add(arith.IndexCastOp(by, i16)).result
+        off = self.cast(by, i16)
         return self._add(csl.IncrementDsdOffsetOp.build(
             operands=[dsd, off], properties={"elem_type": f32}, result_types=[dsd.type])).result
 
@@ -192,6 +205,79 @@ class Body:
         gt = self._add(arith.CmpfOp(a, b, "ogt")).result
         return self._add(arith.SelectOp(gt, a, b)).result
 
+    # integers (u32 token ids, index arithmetic) and control flow
+    def const(self, value: int, type=None) -> SSAValue:
+        """An integer constant (an index unless `type`)."""
+        return self._add(arith.ConstantOp(IntegerAttr(int(value), type or IndexType()))).result
+
+    def cast(self, v: SSAValue, type) -> SSAValue:
+        """`@as(type, v)` between integer types (an index, i32, the i16 coordinates)."""
+        if v.type == type:
+            return v
+        if isinstance(v.type, IndexType) or isinstance(type, IndexType):
+            return self._add(arith.IndexCastOp(v, type)).result
+        if type.width.data > v.type.width.data:
+            return self._add(arith.ExtSIOp(v, type)).result
+        return self._add(arith.TruncIOp(v, type)).result
+
+    def widen(self, v: SSAValue) -> SSAValue:
+        """A 16-bit float as float32 (exact), a float32 as it is."""
+        return v if v.type == f32 else self._add(arith.ExtFOp(v, f32)).result
+
+    def bitcast(self, v: SSAValue, type) -> SSAValue:
+        """The same 32 bits as another type (`@bitcast`: a float32 travelling as an i32 word)."""
+        return self._add(arith.BitcastOp(v, type)).result
+
+    def subi(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self._add(arith.SubiOp(a, b)).result
+
+    def cmpi(self, a: SSAValue, b: SSAValue, pred: str) -> SSAValue:
+        """An integer comparison ("eq", "ne", "slt", "sge", ...)."""
+        return self._add(arith.CmpiOp(a, b, pred)).result
+
+    def cmpf(self, a: SSAValue, b: SSAValue, pred: str) -> SSAValue:
+        return self._add(arith.CmpfOp(a, b, pred)).result
+
+    def both(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self._add(arith.AndIOp(a, b)).result
+
+    def either(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self._add(arith.OrIOp(a, b)).result
+
+    def select(self, c: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self._add(arith.SelectOp(c, a, b)).result
+
+    def param(self, name: str) -> SSAValue:
+        """A comptime parameter of the program (`CORE_PARAMS`: this core's coordinates)."""
+        v = self.params.get(name)
+        if v is None:
+            raise ValueError(f"body {self.name}: no parameter '{name}' (the module declares "
+                             f"{', '.join(self.params) or 'none'})")
+        return v
+
+    def when(self, cond: SSAValue, fn) -> None:
+        """if (cond) fn(body) (`scf.if` without results)."""
+        inner = Block()
+        outer, saved = self.block, (self._ints, self._globals)
+        self.block, self._ints, self._globals = inner, {}, {}
+        fn(self)
+        self._add(scf.YieldOp())
+        self.block, (self._ints, self._globals) = outer, saved
+        self._add(scf.IfOp(cond, [], Region(inner), Region(Block([scf.YieldOp()]))))
+
+    def fold(self, n: int, inits: Sequence[SSAValue], fn) -> list[SSAValue]:
+        """for (i in 0..n) carried = fn(body, i, *carried), from `inits`: a loop carrying
+        scalars from one iteration to the next (`scf.for` with iteration arguments); the
+        last iteration's values."""
+        bounds = [self._add(arith.ConstantOp(IntegerAttr(v, IndexType()))).result for v in (0, n, 1)]
+        loop_body = Block(arg_types=[IndexType(), *(v.type for v in inits)])
+        outer, saved = self.block, (self._ints, self._globals)
+        self.block, self._ints, self._globals = loop_body, {}, {}
+        nxt = fn(self, loop_body.args[0], *loop_body.args[1:])
+        self._add(scf.YieldOp(*nxt))
+        self.block, (self._ints, self._globals) = outer, saved
+        return list(self._add(scf.ForOp(*bounds, list(inits), Region(loop_body))).results)
+
     def func(self) -> csl.FuncOp:
         self._add(csl.ReturnOp())
         return csl.FuncOp(self.name, ((), None), Region(self.block))
@@ -206,6 +292,7 @@ class Bodies:
         self.buffers = list(buffers)
         self.math_import = csl.ImportModuleConstOp(MATH)
         self.math_import.result.name_hint = "math"
+        self.params = {name: csl.ParamOp(name, i16) for name in CORE_PARAMS}
         self.funcs: dict[str, csl.FuncOp] = {}
 
     def buffer(self, name: str) -> Buffer:
@@ -219,13 +306,14 @@ class Bodies:
     def body(self, op: str) -> Body:
         b = Body(f"{self.kernel}_{op}", self.buffers)
         b.math = self.math_import.result
+        b.params = {name: op.res for name, op in self.params.items()}
         return b
 
     def add(self, op: str, body: Body) -> None:
         self.funcs[op] = body.func()
 
     def module(self) -> csl.CslModuleOp:
-        ops: list[Operation] = [self.math_import]
+        ops: list[Operation] = [self.math_import, *self.params.values()]
         ops += [memref.GlobalOp.get(StringAttr(b.name), b.type(), UnitAttr(),
                                     sym_visibility=StringAttr("private")) for b in self.buffers]
         ops += list(self.funcs.values())

@@ -1,10 +1,12 @@
 """Executes compute bodies (`meshrt.kernels.pe`) on one core's buffers.
 
 The ops are xDSL's: `csl.get_mem_dsd` and the DSD builtins, `arith`,
-`scf.for`, `memref.load` / `store` / `get_global`, and `csl.member_call`
-into CSL's `<math>` library. Each has one implementation here, registered
-per op class, computing in the buffers' declared element type (float32):
-what the CSL printed from the same ops computes.
+`scf.for` (with carried values) / `scf.if`, `memref.load` / `store` /
+`get_global`, `csl.member_call` into CSL's `<math>` library and the
+program's coordinate parameters (`csl.param` px, py: the core's, given to
+`run`). Each has one implementation here, registered per op class,
+computing in the declared element types (float32 values, i32 token ids,
+integer index arithmetic): what the CSL printed from the same ops computes.
 
 A body is compiled once (`compiled(fn)`): its DSDs are constants (buffer,
 element indices), so each op becomes a step that reads and writes the
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from xdsl.dialects import arith, csl, memref, scf
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr
+from xdsl.dialects.builtin import FloatAttr, IndexType, IntegerAttr, IntegerType, f16
 from xdsl.ir import Block, Operation, OpResult, SSAValue
 
 F32 = np.float32
@@ -97,8 +99,8 @@ class Compiled:
         self.name = fn.sym_name.data
         self.steps = _block(fn.body.block, _Ctx(self.name))
 
-    def __call__(self, buffers: Buffers) -> None:
-        env: dict = {}
+    def __call__(self, buffers: Buffers, params: dict[str, int] | None = None) -> None:
+        env: dict = dict(params or {})
         for step in self.steps:
             step(buffers, env)
 
@@ -113,9 +115,19 @@ def compiled(fn: csl.FuncOp) -> Compiled:
     return c
 
 
-def run(fn: csl.FuncOp, buffers: Buffers) -> None:
-    """Run `fn` (a body's `csl.func`) on `buffers` (name -> float32 array), in place."""
-    compiled(fn)(buffers)
+def run(fn: csl.FuncOp, buffers: Buffers, params: dict[str, int] | None = None) -> None:
+    """Run `fn` (a body's `csl.func`) on `buffers` (name -> array of its element type), in
+    place; `params`: the program parameters it reads (the core's px, py)."""
+    compiled(fn)(buffers, params)
+
+
+def dtype(type) -> type:
+    """The NumPy type of an element / scalar type of the bodies."""
+    if isinstance(type, IntegerType):
+        return {1: np.bool_, 16: np.int16, 32: np.int32}[type.width.data]
+    if isinstance(type, IndexType):
+        return np.int64
+    return np.float16 if type == f16 else F32
 
 
 def _block(block: Block, ctx: _Ctx) -> list[Step]:
@@ -141,6 +153,14 @@ def _value(v: SSAValue, ctx: _Ctx) -> Callable[[dict], object]:
         return lambda env: c
     if isinstance(v.owner, csl.ImportModuleConstOp) and v.owner.module.data == "<math>":
         return lambda env: MATH_FNS
+    if isinstance(v.owner, csl.ParamOp):
+        name = v.owner.param_name.data
+
+        def param(env):
+            if name not in env:
+                raise PeExecError(f"{ctx.where}: reads parameter {name}, which the run does not give")
+            return env[name]
+        return param
     return lambda env: env[v]
 
 
@@ -189,11 +209,16 @@ def _integer(fn):
 
 
 impl(arith.AddiOp)(_integer(lambda a, b: a + b))
+impl(arith.SubiOp)(_integer(lambda a, b: a - b))
 impl(arith.MuliOp)(_integer(lambda a, b: a * b))
+impl(arith.AndIOp)(_integer(lambda a, b: a & b))
+impl(arith.OrIOp)(_integer(lambda a, b: a | b))
 
 
-@impl(arith.IndexCastOp)
+@impl(arith.IndexCastOp, arith.ExtSIOp, arith.TruncIOp)
 def _index_cast(op, ctx):
+    # integer values are exact here (a token id, an index, a coordinate): the cast keeps
+    # the value; the result's type is what a store or a bitcast converts to
     if op.input in ctx.const:
         ctx.const[op.result] = ctx.const[op.input]
         return None
@@ -204,35 +229,63 @@ def _index_cast(op, ctx):
     return step
 
 
+@impl(arith.ExtFOp)
+def _extf(op, ctx):
+    get, res = _value(op.input, ctx), op.result
+
+    def step(bufs, env):  # exact: every 16-bit float is a float32
+        env[res] = np.asarray(get(env)).astype(F32)[()]
+    return step
+
+
+@impl(arith.BitcastOp)
+def _bitcast(op, ctx):
+    get, res, to = _value(op.input, ctx), op.result, dtype(op.result.type)
+    src = dtype(op.input.type)
+
+    def step(bufs, env):
+        env[res] = np.asarray(get(env), src).view(to)[()]
+    return step
+
+
 impl(arith.AddfOp)(_binary(lambda a, b: a + b))
 impl(arith.SubfOp)(_binary(lambda a, b: a - b))
 impl(arith.MulfOp)(_binary(lambda a, b: a * b))
 impl(arith.DivfOp)(_binary(lambda a, b: a / b))
 
 
-_CMPF = {"olt": np.less, "ole": np.less_equal, "ogt": np.greater, "oge": np.greater_equal,
-         "oeq": np.equal, "one": np.not_equal}
+# predicate -> comparison; the bodies' integers are signed i32 (token ids, indices), so
+# the unsigned predicates have no executor
+_CMP = {"olt": np.less, "ole": np.less_equal, "ogt": np.greater, "oge": np.greater_equal,
+        "oeq": np.equal, "one": np.not_equal, "eq": np.equal, "ne": np.not_equal,
+        "slt": np.less, "sle": np.less_equal, "sgt": np.greater, "sge": np.greater_equal}
 
 
-@impl(arith.CmpfOp)
-def _cmpf(op, ctx):
-    pred = arith.CMPF_COMPARISON_OPERATIONS[op.predicate.value.data]
-    fn = _CMPF.get(pred)
+@impl(arith.CmpfOp, arith.CmpiOp)
+def _cmp(op, ctx):
+    floats = isinstance(op, arith.CmpfOp)
+    names = arith.CMPF_COMPARISON_OPERATIONS if floats else arith.CMPI_COMPARISON_OPERATIONS
+    pred = names[op.predicate.value.data]
+    fn = _CMP.get(pred)
     if fn is None:
-        raise ctx.fail(f"no executor for the float comparison '{pred}'")
+        raise ctx.fail(f"no executor for the {'float' if floats else 'integer'} comparison '{pred}'")
     a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
-
-    def step(bufs, env):
-        env[res] = fn(F32(a(env)), F32(b(env)))
+    if floats:
+        def step(bufs, env):
+            env[res] = fn(F32(a(env)), F32(b(env)))
+    else:
+        def step(bufs, env):
+            env[res] = fn(a(env), b(env))
     return step
 
 
 @impl(arith.SelectOp)
 def _select(op, ctx):
     c, a, b, res = _value(op.cond, ctx), _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
+    to = dtype(op.result.type)
 
     def step(bufs, env):
-        env[res] = np.where(c(env), a(env), b(env)).astype(F32)[()]
+        env[res] = np.where(c(env), a(env), b(env)).astype(to)[()]
     return step
 
 
@@ -259,7 +312,7 @@ def _load(op, ctx):
     (name, i), res = _element(op, ctx), op.res
 
     def step(bufs, env):  # one element, or every iteration's of a fused loop
-        env[res] = np.asarray(bufs[name][i(env)], F32)[()]
+        env[res] = bufs[name][i(env)]
     return step
 
 
@@ -284,6 +337,8 @@ def _fused(op, ctx) -> Step | None:
     made in iteration order (np.add.accumulate), so each element is rounded as the loop
     rounds it. None where the loop is not of that form."""
     block = op.body.block
+    if op.iter_args:
+        return None
     accs = [o for o in block.ops if not isinstance(o, _INDEX_OPS)]
     if len(accs) != 1 or not isinstance(accs[0], csl.FmacsOp | csl.FaddsOp):
         return None
@@ -343,7 +398,7 @@ def _parallel(op, ctx) -> Step | None:
     iteration's values at once (the same float32 operations, elementwise). None
     otherwise."""
     block = op.body.block
-    if not all(isinstance(o, _SCALAR_OPS) for o in block.ops):
+    if op.iter_args or not all(isinstance(o, _SCALAR_OPS) for o in block.ops):
         return None
     iv = block.args[0]
     varying = {iv}
@@ -381,14 +436,46 @@ def _for(op, ctx):
     if fused is not None:
         return fused
     lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
-    iv = op.body.block.args[0]
+    iv, *args = op.body.block.args
     body = _block(op.body.block, ctx)
+    if args:  # carried values: the yield's operands are the next iteration's arguments
+        inits = [_value(v, ctx) for v in op.iter_args]
+        yields = [_value(v, ctx) for v in op.body.block.last_op.operands]
+        results = list(op.results)
+
+        def step(bufs, env):
+            for a, v in zip(args, inits):
+                env[a] = v(env)
+            for i in range(lb, ub, step_):
+                env[iv] = i
+                for s in body:
+                    s(bufs, env)
+                nxt = [y(env) for y in yields]
+                for a, v in zip(args, nxt):
+                    env[a] = v
+            for r, a in zip(results, args):
+                env[r] = env[a]
+        return step
 
     def step(bufs, env):
         for i in range(lb, ub, step_):
             env[iv] = i
             for s in body:
                 s(bufs, env)
+    return step
+
+
+@impl(scf.IfOp)
+def _if(op, ctx):
+    if op.output:
+        raise ctx.fail("no executor for an scf.if with results")
+    cond = _value(op.cond, ctx)
+    then = _block(op.true_region.block, ctx)
+    other = _block(op.false_region.block, ctx) if op.false_region.blocks else []
+
+    def step(bufs, env):
+        for s in then if cond(env) else other:
+            s(bufs, env)
     return step
 
 

@@ -84,9 +84,8 @@ class Host:
     """Host side of serving plus the sampler root's slot bookkeeping."""
 
     def __init__(self, requests: list[Request], *, micro_batch: int, groups: int, max_seq: int,
-                 eos: frozenset[int], clock_hz: float, static: bool, queue_capacity: int,
-                 refill_cycles: int):
-        self.b, self.groups, self.max_seq, self.eos = micro_batch, groups, max_seq, eos
+                 clock_hz: float, static: bool, queue_capacity: int, refill_cycles: int):
+        self.b, self.groups, self.max_seq = micro_batch, groups, max_seq
         self.static = static
         self.capacity = queue_capacity
         self.refill_cycles = refill_cycles
@@ -166,9 +165,10 @@ class Host:
     def next_tokens(self, cd) -> list[int]:
         return self.tokens[cd.step + self.groups]
 
-    def sampled(self, cd, tokens: list[int]) -> int:
-        """The sampler root has the step's tokens: update the slots, admit, and
-        build the table the next step of this micro-batch runs with."""
+    def sampled(self, cd, tokens: list[int], ends: list[bool]) -> int:
+        """The sampler root has the step's tokens and, per slot, whether the token is an
+        EOS token (its eos_check body's flags): update the slots, admit, and build the
+        table the next step of this micro-batch runs with."""
         seq = cd.step
         g = seq % self.groups
         now = self.now()
@@ -188,7 +188,7 @@ class Host:
             live.sampled_at.append((seq, s))
             if live.first is None:
                 live.first = now
-            if tok in self.eos or len(live.out) >= live.req.output_len:
+            if ends[s] or len(live.out) >= live.req.output_len:
                 live.done = True
                 self.records.append(RequestRecord(live.req.id, live.req.prompt, live.out, live.arrival,
                                                   live.admitted, live.first, now, live.sampled_at))
@@ -394,7 +394,7 @@ def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_
     groups = default_in_flight(program)
     max_seq = HParams.of(program).int("max_seq")
     host = Host(list(requests), micro_batch=program.micro_batch_size, groups=groups, max_seq=max_seq,
-                eos=shape.eos_tokens, clock_hz=target.clock_hz,
+                clock_hz=target.clock_hz,
                 static="continuous_batching" not in dyn, queue_capacity=queue_capacity,
                 refill_cycles=int(target.costs.get("host_roundtrip", 0)))
     plane = DataPlane(program, weights, host)

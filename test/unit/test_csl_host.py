@@ -170,7 +170,7 @@ def test_driver_primes_loads_and_serves(tmp_path, target):
     for w, _, rects, symbols in embed:
         x, y, _, _ = rects[0]
         mem = runners[w].mem
-        data = mem[("prime_embed_tokens", x, y)].view(np.float32)
+        data = mem[("prime_embed_tokens", x, y)].view(np.int32)  # token ids: 32-bit integers
         meta = mem[("prime_meta_embed_tokens", x, y)]
         per = symbols["prime_embed_tokens"][0] // groups
         # micro-batch m's message carries the first tokens of slots m*b .. m*b+b-1

@@ -12,6 +12,9 @@ from xdsl.dialects import csl
 from meshrt.backend.csl.pe_print import body_lines
 from meshrt.backend.csl_lint import check_csl
 from meshrt.kernels.elementwise.pe import rmsnorm_bodies, silu_mul_bodies
+from meshrt.kernels.embed.pe import embed_bodies
+from meshrt.kernels.numerics import part
+from meshrt.kernels.sample.pe import sample_bodies
 from meshrt.kernels.pe import Bodies, Buffer
 from meshrt.runtime import pe_exec
 from meshrt.runtime import reference as ref
@@ -24,7 +27,7 @@ def _run(bodies: Bodies, op: str, bufs: dict[str, np.ndarray]) -> None:
 
 
 def _buffers(bodies: Bodies) -> dict[str, np.ndarray]:
-    return {b.name: np.zeros(b.elems, F32) for b in bodies.buffers}
+    return {b.name: np.zeros(b.elems, pe_exec.dtype(b.type().element_type)) for b in bodies.buffers}
 
 
 def test_a_stride_0_destination_accumulates_in_stream_order():
@@ -215,3 +218,117 @@ def test_a_loop_that_reads_another_iterations_element_runs_one_by_one():
     bufs = {"x": np.arange(1, 6, dtype=np.float32)}
     _run(bodies, "scan", bufs)
     np.testing.assert_array_equal(bufs["x"], np.cumsum(np.arange(1, 6, dtype=np.float32)))
+
+
+# ---- the sampler and the embedding: i32 token ids, carried loops, conditionals, px
+
+
+def _sample_on_a_row(logits: np.ndarray, w: int, x0: int, ends: tuple[int, ...], order, cores=None,
+                     elem: str = "f32"):
+    """The sampler's bodies on a row of w cores from mesh column x0: argmax on each (its
+    column's logits), merged into the first core of `order` in that order, then
+    eos_check; (tokens, done). `cores`: the columns that run (the others' candidates are
+    never merged)."""
+    b, vocab = logits.shape
+    bodies = sample_bodies("sample", b, vocab, x0, w, ends, elem)
+    cands = {}
+    for i in (range(w) if cores is None else cores):
+        bufs = _buffers(bodies)
+        c0, c1 = part(vocab, w, i)
+        x = bufs["x"].reshape(b, -1)
+        x[:, :c1 - c0] = logits[:, c0:c1]
+        pe_exec.run(bodies.funcs["argmax"], bufs, {"px": x0 + i, "py": 7})
+        cands[i] = bufs
+    root, *rest = [i for i in order if i in cands]
+    for i in rest:
+        cands[root]["cand_in"][:] = cands[i]["cand"]
+        pe_exec.run(bodies.funcs["argmax_merge"], cands[root])
+    pe_exec.run(bodies.funcs["eos_check"], cands[root])
+    return cands[root]["tokens"], cands[root]["done"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 3), vocab=st.integers(1, 90), w=st.integers(1, 7), x0=st.integers(0, 40),
+       ties=st.booleans(), seed=st.integers(0, 2**16), data=st.data())
+def test_sample_bodies_take_numpys_argmax_on_any_split_and_merge_order(b, vocab, w, x0, ties, seed, data):
+    rng = np.random.default_rng(seed)
+    # ties: few distinct values, so equal maxima fall on several cores
+    logits = (rng.integers(-3, 3, (b, vocab)) if ties else rng.standard_normal((b, vocab)) * 50).astype(F32)
+    order = data.draw(st.permutations(range(w)))
+    ends = tuple(data.draw(st.lists(st.integers(0, vocab - 1), max_size=3, unique=True)))
+    tokens, done = _sample_on_a_row(logits, w, x0, ends, order)
+    want = np.argmax(logits, axis=1)  # the first of equal maxima
+    assert tokens.dtype == np.int32 and list(tokens) == list(want)
+    assert list(done) == [int(t in ends) for t in want]
+
+
+def test_sample_bodies_keep_token_ids_exact_past_16_bits_and_compare_them_as_integers():
+    """Qwen's vocabulary (151,936) and its EOS id 151,645: float16 held ids exactly only
+    to 2,048 and the old CSL compared them as u16; the bodies carry i32 words."""
+    vocab, w = 151_936, 64
+    logits = np.full((2, vocab), -1.0, F32)
+    logits[0, 151_645] = 5.0  # EOS
+    logits[1, 70_001] = 5.0  # past u16's 65,535 range once truncated to 16 bits
+    n = -(-vocab // w)
+    holders = [151_645 // n, 70_001 // n, w - 1]
+    tokens, done = _sample_on_a_row(logits, w, 3, (151_645,), holders, cores=holders)
+    assert list(tokens) == [151_645, 70_001] and list(done) == [1, 0]
+
+
+def test_sample_bodies_read_16_bit_logits_as_their_float32_values():
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((2, 50)).astype(np.float16)
+    tokens, _ = _sample_on_a_row(logits.astype(F32), 3, 0, (), range(3), elem="f16")
+    assert list(tokens) == list(np.argmax(logits, axis=1))
+    text = "\n".join(body_lines(sample_bodies("s", 2, 50, 0, 3, (), "f16").funcs["argmax"], {}))
+    assert "@as(f32, (x[" in text  # each 16-bit logit widened where it is read: no float32 copy
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 4), vocab=st.integers(1, 60), hidden=st.integers(1, 12), w=st.integers(1, 5),
+       h=st.integers(1, 4), x0=st.integers(0, 30), seed=st.integers(0, 2**16))
+def test_embed_body_row_sums_are_the_tokens_rows(b, vocab, hidden, w, h, x0, seed):
+    """Each core writes its slice of the token's row where its column holds the row and
+    zeros elsewhere, so each row of cores sums to its slice of the embedding."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((vocab, hidden)).astype(F32)
+    tokens = rng.integers(0, vocab, b)
+    bodies = embed_bodies("embed", b, vocab, hidden, (x0, 0, w, h))
+    rows, k = bodies.buffer("table").elems // max(1, -(-hidden // h)), -(-hidden // h)
+    out = np.zeros((b, hidden), F32)
+    for j in range(h):
+        c0, c1 = part(hidden, h, j)
+        for i in range(w):
+            r0, r1 = part(vocab, w, i)
+            bufs = _buffers(bodies)
+            tile = np.zeros((rows, k), F32)
+            tile[:r1 - r0, :c1 - c0] = table[r0:r1, c0:c1]
+            bufs["table"][:] = tile.ravel()
+            bufs["tokens"][:] = tokens
+            bufs["y"][:] = 7.0  # whatever the array held before: every entry is written
+            pe_exec.run(bodies.funcs["embed"], bufs, {"px": x0 + i, "py": j})
+            out[:, c0:c1] += bufs["y"].reshape(b, k)[:, :c1 - c0]
+    np.testing.assert_array_equal(out, table[tokens])
+
+
+def test_sample_and_embed_csl_is_the_executed_body_and_lints():
+    program = ["param px: i16;", "var x = @zeros([40]f32);", "var y = @zeros([40]f32);",
+               "var w = @zeros([400]f32);"]
+    for kernel, bodies in (("s", sample_bodies("s", 2, 40, 3, 2, (5, 9))),
+                           ("e", embed_bodies("e", 2, 40, 8, (3, 0, 2, 2)))):
+        renames = {b.name: (f"{kernel}_{b.name}", 0) for b in bodies.buffers
+                   if b.name not in ("x", "y") and not b.resident}
+        renames.update({b.name: ("w", 10) for b in bodies.resident})
+        program += [f"var {a} = @zeros([{b.elems}]{b.elem});" for b in bodies.buffers
+                    for a, _ in [renames.get(b.name, (None, 0))] if a and a != "w"]
+        for op, fn in bodies.funcs.items():
+            program += [f"fn {kernel}_{op}() void {{", *body_lines(fn, renames), "}"]
+    text = "\n".join(program)
+    assert check_csl(text, "sample_embed.csl") == []
+    assert "@bitcast(i32, " in text and "s_tokens[" in text and "e_tokens[" in text
+
+
+def test_a_body_reading_a_parameter_the_run_does_not_give_is_an_error():
+    bodies = embed_bodies("e", 1, 4, 2, (0, 0, 1, 1))
+    with pytest.raises(pe_exec.PeExecError, match="parameter px"):
+        pe_exec.run(bodies.funcs["embed"], _buffers(bodies))

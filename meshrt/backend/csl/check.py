@@ -63,14 +63,14 @@ def expected_trace(program: Program, cls) -> list[tuple]:
 _TAKE = re.compile(r"take (\d+) metainfo wavelet\(s\) of @(\S+) ahead")
 _RELAY = re.compile(r"// \[relay\] @(\S+) (\d+)$")
 _STAGE = re.compile(r"// \[stage\] @(\S+) (\d+)$")
-_XOUT = re.compile(r"@fmov[sh]\(m_xout_(\d+)_(\d+), m_\w+\);")
-_XIN = re.compile(r"@fmov[sh]\(m_\w+?_(\d+), m_xin_(\d+)_\d+\);")
+_XOUT = re.compile(r"@(?:fmov[sh]|mov32)\(m_xout_(\d+)_(\d+), m_\w+\);")
+_XIN = re.compile(r"@(?:fmov[sh]|mov32)\(m_\w+?_(\d+), m_xin_(\d+)_\d+\);")
 _RESOLVE = re.compile(r"resolve_(\w+)\(\);")
 _TRANSFERS = [  # (event, pattern whose group 1 is the fabric DSD)
     ("recv_meta", re.compile(r"rt\.recv_words\(m_\w+, (fim_\w+)\);")),
-    ("recv", re.compile(r"rt\.recv_(?:add_)?f(?:32|16)\(m_\w+, (fi_\w+)\);")),
+    ("recv", re.compile(r"rt\.recv_(?:add_)?(?:f32|f16|words)\(m_\w+, (fi_\w+)\);")),
     ("send_meta", re.compile(r"rt\.send_words\((fom_\w+), m_\w+\);")),
-    ("send", re.compile(r"rt\.send_f(?:32|16)\((fo_\w+), m_\w+\);")),
+    ("send", re.compile(r"rt\.send_(?:f32|f16|words)\((fo_\w+), m_\w+\);")),
 ]
 _COMPUTE = re.compile(r"k\d+_(\w+)\(\);")
 _PRODUCE = re.compile(r"produce_(\w+)\(\);")

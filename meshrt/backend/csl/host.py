@@ -88,8 +88,9 @@ _DRIVER = '''
 def _words(values, typ):
     """Values as the 32-bit words memcpy moves (16-bit types in the low half)."""
     a = np.asarray(values)
-    if typ in ("f32", "u32"):
-        return np.ascontiguousarray(a.astype(np.float32 if typ == "f32" else np.uint32)).view(np.uint32), 32
+    if typ in ("f32", "u32", "i32"):
+        t = {"f32": np.float32, "u32": np.uint32, "i32": np.int32}[typ]
+        return np.ascontiguousarray(a.astype(t)).view(np.uint32), 32
     return np.ascontiguousarray(a.astype(np.float16 if typ == "f16" else np.uint16)).view(np.uint16).astype(np.uint32), 16
 
 
@@ -114,12 +115,12 @@ def d2h(runner, symbol, rect, n, typ):
     """`symbol` (n elements) of every core of the rectangle, row-major."""
     x, y, w, h = rect
     out = np.zeros(w * h * n, dtype=np.uint32)
-    bits = 32 if typ in ("f32", "u32") else 16
+    bits = 32 if typ in ("f32", "u32", "i32") else 16
     runner.memcpy_d2h(out, runner.get_id(symbol), x, y, w, h, n, streaming=False,
                       order=MemcpyOrder.ROW_MAJOR, nonblock=False,
                       data_type=MemcpyDataType.MEMCPY_32BIT if bits == 32 else MemcpyDataType.MEMCPY_16BIT)
-    if typ == "f32":
-        return out.view(np.float32).reshape(w * h, n)
+    if typ in ("f32", "i32"):
+        return out.view(np.float32 if typ == "f32" else np.int32).reshape(w * h, n)
     if typ == "f16":
         return out.astype(np.uint16).view(np.float16).reshape(w * h, n)
     return out.reshape(w * h, n)
@@ -176,7 +177,7 @@ def first_step(requests):
     the first message of every micro-batch on the loop-carried flows: each slot's
     first token and (0, status 1 = free), so the first stage admits from `req`."""
     req = np.zeros(SLOTS * 2, dtype=np.uint32)
-    tokens = np.zeros(SLOTS)
+    tokens = np.zeros(SLOTS, dtype=np.int64)
     for s in range(SLOTS):
         h, t = requests.take()
         req[2 * s:2 * s + 2] = h, t

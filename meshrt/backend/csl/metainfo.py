@@ -85,19 +85,21 @@ class MetaCode:
             ]
         if "continuous_batching" in produces:
             n = w.meta_out_words.get("continuous_batching", b * CF_WORDS_PER_SLOT)
+            tokens, done = w.token_arrays()
             out += [
-                "// The sampler's control-flow payload: (request id, finished?) per slot; it rides",
-                "// the token send back to the first stage. The host reads the tokens too.",
+                "// The sampler's control-flow payload: (request id, finished?) per slot, from its",
+                "// eos_check; it rides the token send back to the first stage. The host reads",
+                "// the tokens too.",
                 "fn produce_continuous_batching() void {",
                 f"  for (@range(u16, {min(b, n // CF_WORDS_PER_SLOT) or 1})) |j| {{",
                 f"    const slot = mb * {b} + j;",
                 f"    meta_out_continuous_batching[j * {CF_WORDS_PER_SLOT}] = rdt[slot * 4];",
-                f"    meta_out_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1] = @as(u32, done[j]);",
+                f"    meta_out_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1] = @as(u32, {done}[j]);",
             ]
             if self.emits_tokens:
                 out += [
                     "    tok[slot * 2] = rdt[slot * 4];",
-                    "    tok[slot * 2 + 1] = @as(u32, y[j * 2 + 1]);",
+                    f"    tok[slot * 2 + 1] = @as(u32, {tokens}[j]);",
                 ]
             out += ["  }", "}"]
         if "moe_routing" in produces:

@@ -31,16 +31,16 @@ from xdsl.ir import Block, Region
 
 from meshrt.backend.csl import percore, streams
 from meshrt.backend.csl.model import CoreClass, Event, Program, read_program, segment_programs
-from meshrt.backend.csl.values import Step, ValuePlan, plan_values
+from meshrt.backend.csl.values import Step, ValuePlan, kernel_array, message_array, plan_values
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import pe
 from meshrt.dialects.pe import ref_name
-from meshrt.kernels.pe import ELEM_TYPES
+from meshrt.kernels.pe import ELEM_TYPES, activation_elem
 from meshrt.shape import HParams
 
 def program_elem(p: Program) -> str:
-    """The element type of a program's activation arrays: f32, or f16 for 16-bit models."""
-    return "f32" if p.hp("dtype_bytes", 4) >= 4 else "f16"
+    """The element type of a program's activation arrays."""
+    return activation_elem(p.hp("dtype_bytes", 4))
 
 
 def module_name(program: str, cls: str) -> str:
@@ -48,13 +48,15 @@ def module_name(program: str, cls: str) -> str:
     return f"{program}.{cls}"
 
 
-def resident_global(kernel: str, buf: str) -> str:
-    return f"{kernel}::{buf}"
+# The working arrays of every program (sized by the backend from the transfers) and the
+# names bodies give their operands (renamed onto where the plan holds them).
+WORKING = frozenset({"x", "x1", "y", "p", "scale"})
 
 
 def has_partner(p: Program, cls: CoreClass) -> bool:
-    """Whether the class receives on a chain of its own (and so has the array p)."""
+    """Whether the class receives on a chain of its own into p (and so has the array p)."""
     return any(e.kind == "recv" and p.flows[e.flow].role.internal
+               and message_array(p, sub, p.flows[e.flow], send=False) is None
                for seg in cls.segments for sub in seg.subs for e in sub.events)
 
 
@@ -105,6 +107,10 @@ def _global(name: str, elems: int, elem: str, **attrs) -> memref.GlobalOp:
     return g
 
 
+def _uses(fn: csl.FuncOp, buf: str) -> bool:
+    return any(isinstance(op, memref.GetGlobalOp) and op.name_.root_reference.data == buf for op in fn.walk())
+
+
 def _renamed_body(fn: csl.FuncOp, name: str, renames: dict[str, str]) -> csl.FuncOp:
     """A copy of body `fn` named `name`, its buffers renamed onto the class's arrays."""
     out = fn.clone()
@@ -122,6 +128,24 @@ def class_module(p: Program, cls: CoreClass, cache: dict | None = None) -> csl.C
     plan = plan_values(p, cls, has_partner(p, cls), relays(p, cls))
     elem = program_elem(p)
     decls: list = [_global(name, n, elem) for name, n in sorted(plan.saved.items())]
+    # the kernels' own arrays: message buffers (32-bit words, as long as their longest
+    # message) and the bodies' state, each as long as its longest use
+    private: dict[str, tuple[int, str]] = {}
+
+    def own(name: str, n: int, typ: str, op) -> None:
+        have = private.get(name)
+        if have is not None and have[1] != typ:
+            raise MeshrtError(f"core class @{cls.name}: array {name} is used as {have[1]} and as {typ}", op)
+        private[name] = (max(n, have[0] if have else 0), typ)
+
+    for seg in cls.segments:
+        for sub in seg.subs:
+            for e in sub.events:
+                if e.kind in ("recv", "send"):
+                    st = plan.step(e)
+                    name = st.target if e.kind == "recv" else st.source
+                    if "::" in name:
+                        own(name, e.elems, "i32", p.flows[e.flow].op)
     funcs: list[csl.FuncOp] = []
     bodies_of: dict[str, object] = {}
     segments = []
@@ -147,18 +171,22 @@ def class_module(p: Program, cls: CoreClass, cache: dict | None = None) -> csl.C
                         if bodies is not None:
                             off = 0
                             for b in bodies.resident:
-                                decls.append(_global(resident_global(sub.kernel, b.name), b.elems, b.elem,
+                                decls.append(_global(kernel_array(sub.kernel, b.name), b.elems, b.elem,
                                                      resident_offset=IntegerAttr(off, i64)))
                                 off += b.elems
                     bodies = bodies_of[sub.kernel]
                     fn = bodies.funcs.get(e.name) if bodies is not None else None
                     if fn is not None:
-                        renames = {b.name: resident_global(sub.kernel, b.name) for b in bodies.resident}
+                        renames = {b.name: kernel_array(sub.kernel, b.name) for b in bodies.buffers
+                                   if b.name not in WORKING}
                         for k, buf in enumerate(("x", "x1")):
                             if k < len(st.operands) and st.operands[k] not in (None, buf):
                                 renames[buf] = st.operands[k]
                         call = f"k{n_compute}_{e.name}"
                         funcs.append(_renamed_body(fn, call, renames))
+                        for b in bodies.buffers:  # the kernel's own arrays this body uses
+                            if not b.resident and b.name not in WORKING and _uses(fn, b.name):
+                                own(kernel_array(sub.kernel, b.name), b.elems, b.elem, sub.op)
                     n_compute += 1
                     ops.append(pe.ComputeOp(properties=_props(
                         kernel=SymbolRefAttr(sub.kernel), op=StringAttr(e.name),
@@ -171,20 +199,35 @@ def class_module(p: Program, cls: CoreClass, cache: dict | None = None) -> csl.C
                                                            elems=IntegerAttr(n, i64))))
         segments.append(pe.SegmentOp(properties={"index": IntegerAttr(seg.index, i64)},
                                      regions=[Region(Block(ops))]))
+    decls += [_global(name, n, typ) for name, (n, typ) in sorted(private.items())]
     table = pe.TableOp(regions=[Region(Block(segments))])
-    body: list = []
-    if any(isinstance(o, csl.MemberCallOp) for f in funcs for o in f.walk()):
-        # the bodies call <math>: one import, which each body's calls now use
-        math = csl.ImportModuleConstOp("<math>")
-        math.result.name_hint = "math"
-        body.append(math)
-        for f in funcs:
-            for o in f.walk():
-                if isinstance(o, csl.MemberCallOp):
-                    o.operands = (math.result, *o.operands[1:])
-    return csl.CslModuleOp(regions=[Region(Block([*body, *decls, *funcs, table]))], properties={
+    return csl.CslModuleOp(regions=[Region(Block([*_outer_values(funcs), *decls, *funcs, table]))], properties={
         "kind": csl.ModuleKindAttr(csl.ModuleKind.PROGRAM),
         "sym_name": StringAttr(module_name(p.op.program_name, cls.name))})
+
+
+def _outer_values(funcs: list[csl.FuncOp]) -> list:
+    """The class module's own `<math>` import and parameters, which the bodies (copied
+    from their kinds' modules) are made to use: one op of each the bodies use."""
+    made: dict = {}
+    for f in funcs:
+        for o in f.walk():
+            for k, v in enumerate(o.operands):
+                src = v.owner
+                if isinstance(src, csl.ImportModuleConstOp):
+                    key = ("import", src.module.data)
+                    if key not in made:
+                        made[key] = csl.ImportModuleConstOp(src.module.data)
+                        made[key].result.name_hint = "math"
+                elif isinstance(src, csl.ParamOp):
+                    key = ("param", src.param_name.data)
+                    if key not in made:
+                        made[key] = csl.ParamOp(src.param_name.data, src.res.type)
+                else:
+                    continue
+                if src is not made[key]:
+                    o.operands = (*o.operands[:k], made[key].results[0], *o.operands[k + 1:])
+    return list(made.values())
 
 
 def lower_to_pe(module: ModuleOp) -> None:
@@ -207,14 +250,24 @@ def _props(**kw) -> dict:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+@dataclass(frozen=True)
+class Array:
+    """An array the PE level declares: a kept value (`v_<kernel>`), a kernel's resident
+    buffer (at `offset` in its sub-schedule's region) or a kernel's own array."""
+
+    elems: int
+    offset: int | None
+    elem: str  # f32, f16, i32
+
+
 @dataclass
 class ClassLevel:
     """What the backend reads back: the plan, each compute event's body (or None), and
-    the module's arrays (name -> (elements, resident offset or None))."""
+    the module's arrays by name."""
 
     plan: ValuePlan
     calls: dict[int, csl.FuncOp | None]
-    arrays: dict[str, tuple[int, int | None]]
+    arrays: dict[str, Array]
 
 
 def class_modules(module: ModuleOp) -> dict[str, csl.CslModuleOp]:
@@ -224,14 +277,18 @@ def class_modules(module: ModuleOp) -> dict[str, csl.CslModuleOp]:
 def read_class_module(mod: csl.CslModuleOp, p: Program, cls: CoreClass) -> ClassLevel:
     """The plan and bodies of `cls` from its module, event by event (a table that does
     not follow the class's events is an error naming both)."""
-    arrays: dict[str, tuple[int, int | None]] = {}
+    arrays: dict[str, Array] = {}
     funcs: dict[str, csl.FuncOp] = {}
     table = None
     for op in mod.body.block.ops:
         if isinstance(op, memref.GlobalOp):
             off = op.attributes.get("resident_offset")
-            arrays[op.sym_name.data] = (op.type.get_shape()[0],
-                                        off.value.data if isinstance(off, IntegerAttr) else None)
+            typ = next((k for k, t in ELEM_TYPES.items() if t == op.type.element_type), None)
+            if typ is None:
+                raise MeshrtError(f"core class @{cls.name}: array {op.sym_name.data} has element type "
+                                  f"{op.type.element_type}; arrays are {', '.join(ELEM_TYPES)}", op)
+            arrays[op.sym_name.data] = Array(op.type.get_shape()[0],
+                                             off.value.data if isinstance(off, IntegerAttr) else None, typ)
         elif isinstance(op, csl.FuncOp):
             funcs[op.sym_name.data] = op
         elif isinstance(op, pe.TableOp):
@@ -241,7 +298,7 @@ def read_class_module(mod: csl.CslModuleOp, p: Program, cls: CoreClass) -> Class
     events = [(e, sub) for seg in cls.segments for sub in seg.subs for e in sub.events]
     steps: dict[int, Step] = {}
     calls: dict[int, csl.FuncOp | None] = {}
-    saved = {name: n for name, (n, off) in arrays.items() if off is None}
+    saved = {name: a.elems for name, a in arrays.items() if "::" not in name}
     ops = [op for seg in table.segments() for op in seg.body.block.ops]
     k = 0
     last: Step | None = None

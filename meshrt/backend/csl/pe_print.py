@@ -42,10 +42,12 @@ def body_lines(fn: csl.FuncOp, renames: dict[str, tuple[str, int]]) -> list[str]
     out = StringIO()
     ctx = CslPrintContext(out)
     ctx.register_binops()
-    for op in body.walk():  # the module's `<math>` import is the program's `math`
+    for op in body.walk():  # the module's `<math>` import and parameters are the program's
         for v in op.operands:
             if isinstance(v.owner, csl.ImportModuleConstOp):
                 ctx.variables[v] = "math"
+            elif isinstance(v.owner, csl.ParamOp):
+                ctx.variables[v] = v.owner.param_name.data
     ctx.print_block(body.body.block)
     return [line for line in out.getvalue().splitlines() if line.strip() and line.strip() != "return;"]
 

@@ -53,8 +53,10 @@ from meshrt.backend.csl.pe_print import body_lines, calls_math
 from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment, plain_identifier
 from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
 from meshrt.backend.csl.pe_level import ClassLevel, has_partner, relays
+from meshrt.backend.csl.values import kernel_array
 from meshrt.diagnostics import MeshrtError
 from meshrt.kernels import registry
+from meshrt.kernels.pe import ELEM_TYPES
 from meshrt.routing import Box, RectSet, rect_boxes
 
 
@@ -121,9 +123,17 @@ class ProgramWriter:
         self.lp_used = False  # the loop counter of multi-message transfers
         self.consts: list[str] = []  # per-core comptime constants (chain roles, relay indices)
         self._consts: set[str] = set()
+        self.values = level.plan  # where each value is held (pe_level.py, values.py)
+        # flows whose messages are 32-bit words of a kernel's own array (token ids,
+        # candidates): their staging and primed arrays take that type
+        self.flow_elem: dict[str, str] = {}
+        for seg in cls.segments:
+            for e in seg.events():
+                if e.kind in ("recv", "send"):
+                    st = self.values.step(e)
+                    self.flow_elem[e.flow] = self.elem_of(st.target if e.kind == "recv" else st.source)
         self._plan_handshakes()
         self._plan_buffers()
-        self.values = level.plan  # where each value is held (pe_level.py, values.py)
 
     # ------------------------------------------------------------------ sizes
     def _flows_used(self) -> list[Flow]:
@@ -176,10 +186,12 @@ class ProgramWriter:
         self.xw_out = sorted({k for kind, k in cross if kind == "send"})
         self.xw_elems: dict[int, int] = {}  # staging size per cross-wafer flow: its largest message
         self.xw_meta: dict[int, int] = {}
+        self.xw_elem: dict[int, str] = {}  # its element type
         for seg in self.cls.segments:
             for e in seg.events():
                 if e.flow and self.p.flows[e.flow].cross:
                     k = self.p.flows[e.flow].xw_index
+                    self.xw_elem[k] = self.flow_elem.get(e.flow, self.sh.elem)
                     self.xw_elems[k] = max(self.xw_elems.get(k, 1), e.elems)
                     self.xw_meta[k] = max(self.xw_meta.get(k, 1), e.meta_words)
         self.meta_out_words = meta_out
@@ -235,8 +247,10 @@ class ProgramWriter:
         n += 4 * (self.meta_in_words + sum(self.meta_in.values()) + sum(self.meta_out_words.values()))
         n += 4 * self.slots * 4 if self.cf else 0
         n += (2 + 4 + 2) * self.b * self.top_k if self.moe else 0
-        n += eb * self.b * self.attn_rows + 4 * self.b + 2 * self.b  # sc, scale (f32), done (u16)
+        n += eb * self.b * self.attn_rows + 4 * self.b  # sc, scale (f32)
         n += 4 * sum(self.shadows.values()) + eb * sum(self.values.saved.values())
+        n += sum(ELEM_TYPES[a.elem].bitwidth // 8 * a.elems for name, a in self.level.arrays.items()
+                 if a.offset is None and "::" in name)  # the kernels' own arrays
         for k in self.xw_in + self.xw_out:
             n += eb * self.xw_elems[k] + 4 * self.xw_meta[k]
         for words, meta in self.primed.values():
@@ -253,7 +267,39 @@ class ProgramWriter:
     def oq(self, q: int) -> str:
         return f"oq_{q}"
 
+    def ident(self, array: str) -> str:
+        """The CSL name of an array (a kernel's own `<kernel>::<buf>`: `<kernel>_<buf>`)."""
+        return plain_identifier(array.replace("::", "_")) if "::" in array else array
+
+    def elem_of(self, array: str) -> str:
+        """The element type of an array: a kernel's own array's declared one, else the
+        program's."""
+        a = self.level.arrays.get(array)
+        return a.elem if a is not None and a.offset is None and "::" in array else self.sh.elem
+
+    def xfer(self, array: str) -> str:
+        """The suffix of the meshrt_rt transfer helpers moving `array`'s elements."""
+        return "words" if self.elem_of(array) == "i32" else self.sh.elem
+
+    def token_arrays(self) -> tuple[str, str]:
+        """The CSL names of the sampled token ids and their EOS flags: the arrays of the
+        class's token source (the sampler's eos_check body writes them)."""
+        for seg in self.cls.segments:
+            for sub in seg.subs:
+                if sub.kernel in self.p.records and self.p.kind_of(sub).TOKEN_SOURCE:
+                    names = [kernel_array(sub.kernel, b) for b in ("tokens", "done")]
+                    if all(n in self.level.arrays for n in names):
+                        return self.ident(names[0]), self.ident(names[1])
+        raise MeshrtError(f"core class @{self.cls.name} produces the continuous-batching payload but "
+                          "holds no sampler's token and end-of-sequence arrays (PE level)", self.cls.op)
+
+    def copy(self, dst: str, src: str, n: int) -> str:
+        """dst = src, n elements of the type they share."""
+        op = "@mov32" if "i32" in (self.elem_of(dst), self.elem_of(src)) else f"@fmov{self.sh.sfx}"
+        return f"{op}({self.mem(dst, n)}, {self.mem(src, n)});"
+
     def mem(self, buf: str, n: int, offset: int = 0) -> str:
+        buf = self.ident(buf)
         name = f"m_{buf}_{n}" + (f"_at{offset}" if offset else "")
         if name not in self.dsds:
             idx = f"i + {offset}" if offset else "i"
@@ -512,7 +558,7 @@ class ProgramWriter:
         words, meta = self.primed[flow.name]
         stride = words if what == "data" else meta
         return [f"for (@range(u16, {n})) |i| {{",
-                f"  {dst}[i] = {src}[({self.groups} - prime_left_{flow.ident}) * {stride} + i];", "}"]
+                f"  {self.ident(dst)}[i] = {src}[({self.groups} - prime_left_{flow.ident}) * {stride} + i];", "}"]
 
     # ------------------------------------------------------------ transfers
     def phase(self, flow: Flow, which: str) -> list[str]:
@@ -533,8 +579,17 @@ class ProgramWriter:
                                         "}", f"xin_seen_{k} += 1;"], False, comment)
 
     def need(self, buf: str, n: int) -> None:
-        """A transfer of n elements uses `buf`: it is declared at least that long."""
-        self.cap[buf] = max(self.cap[buf], n)
+        """A transfer of n elements uses `buf`: it is declared at least that long (a
+        working array grows; the PE level sized every other)."""
+        if buf in self.cap:
+            self.cap[buf] = max(self.cap[buf], n)
+            return
+        a = self.level.arrays.get(buf)
+        have = a.elems if a is not None else self.values.saved.get(buf)
+        if have is None or have < n:
+            raise MeshrtError(f"core class @{self.cls.name}: a transfer of {n} elements uses array {buf}, "
+                              f"which {'has ' + str(have) if have is not None else 'the PE level does not declare'}",
+                              self.cls.op)
 
     def loop(self, count: str, steps: list[tuple[str | None, list[str], str]], comment: str,
              tail: list[str] | None = None, cond: str | None = None) -> None:
@@ -578,7 +633,7 @@ class ProgramWriter:
             steps.append((meta_cond, [f"rt.recv_words({self.mem('meta_in_' + flow.meta_kind, e.meta_words)}, "
                                       f"{fim});{tag}"], f"receive @{flow.name}: {e.meta} B of metainfo"))
         fi = self.fab("fabin", flow, s, n)
-        steps.append((None, [f"rt.recv_{'add_' if add else ''}{self.sh.elem}({self.mem(target, n)}, {fi});{tag}"],
+        steps.append((None, [f"rt.recv_{'add_' if add else ''}{self.xfer(target)}({self.mem(target, n)}, {fi});{tag}"],
                       f"receive @{flow.name}: {e.nbytes} B " + ("added to " if add else "into ") + target))
         return steps
 
@@ -591,7 +646,7 @@ class ProgramWriter:
             steps.append((None, [f"rt.send_words({fom}, {self.mem(self.meta_buf(flow), e.meta_words)});{tag}"],
                           f"send @{flow.name}: {e.meta} B of metainfo ahead of the data"))
         fo = self.fab("fabout", flow, s, n)
-        steps.append((None, [f"rt.send_{self.sh.elem}({fo}, {self.mem(src, n)});{tag}"],
+        steps.append((None, [f"rt.send_{self.xfer(src)}({fo}, {self.mem(src, n)});{tag}"],
                       f"send @{flow.name}: {e.nbytes} B from {src}"))
         return steps
 
@@ -606,7 +661,7 @@ class ProgramWriter:
         if flow.cross:
             if not meta_taken:  # else the resolver waited for this message
                 self.emit_xw_wait(e, flow, comment + f"receive @{flow.name} from the host (wafer link)")
-            body = [f"@fmov{self.sh.sfx}({self.mem(target, n)}, {self.mem(f'xin_{flow.xw_index}', n)});"]
+            body = [self.copy(target, f"xin_{flow.xw_index}", n)]
             if e.meta and not meta_taken:
                 body.append(f"rt.copy_words(&meta_in_{flow.meta_kind}, &xin_meta_{flow.xw_index}, {e.meta_words});")
             note = f"{e.nbytes} B into {target}" if not meta_taken else \
@@ -646,7 +701,7 @@ class ProgramWriter:
         tail = []
         if self.drained(flow) and self.is_phased_here(flow):
             tail = [f"td_mark_{flow.color} += 1; // the sender's end-of-flow teardown follows the data"]
-        self.primed_state(e, flow, prime, pre + [f"rt.recv_{self.sh.elem}({self.mem(target, n)}, {fi});"] + tail,
+        self.primed_state(e, flow, prime, pre + [f"rt.recv_{self.xfer(target)}({self.mem(target, n)}, {fi});"] + tail,
                           True, comment + f"receive @{flow.name}: {e.nbytes} B into {target}", last=True)
 
     def emit_send(self, s: int, e: Event, flow: Flow, src: str, comment: str, marker: bool = False) -> None:
@@ -654,7 +709,7 @@ class ProgramWriter:
         self.need(src, n)
         if flow.cross:
             k = flow.xw_index
-            body = [f"@fmov{self.sh.sfx}({self.mem(f'xout_{k}', n)}, {self.mem(src, n)});"]
+            body = [self.copy(f"xout_{k}", src, n)]
             if e.meta:
                 body.append(f"rt.copy_words(&xout_meta_{k}, &{self.meta_buf(flow)}, {e.meta_words});")
             body.append(f"xout_seq_{k}[0] += 1; // the host polls it, then relays the message")
@@ -685,7 +740,7 @@ class ProgramWriter:
             sending(f"rt.send_words({fom}, {self.mem(self.meta_buf(flow), e.meta_words)});",
                     f"send @{flow.name}: {e.meta} B of metainfo ahead of the data")
         fo = self.fab("fabout", flow, s, n)
-        sending(f"rt.send_{self.sh.elem}({fo}, {self.mem(src, n)});", f"send @{flow.name}: {e.nbytes} B from {src}")
+        sending(f"rt.send_{self.xfer(src)}({fo}, {self.mem(src, n)});", f"send @{flow.name}: {e.nbytes} B from {src}")
         self.after_send(s, flow, marker)
 
     def routed_regions(self, flow: Flow):
@@ -947,7 +1002,7 @@ class ProgramWriter:
         """The CSL of compute event `e` where the class's PE-level module gives it a body
         (`pe_level.py`), else None. The body's arrays are this program's: x, y, p, scale
         and the kept values by name, a kernel's resident arrays at their offsets in the
-        sub-schedule's region."""
+        sub-schedule's region, a kernel's own arrays by their CSL names."""
         fn = self.level.calls.get(id(e))
         if fn is None:
             return None
@@ -969,10 +1024,12 @@ class ProgramWriter:
                     raise MeshrtError(f"internal error: kernel @{sub.kernel}'s scale needs {n} "
                                       f"elements, the program has {self.b}", self.cls.op)
             elif name in self.level.arrays:
-                size, off = self.level.arrays[name]
+                size, off = self.level.arrays[name].elems, self.level.arrays[name].offset
                 if n > size:
                     raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel} reads {n} "
                                       f"elements of {name}, which has {size}", self.cls.op)
+                if off is None and "::" in name:  # the kernel's own array
+                    renames[name] = (self.ident(name), 0)
                 if off is not None:  # resident: at its offset in the sub-schedule's region
                     reg = self.region(sub)
                     if reg is None or reg[2] < off + n:
@@ -990,9 +1047,10 @@ class ProgramWriter:
             # 16-bit activations: the body runs on float32 copies (`<array>32`), converted
             # in before it and out after it (@fh2s / @fs2h), so it computes as it does in
             # the interpreter; the resident values are converted from their region.
+            as_f32 = _float32_arrays(fn)
             for name, n in used.items():
-                if name == "scale":
-                    continue
+                if name == "scale" or name not in as_f32 or self.elem_of(name) != self.sh.elem:
+                    continue  # float32 already, or read in the program's own type
                 array, offset = renames.get(name, (name, 0))
                 shadow = f"{plain_identifier(name.replace('::', '_'))}32"  # resident kernel::buf: kernel_buf32
                 self.shadows[shadow] = max(self.shadows.get(shadow, 0), n)
@@ -1089,7 +1147,10 @@ class ProgramWriter:
         for name, n in sorted(self.shadows.items()):
             add(f"var {name} = @zeros([{n}]f32); // float32 copy the compute bodies run on")
         add(f"var sc = @zeros([{self.b * self.attn_rows}]{T}); // attention scores of this core's KV rows")
-        add(f"var done = @zeros([{self.b}]u16); // per-slot end-of-sequence flags")
+        for name, arr in sorted(self.level.arrays.items()):
+            if arr.offset is None and "::" in name:
+                kernel, buf = name.split("::", 1)
+                add(f"var {self.ident(name)} = @zeros([{arr.elems}]{arr.elem}); // @{kernel}'s {buf} (PE level)")
         for kind, n in sorted(self.meta_in.items()):
             add(f"var meta_in_{kind} = @zeros([{n}]u32); // {kind} metainfo that arrived ahead of the data")
         for kind, n in sorted(self.meta_out_words.items()):
@@ -1113,12 +1174,14 @@ class ProgramWriter:
             out.extend(self.host_buffer("tok", self.slots * 2, "u32", "sampled tokens for the host: request id, token"))
         xw_in, xw_out = self.xw_in, self.xw_out
         for k in xw_in:
-            out.extend(self.host_buffer(f"xin_{k}", self.xw_elems[k], T, "message from the previous wafer (host relay)"))
+            out.extend(self.host_buffer(f"xin_{k}", self.xw_elems[k], self.xw_elem[k],
+                                        "message from the previous wafer (host relay)"))
             out.extend(self.host_buffer(f"xin_meta_{k}", self.xw_meta[k], "u32", "its metainfo"))
             add(f"var xin_seq_{k}: u16 = 0;")
             add(f"var xin_seen_{k}: u16 = 0;")
         for k in xw_out:
-            out.extend(self.host_buffer(f"xout_{k}", self.xw_elems[k], T, "message for the next wafer (host relay)"))
+            out.extend(self.host_buffer(f"xout_{k}", self.xw_elems[k], self.xw_elem[k],
+                                        "message for the next wafer (host relay)"))
             out.extend(self.host_buffer(f"xout_meta_{k}", self.xw_meta[k], "u32", "its metainfo"))
             out.extend(self.host_buffer(f"xout_seq_{k}", 1, "u32", "messages staged so far (the host polls it)"))
         for name, (words, meta) in self.primed.items():
@@ -1128,7 +1191,7 @@ class ProgramWriter:
             add("// in flight (run.py); the receive takes them from here, later steps from the fabric.")
             add(f"var prime_left_{f.ident}: u16 = {g};")
             if words:
-                out.extend(self.host_buffer(f"prime_{f.ident}", g * words, T, "data"))
+                out.extend(self.host_buffer(f"prime_{f.ident}", g * words, self.flow_elem.get(name, T), "data"))
             if meta:
                 out.extend(self.host_buffer(f"prime_meta_{f.ident}", g * meta, "u32", f"{f.meta_kind} metainfo"))
         if self.primed:
@@ -1310,6 +1373,12 @@ def _arrays_of(fn) -> list[tuple[str, int]]:
     """(array, elements) of every array a body names."""
     return [(op.name_.root_reference.data, op.memref.type.get_shape()[0])
             for op in fn.walk() if isinstance(op, memref.GetGlobalOp)]
+
+
+def _float32_arrays(fn) -> set[str]:
+    """The arrays a body reads or writes as float32."""
+    return {op.name_.root_reference.data for op in fn.walk()
+            if isinstance(op, memref.GetGlobalOp) and op.memref.type.element_type == ELEM_TYPES["f32"]}
 
 
 def _table(name: str, values) -> str:

@@ -26,7 +26,7 @@ from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
 
 # compute ops whose CSL writes no working buffer a value is kept in (state of their own)
-KEEPS_Y = frozenset({"route", "eos_check", "topk"})
+KEEPS_Y = frozenset({"route", "eos_check", "topk", "argmax", "argmax_merge"})
 # compute ops whose result is not what the kernel sends (its send reads the buffer before)
 WRITES_NO_VALUE = KEEPS_Y | {"rsqrt"}
 
@@ -34,6 +34,21 @@ WRITES_NO_VALUE = KEEPS_Y | {"rsqrt"}
 def save_buffer(value: str) -> str:
     """The CSL array a saved value lives in."""
     return "v_" + plain_identifier(value)
+
+
+def kernel_array(kernel: str, buf: str) -> str:
+    """The class's array holding buffer `buf` of kernel `kernel`'s PE bodies (resident
+    weights, a message buffer of 32-bit words, a body's own state)."""
+    return f"{kernel}::{buf}"
+
+
+def message_array(p: Program, sub: Sub, flow, send: bool) -> str | None:
+    """The kernel array a send (`send`) or receive of `flow` in `sub` uses where the
+    sub's kind names one (`KernelOp.message_buffer`), else None."""
+    if sub.kernel not in p.records:
+        return None
+    buf = p.kind_of(sub).message_buffer(flow.role, send)
+    return None if buf is None else kernel_array(sub.kernel, buf)
 
 
 @dataclass
@@ -126,6 +141,10 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes
                 st = steps[id(e)] = Step()
                 if e.kind == "recv":
                     flow = p.flows[e.flow]
+                    mine = message_array(p, sub, flow, send=False)
+                    if mine is not None:  # words into an array of the kernel's own
+                        st.target = written = mine
+                        continue
                     internal = flow.role.internal
                     st.target = "p" if internal or (got_x and has_p) else "x"
                     got_x |= st.target == "x"
@@ -139,7 +158,8 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes
                     st.operands = tuple(where(v) for v in inputs[:n_ops])
                     unheld.update(aliases.get(v, v) for v, buf in zip(inputs[:n_ops], st.operands)
                                   if buf is None)
-                    if n_ops == 1 and not got_x and not promoted:
+                    in_place = rec is not None and p.kind_of(sub).reads_in_place(rec, e.name)
+                    if n_ops == 1 and not got_x and not promoted and not (in_place and st.operands[0]):
                         # its body reads x: the input from where it is held, else (a value
                         # this plan does not know) the previous kernel's output in y
                         src = st.operands[0] if st.operands else None
@@ -153,7 +173,7 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes
                     if e.name not in WRITES_NO_VALUE:
                         written = "y"
                 elif e.kind == "send":
-                    st.source = written
+                    st.source = message_array(p, sub, p.flows[e.flow], send=True) or written
     return ValuePlan(steps, saved), unheld & defined
 
 

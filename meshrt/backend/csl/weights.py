@@ -5,9 +5,9 @@ order `run.py` hands them to memcpy), the region of `w` each kernel's
 sub-schedule holds is filled with what the kernel's PE bodies keep resident
 (`KernelExec.resident`: the values the interpreter loads into the same
 buffers, from the same weights), in the bodies' order. Regions of kernels
-whose compute is not yet PE bodies (attention's KV, the MoE experts, the
-embedding rows, quantized tiles) stay zero: their CSL reads layouts of its
-own (docs/csl-backend.md, "Compute").
+whose compute is not yet PE bodies (attention's KV, the MoE experts,
+quantized or 16-bit tiles) stay zero: their CSL reads layouts of its own
+(docs/csl-backend.md, "Compute").
 """
 
 from __future__ import annotations

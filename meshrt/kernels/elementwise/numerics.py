@@ -7,7 +7,6 @@ import numpy as np
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, DataLayoutError, KernelExec, Vec, part
 from meshrt.kernels.elementwise.pe import bodies_for
-from meshrt.runtime import pe_exec
 
 
 class Elementwise(KernelExec):
@@ -47,7 +46,7 @@ class Elementwise(KernelExec):
             elif op == "add":
                 (got,) = self.take(cd, FlowRole.DOWN)
                 bufs["p"][:] = got
-            pe_exec.run(bodies.funcs[op], bufs)
+            self.run_body(cd, bodies, op)
             if op == "scale":
                 cd.values[self.name] = Vec.of(bufs["y"].reshape(b, k)[:, :r1 - r0].copy(), r0, n)
             return
@@ -75,7 +74,7 @@ class Elementwise(KernelExec):
             x[:] = 0
             x[:, 0, :c1 - c0] = v.need_at(pos[c0:c1], where)
             x[:, 1, :c1 - c0] = v.need_at(pos[n + c0:n + c1], where)
-        pe_exec.run(bodies.funcs[op], bufs)
+        self.run_body(cd, bodies, op)
         cd.values[self.name] = Vec.of(bufs["y"].reshape(self.b, k)[:, :c1 - c0].copy(), c0, n)
 
     def send(self, cd, role):

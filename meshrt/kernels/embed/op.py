@@ -10,10 +10,12 @@ from xdsl.irdl import irdl_op_definition, prop_def, result_def
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.allreduce.op import AllReduceOp
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.embed import csl
 from meshrt.kernels.embed.numerics import Embed
+from meshrt.kernels.embed.pe import bodies_for
 from meshrt.kernels.interface import (
     ACT_BYTES,
     INPUTS,
@@ -26,7 +28,7 @@ from meshrt.kernels.interface import (
 )
 from meshrt.shape import request_state
 
-EMBED = ComputeOp("embed", "add", csl.embed, reads_input=True, admits_requests=True)
+EMBED = ComputeOp("embed", "add", csl.embed, admits_requests=True)
 """Copy this core's part of each token's embedding row, or zeros where another core of the
 row holds it (costed as an add per element)."""
 
@@ -68,6 +70,14 @@ class EmbedOp(KernelOp):
         return [Role("token", self.region,
                      [INPUTS, ("compute", "embed", kctx.micro_batch * ceil_div(hidden, h)), OUTPUTS],
                      int(state), ctrl=self.control(kctx.micro_batch, kctx.slots), sends_output=True)], []
+
+    @classmethod
+    def pe_bodies(cls, info, micro_batch, hp, tile):
+        return bodies_for(info, micro_batch, hp, tile)
+
+    @classmethod
+    def message_buffer(cls, role, send):
+        return "tokens" if role is FlowRole.TOKENS and not send else None  # i32 token ids
 
     def input_share(self, width: int) -> int:
         return 1  # one token id per slot

@@ -7,7 +7,6 @@ import numpy as np
 from meshrt.kernels.attention.layout import HeadSplit
 from meshrt.kernels.gemv.pe import bodies_for
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, block_order, block_range, inverse, part
-from meshrt.runtime import pe_exec
 
 
 class Gemv(KernelExec):
@@ -118,7 +117,7 @@ class Gemv(KernelExec):
             xb = bufs["x"].reshape(self.b, rows)
             xb[:] = 0
             xb[:, :r1 - r0] = x
-            pe_exec.run(bodies.funcs["fmac"], bufs)
+            self.run_body(cd, bodies, "fmac")
             partial = np.zeros((self.b, n_out), F32)
             partial[:, c0:c1] = bufs["y"].reshape(self.b, cols)[:, :c1 - c0]
             cd.values[self.name] = ("partial", c0, c1, partial)

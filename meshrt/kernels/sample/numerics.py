@@ -1,11 +1,13 @@
-"""What the sample kernel's events do to data in the interpreter."""
+"""What the sample kernel's events do to data in the interpreter: its PE bodies
+(`sample/pe.py`) on each core's buffers."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
-from meshrt.kernels.numerics import KernelExec, part
+from meshrt.kernels.numerics import F32, KernelExec, part
+from meshrt.kernels.sample.pe import bodies_for
 
 
 class Sample(KernelExec):
@@ -13,26 +15,30 @@ class Sample(KernelExec):
 
     OPS = frozenset({"argmax", "argmax_merge", "eos_check"})
 
+    def __init__(self, info, plane):
+        super().__init__(info, plane)
+        self.bodies = {t: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
+
     def compute(self, cd, op):
-        _, i, j, w, h = self.grid_pos(cd)
-        if op == "argmax":
+        t, i, _, w, _ = self.grid_pos(cd)
+        bodies = self.bodies[self.tiles[t]]
+        bufs = self.pe_buffers(cd, bodies)
+        if op == "argmax":  # the core's logits, n a slot, as they arrived in x
             c0, c1 = part(self.info.param("in_widths")[0], w, i)
-            logits = self.input(cd).need(c0, c1, self.where(cd))
-            idx = np.argmax(logits, axis=1)
-            cd.acc[self.name] = (logits[np.arange(self.b), idx], idx + c0)
-        elif op == "argmax_merge":
+            x = bufs["x"].reshape(self.b, -1)
+            x[:] = 0
+            x[:, :c1 - c0] = self.input(cd).need(c0, c1, self.where(cd)).astype(F32)
+        elif op == "argmax_merge":  # a neighbour's candidates, from either side of the root
             (got,) = self.take(cd, FlowRole.DOWN)
-            gv, gi = got  # from either side of the root
-            mv, mi = cd.acc[self.name]
-            better = (mv > gv) | ((mv == gv) & (mi < gi))  # ties: the lower token id, as np.argmax
-            cd.acc[self.name] = (np.where(better, mv, gv), np.where(better, mi, gi))
-        elif op == "eos_check":
-            _, idx = cd.acc.pop(self.name)
-            return self.plane.host.sampled(cd, [int(t) for t in idx])
+            bufs["cand_in"][:] = got
+        self.run_body(cd, bodies, op)
+        if op == "eos_check":
+            return self.plane.host.sampled(cd, [int(v) for v in bufs["tokens"]],
+                                           [bool(v) for v in bufs["done"]])
 
     def send(self, cd, role):
         if role is FlowRole.DOWN:
-            return cd.acc[self.name]
+            return cd.buffers[self.name]["cand"].copy()
         return self.plane.host.next_tokens(cd)
 
     def metainfo(self, cd, role, meta):
