@@ -214,6 +214,12 @@ class KernelOp(MappedKernelOp):
         return None
 
     @classmethod
+    def sends_value(cls, info, role) -> str:
+        """The kernel whose value a send of kernel `info` on a flow of `role` carries:
+        its own, unless the kind passes another on (the gate: the tokens it gated)."""
+        return info.kernel_name
+
+    @classmethod
     def message_buffer(cls, role, send: bool) -> str | None:
         """The buffer of this kind's PE bodies that a message on a flow of `role` (a
         `FlowRole`) is sent from (`send`) or received into, where it is not a working

@@ -22,6 +22,7 @@ import numpy as np
 
 from meshrt.activations import round_activations
 from meshrt.dialects.mesh import FlowRole
+from meshrt.kernels import registry
 from meshrt.runtime import pe_exec
 
 if TYPE_CHECKING:
@@ -212,6 +213,7 @@ class KernelExec:
     def __init__(self, info: ev.KernelInfoOp, plane: DataPlane):
         self.info = info
         self.name = info.kernel_name
+        self.kernel_kind = registry.kind(info.kind.data)  # its KernelOp class
         self.plane = plane
         self.b = plane.b
         self.tiles = [r.tuple[:4] for r in info.region.rects.data]
@@ -308,8 +310,8 @@ class KernelExec:
         cd.values[self.name] = value
 
     def payload_src(self, role: FlowRole) -> str:
-        """The kernel whose value a send on a flow of `role` carries."""
-        return self.name
+        """The kernel whose value a send on a flow of `role` carries (`KernelOp.sends_value`)."""
+        return self.kernel_kind.sends_value(self.info, role)
 
     def metainfo(self, cd: CoreData, role: FlowRole, meta: int) -> tuple[SlotTable | None, Routing | None]:
         """(CF table, routing) riding a send: what the core holds, where the table

@@ -47,6 +47,13 @@ from xdsl.ir.affine import AffineExpr, AffineMap
 ELEM_TYPES = {"f32": f32, "f16": f16, "i32": i32}
 
 
+# Arrays of the program itself that bodies may name (the CSL backend declares and sizes
+# them; the PE level does not): the working arrays, a norm's per-slot scale, and the
+# routing table of a MoE class. Their element type, None: the program's activations'.
+PROGRAM_ARRAYS: dict[str, str | None] = {"x": None, "y": None, "p": None, "scale": "f32",
+                                         "rt_expert": "i32", "rt_weight": "f32"}
+
+
 def activation_elem(dtype_bytes: float) -> str:
     """The element type a program keeps activations in: f32, or f16 for 16-bit models."""
     return "f32" if dtype_bytes >= 4 else "f16"
@@ -192,6 +199,9 @@ class Body:
 
     def addf(self, a: SSAValue, b: SSAValue) -> SSAValue:
         return self._add(arith.AddfOp(a, b)).result
+
+    def subf(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self._add(arith.SubfOp(a, b)).result
 
     def mulf(self, a: SSAValue, b: SSAValue) -> SSAValue:
         return self._add(arith.MulfOp(a, b)).result

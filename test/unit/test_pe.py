@@ -332,3 +332,49 @@ def test_a_body_reading_a_parameter_the_run_does_not_give_is_an_error():
     bodies = embed_bodies("e", 1, 4, 2, (0, 0, 1, 1))
     with pytest.raises(pe_exec.PeExecError, match="parameter px"):
         pe_exec.run(bodies.funcs["embed"], _buffers(bodies))
+
+
+# ---- the MoE gate: softmax, top-k, renormalisation into the routing table
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 3), experts=st.integers(2, 40), data=st.data(), normalize=st.booleans(),
+       ties=st.booleans(), seed=st.integers(0, 2**16))
+def test_gate_topk_body_routes_as_the_reference(b, experts, data, normalize, ties, seed):
+    """The routing table holds the reference's choice (`reference.route`: the top-k of the
+    softmax, equal probabilities in expert order) and its weights to float32 rounding of
+    the sums (the body adds in expert order, NumPy pairwise: a few ulps apart)."""
+    from meshrt.kernels.topk_gate.pe import gate_bodies
+
+    k = data.draw(st.integers(1, experts))
+    rng = np.random.default_rng(seed)
+    logits = (rng.integers(-2, 2, (b, experts)) if ties else rng.standard_normal((b, experts)) * 4).astype(F32)
+    bodies = gate_bodies("g", b, 3, experts, experts, k, normalize, False)
+    bufs = _buffers(bodies)
+    bufs["y"][:] = logits.ravel()
+    pe_exec.run(bodies.funcs["topk"], bufs)
+    ids, wts = ref.route(logits, k, normalize)
+    assert bufs["rt_expert"].reshape(b, k).tolist() == ids.tolist()
+    np.testing.assert_allclose(bufs["rt_weight"].reshape(b, k), wts, rtol=2e-6, atol=0)
+
+
+def test_gate_fmac_and_add_sum_the_router_product_down_the_column():
+    from meshrt.kernels.topk_gate.pe import gate_bodies
+
+    rng = np.random.default_rng(1)
+    b, n, cols, h = 2, 10, 6, 3
+    x, router = rng.standard_normal((b, n)).astype(F32), rng.standard_normal((n, cols)).astype(F32)
+    rows = -(-n // h)
+    bodies = gate_bodies("g", b, rows, cols, cols, 2, True, False)
+    acc = None
+    for j in range(h):
+        r0, r1 = part(n, h, j)
+        bufs = _buffers(bodies)
+        bufs["x"].reshape(b, rows)[:, :r1 - r0] = x[:, r0:r1]
+        bufs["w"].reshape(rows, cols)[:r1 - r0] = router[r0:r1]
+        pe_exec.run(bodies.funcs["fmac"], bufs)
+        if acc is not None:
+            bufs["p"][:] = acc
+            pe_exec.run(bodies.funcs["add"], bufs)
+        acc = bufs["y"].copy()
+    np.testing.assert_allclose(acc.reshape(b, cols), x.astype(np.float64) @ router, rtol=1e-5, atol=1e-5)

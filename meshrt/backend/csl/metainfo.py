@@ -74,7 +74,7 @@ class MetaCode:
                 "    mine[t] = 0;",
                 f"    for (@range(u16, {k})) |c| {{",
                 f"      const wv = meta_in_moe_routing[t * {k} + c];",
-                f"      rt_expert[t * {k} + c] = @as(u16, wv >> 16);",
+                f"      rt_expert[t * {k} + c] = @as(i32, wv >> 16);",
                 f"      rt_weight[t * {k} + c] = @as(f32, @bitcast(f16, @as(u16, wv & 0xffff)));",
                 "      if (@as(i16, wv >> 16) == region) {",
                 "        mine[t] = 1;",

@@ -35,7 +35,7 @@ from meshrt.backend.csl.values import Step, ValuePlan, kernel_array, message_arr
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import pe
 from meshrt.dialects.pe import ref_name
-from meshrt.kernels.pe import ELEM_TYPES, activation_elem
+from meshrt.kernels.pe import ELEM_TYPES, PROGRAM_ARRAYS, activation_elem
 from meshrt.shape import HParams
 
 def program_elem(p: Program) -> str:
@@ -48,9 +48,9 @@ def module_name(program: str, cls: str) -> str:
     return f"{program}.{cls}"
 
 
-# The working arrays of every program (sized by the backend from the transfers) and the
-# names bodies give their operands (renamed onto where the plan holds them).
-WORKING = frozenset({"x", "x1", "y", "p", "scale"})
+# The program's own arrays (the backend declares and sizes them) and the names bodies
+# give their operands (renamed onto where the plan holds them).
+WORKING = frozenset({*PROGRAM_ARRAYS, "x1"})
 
 
 def has_partner(p: Program, cls: CoreClass) -> bool:

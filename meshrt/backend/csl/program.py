@@ -56,7 +56,7 @@ from meshrt.backend.csl.pe_level import ClassLevel, has_partner, relays
 from meshrt.backend.csl.values import kernel_array
 from meshrt.diagnostics import MeshrtError
 from meshrt.kernels import registry
-from meshrt.kernels.pe import ELEM_TYPES
+from meshrt.kernels.pe import ELEM_TYPES, PROGRAM_ARRAYS
 from meshrt.routing import Box, RectSet, rect_boxes
 
 
@@ -246,7 +246,7 @@ class ProgramWriter:
         n += self.nwq * 2
         n += 4 * (self.meta_in_words + sum(self.meta_in.values()) + sum(self.meta_out_words.values()))
         n += 4 * self.slots * 4 if self.cf else 0
-        n += (2 + 4 + 2) * self.b * self.top_k if self.moe else 0
+        n += (4 + 4 + 2) * self.b * self.top_k if self.moe else 0  # rt_expert (i32), rt_weight, mine
         n += eb * self.b * self.attn_rows + 4 * self.b  # sc, scale (f32)
         n += 4 * sum(self.shadows.values()) + eb * sum(self.values.saved.values())
         n += sum(ELEM_TYPES[a.elem].bitwidth // 8 * a.elems for name, a in self.level.arrays.items()
@@ -272,10 +272,12 @@ class ProgramWriter:
         return plain_identifier(array.replace("::", "_")) if "::" in array else array
 
     def elem_of(self, array: str) -> str:
-        """The element type of an array: a kernel's own array's declared one, else the
-        program's."""
+        """The element type of an array: a kernel's own array's declared one, a program
+        array's of a fixed type (`PROGRAM_ARRAYS`), else the program's activations'."""
         a = self.level.arrays.get(array)
-        return a.elem if a is not None and a.offset is None and "::" in array else self.sh.elem
+        if a is not None and a.offset is None and "::" in array:
+            return a.elem
+        return PROGRAM_ARRAYS.get(array) or self.sh.elem
 
     def xfer(self, array: str) -> str:
         """The suffix of the meshrt_rt transfer helpers moving `array`'s elements."""
@@ -1023,6 +1025,12 @@ class ProgramWriter:
                 if n > self.b:
                     raise MeshrtError(f"internal error: kernel @{sub.kernel}'s scale needs {n} "
                                       f"elements, the program has {self.b}", self.cls.op)
+            elif name in ("rt_expert", "rt_weight"):
+                if not self.moe or n > self.b * self.top_k:
+                    raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel}'s body uses "
+                                      f"{n} entries of the routing table {name}, which the program "
+                                      f"{'has ' + str(self.b * self.top_k) if self.moe else 'does not have'}",
+                                      self.cls.op)
             elif name in self.level.arrays:
                 size, off = self.level.arrays[name].elems, self.level.arrays[name].offset
                 if n > size:
@@ -1049,7 +1057,7 @@ class ProgramWriter:
             # the interpreter; the resident values are converted from their region.
             as_f32 = _float32_arrays(fn)
             for name, n in used.items():
-                if name == "scale" or name not in as_f32 or self.elem_of(name) != self.sh.elem:
+                if name not in as_f32 or self.elem_of(name) != self.sh.elem:
                     continue  # float32 already, or read in the program's own type
                 array, offset = renames.get(name, (name, 0))
                 shadow = f"{plain_identifier(name.replace('::', '_'))}32"  # resident kernel::buf: kernel_buf32
@@ -1159,7 +1167,7 @@ class ProgramWriter:
             out.extend(self.host_buffer("rdt", self.slots * 4, "u32", "request descriptor table: id, status, length, -"))
             add("var mb: u16 = 0; // micro-batch whose slots the current step serves")
         if self.moe:
-            add(f"var rt_expert = @zeros([{self.b * self.top_k}]u16); // routing table: expert per (token, choice)")
+            add(f"var rt_expert = @zeros([{self.b * self.top_k}]i32); // routing table: expert per (token, choice)")
             for decl in self.routed_vars.values():
                 add(decl)
             add(f"var rt_weight = @zeros([{self.b * self.top_k}]f32); // gate weight per (token, choice)")

@@ -173,8 +173,26 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes
                     if e.name not in WRITES_NO_VALUE:
                         written = "y"
                 elif e.kind == "send":
-                    st.source = message_array(p, sub, p.flows[e.flow], send=True) or written
+                    flow = p.flows[e.flow]
+                    st.source = message_array(p, sub, flow, send=True)
+                    sent = _sent_value(p, sub, flow)
+                    if st.source is None and sent is not None:  # another kernel's value, where it is held
+                        st.source = where(sent)
+                        if st.source is None:
+                            unheld.add(aliases.get(sent, sent))
+                    st.source = st.source or written
     return ValuePlan(steps, saved), unheld & defined
+
+
+def _sent_value(p: Program, sub: Sub, flow) -> str | None:
+    """The kernel whose value a send of `flow` in `sub` carries where it is not the sub's
+    own kernel's (`KernelOp.sends_value`: the gate passes the tokens it gated on), else
+    None."""
+    rec = p.records.get(sub.kernel)
+    if rec is None:
+        return None
+    sent = p.kind_of(sub).sends_value(rec, flow.role)
+    return None if sent == sub.kernel else sent
 
 
 def _local_value(rec) -> bool:
@@ -211,4 +229,6 @@ def _read_sizes(p: Program, cls: CoreClass) -> dict[str, int]:
                 if e.kind == "compute":
                     for v in inputs[:operand_count(p, sub, e.name)]:
                         sizes[v] = max(sizes.get(v, 0), e.work)
+                elif e.kind == "send" and (v := _sent_value(p, sub, p.flows[e.flow])) is not None:
+                    sizes[v] = max(sizes.get(v, 0), e.elems)
     return sizes

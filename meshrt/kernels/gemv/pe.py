@@ -18,11 +18,22 @@ from meshrt.kernels.pe import Bodies, Body, Buffer
 from meshrt.shape import HParams
 
 
-def gemv_bodies(kernel: str, b: int, rows: int, cols: int, bias: bool) -> Bodies:
+def gemv_buffers(b: int, rows: int, cols: int, bias: bool) -> list[Buffer]:
+    """The buffers the fmac body reads and writes."""
     bufs = [Buffer("x", b * rows), Buffer("y", b * cols), Buffer("w", rows * cols, resident=True)]
     if bias:
         bufs.append(Buffer("bias", cols, resident=True))
-    out = Bodies(kernel, bufs)
+    return bufs
+
+
+def gemv_bodies(kernel: str, b: int, rows: int, cols: int, bias: bool) -> Bodies:
+    out = Bodies(kernel, gemv_buffers(b, rows, cols, bias))
+    add_fmac(out, b, rows, cols, bias)
+    return out
+
+
+def add_fmac(out: Bodies, b: int, rows: int, cols: int, bias: bool) -> None:
+    """The fmac body, into `out` (which has `gemv_buffers`)."""
     body = out.body("fmac")
 
     def slot(bd: Body, j) -> None:
@@ -37,7 +48,6 @@ def gemv_bodies(kernel: str, b: int, rows: int, cols: int, bias: bool) -> Bodies
 
     body.each(b, slot)
     out.add("fmac", body)
-    return out
 
 
 def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, int]) -> Bodies | None:

@@ -6,6 +6,7 @@ import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, Routing, part
+from meshrt.kernels.topk_gate.pe import bodies_for
 from meshrt.runtime import reference as ref
 
 
@@ -25,27 +26,61 @@ class TopKGate(RoutesTokens):
         self.bias = None if moe.router_bias is None else np.concatenate(
             [moe.router_bias, np.zeros(self.router.shape[1] - self.experts, moe.router_bias.dtype)])
         self.top_k = info.param("top_k")
+        self.bodies = {t: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
         if self.tiles[0][2] != 1:
             raise DataLayoutError(f"kernel @{self.name}: a gate over {self.tiles[0][2]} columns "
                                   "needs a merge across columns the tables do not have")
 
+    def resident(self, pos):
+        """The router's rows this core holds, and the bias on the first rows' core."""
+        bodies = self.bodies[self.tiles[self.grid_at(pos)[0]]]
+        if "fmac" not in bodies.funcs:
+            return None
+        _, _, j, _, h = self.grid_at(pos)
+        r0, r1 = part(self.router.shape[0], h, j)
+        rows, cols = bodies.buffer("x").elems // self.b, bodies.buffer("y").elems // self.b
+        tile = np.zeros((rows, cols), F32)
+        tile[:r1 - r0] = self.router[r0:r1]
+        out = [tile.ravel()]
+        if self.bias is not None:
+            out.append(self.bias.astype(F32) if r0 == 0 else np.zeros(cols, F32))
+        return out
+
     def compute(self, cd, op):
         _, i, j, w, h = self.grid_pos(cd)
+        bodies = self.bodies[self.tiles[self.grid_pos(cd)[0]]]
+        bufs = self.pe_buffers(cd, bodies)
+        cols = bodies.buffer("y").elems // self.b
         if op == "fmac":
             n_in = self.router.shape[0]
             r0, r1 = part(n_in, h, j)
             x = self.input(cd).need(r0, r1, self.where(cd))
-            cd.acc[self.name] = x.astype(F64) @ cd.tile(self.name, lambda: self.router[r0:r1])
+            if "fmac" in bodies.funcs:  # the router's product in float32, as the CSL computes it
+                xb = bufs["x"].reshape(self.b, -1)
+                xb[:] = 0
+                xb[:, :r1 - r0] = x
+                self.run_body(cd, bodies, "fmac")
+                return
+            logits = x.astype(F64) @ cd.tile(self.name, lambda: self.router[r0:r1])
             if self.bias is not None and r0 == 0:  # the core of the first input rows adds it, once
-                cd.acc[self.name] = cd.acc[self.name] + self.bias
+                logits = logits + self.bias
+            cd.acc[self.name] = logits
         elif op == "add":
             (got,) = self.take(cd, FlowRole.DOWN)
-            cd.acc[self.name] = got + cd.acc[self.name]
+            if "add" in bodies.funcs:
+                bufs["p"][:] = np.asarray(got, F32).ravel()
+                self.run_body(cd, bodies, "add")
+            else:
+                cd.acc[self.name] = got + cd.acc[self.name]
         elif op == "topk":
-            logits = cd.acc.pop(self.name).astype(F32)
-            e = self.experts
-            ids, wts = ref.route(logits[:, :e], self.top_k, self.plane.shape.norm_topk)
+            if "fmac" not in bodies.funcs:  # the logits as this core summed them
+                bufs["y"][:] = cd.acc.pop(self.name).astype(F32).ravel()
+            logits = bufs["y"].reshape(self.b, cols)
+            self.run_body(cd, bodies, "topk")
+            ids = bufs["rt_expert"].reshape(self.b, self.top_k).astype(np.int64)
+            wts = bufs["rt_weight"].reshape(self.b, self.top_k).copy()
             self.plane.count_routing(self.layer, ids, cd)
+            e = self.experts
             if self.shared:  # every token also visits each shared expert (ids e, e + 1, ...)
                 n = len(ids)
                 ids = np.concatenate([ids, np.broadcast_to(self.shared_ids, (n, self.shared))], axis=1)
@@ -54,16 +89,16 @@ class TopKGate(RoutesTokens):
             cd.route = Routing(ids, wts)
 
     def send(self, cd, role):
-        if role is FlowRole.DOWN:
+        if role is FlowRole.DOWN:  # this core's partial logits, summed with what it received
+            bodies = self.bodies[self.tiles[self.grid_pos(cd)[0]]]
+            if "fmac" in bodies.funcs:
+                return cd.buffers[self.name]["y"].reshape(self.b, -1).copy()
             return cd.acc.pop(self.name)
         if role is FlowRole.UP:
             return cd.route
         # the tokens it gated go on to dispatch (with the routing as metainfo)
         return self.input(cd)
 
-    def payload_src(self, role: FlowRole) -> str:
-        # what goes on to dispatch is the tokens it gated, i.e. its input's value
-        return self.inputs[0] if not role.internal else self.name
 
     def relayed(self, cd, value):
         cd.route = value

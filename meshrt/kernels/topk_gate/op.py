@@ -11,11 +11,12 @@ from meshrt.dialects.graph import ActType, RoutingType
 from meshrt.kernels.compute import ADD, FMAC, ComputeOp
 from meshrt.kernels.gemv.op import GemvOp
 from meshrt.kernels.interface import ACT_BYTES, UNARY_FORMAT, KernelContext, KernelOp, ceil_div, chain
-from meshrt.kernels.topk_gate import csl
 from meshrt.kernels.topk_gate.numerics import TopKGate
+from meshrt.kernels.topk_gate.pe import bodies_for, logit_columns
 
-TOPK = ComputeOp("topk", "argmax", csl.topk)
-"""The top-k of each token's router logits into the routing table (an argmax scan per choice)."""
+TOPK = ComputeOp("topk", "argmax", None)  # its PE body (topk_gate/pe.py)
+"""The softmax of each token's router logits and its top-k into the routing table (an argmax
+scan per choice), renormalised."""
 
 
 @irdl_op_definition
@@ -34,11 +35,16 @@ class TopKGateOp(KernelOp):
     LOWERS: ClassVar[tuple] = (graph.GateTopKOp,)
     PRODUCES_AT_ROOT: ClassVar[frozenset[str]] = frozenset({"moe_routing"})
 
-    @staticmethod
-    def logit_columns(experts: int, shared: int, gated: bool) -> int:
-        """Router columns: one per routed expert, plus one per shared expert where a
-        sigmoid gate scales it (its x . w_sg rides the router's product)."""
-        return experts + (shared if gated else 0)
+    @classmethod
+    def pe_bodies(cls, info, micro_batch, hp, tile):
+        return bodies_for(info, micro_batch, hp, tile)
+
+    @classmethod
+    def sends_value(cls, info, role):
+        # what goes on to dispatch is the tokens it gated: its input's value
+        return info.kernel_name if role.internal else info.input_names[0]
+
+    logit_columns = staticmethod(logit_columns)
 
     def roles(self, kctx: KernelContext):
         _, _, w, h = self.grid()
