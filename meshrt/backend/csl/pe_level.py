@@ -31,7 +31,7 @@ from xdsl.ir import Block, Region
 
 from meshrt.backend.csl import percore, streams
 from meshrt.backend.csl.model import CoreClass, Event, Program, read_program, segment_programs
-from meshrt.backend.csl.values import Step, ValuePlan, kernel_array, message_array, plan_values
+from meshrt.backend.csl.values import Step, ValuePlan, is_kernel_array, kernel_array, message_array, plan_values
 from meshrt.diagnostics import MeshrtError
 from meshrt.dialects import pe
 from meshrt.dialects.pe import ref_name
@@ -144,7 +144,7 @@ def class_module(p: Program, cls: CoreClass, cache: dict | None = None) -> csl.C
                 if e.kind in ("recv", "send"):
                     st = plan.step(e)
                     name = st.target if e.kind == "recv" else st.source
-                    if "::" in name:
+                    if is_kernel_array(name):
                         own(name, e.elems, "i32", p.flows[e.flow].op)
     funcs: list[csl.FuncOp] = []
     bodies_of: dict[str, object] = {}
@@ -258,6 +258,7 @@ class Array:
     elems: int
     offset: int | None
     elem: str  # f32, f16, i32
+    own: bool  # a kernel's own array (message words, a body's state)
 
 
 @dataclass
@@ -287,8 +288,8 @@ def read_class_module(mod: csl.CslModuleOp, p: Program, cls: CoreClass) -> Class
             if typ is None:
                 raise MeshrtError(f"core class @{cls.name}: array {op.sym_name.data} has element type "
                                   f"{op.type.element_type}; arrays are {', '.join(ELEM_TYPES)}", op)
-            arrays[op.sym_name.data] = Array(op.type.get_shape()[0],
-                                             off.value.data if isinstance(off, IntegerAttr) else None, typ)
+            name, off = op.sym_name.data, off.value.data if isinstance(off, IntegerAttr) else None
+            arrays[name] = Array(op.type.get_shape()[0], off, typ, off is None and is_kernel_array(name))
         elif isinstance(op, csl.FuncOp):
             funcs[op.sym_name.data] = op
         elif isinstance(op, pe.TableOp):
@@ -298,7 +299,7 @@ def read_class_module(mod: csl.CslModuleOp, p: Program, cls: CoreClass) -> Class
     events = [(e, sub) for seg in cls.segments for sub in seg.subs for e in sub.events]
     steps: dict[int, Step] = {}
     calls: dict[int, csl.FuncOp | None] = {}
-    saved = {name: a.elems for name, a in arrays.items() if "::" not in name}
+    saved = {name: a.elems for name, a in arrays.items() if not is_kernel_array(name)}
     ops = [op for seg in table.segments() for op in seg.body.block.ops]
     k = 0
     last: Step | None = None

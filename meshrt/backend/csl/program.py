@@ -53,7 +53,7 @@ from meshrt.backend.csl.pe_print import body_lines, calls_math
 from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment, plain_identifier
 from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
 from meshrt.backend.csl.pe_level import ClassLevel, has_partner, relays
-from meshrt.backend.csl.values import kernel_array
+from meshrt.backend.csl.values import is_kernel_array, kernel_array
 from meshrt.diagnostics import MeshrtError
 from meshrt.kernels import registry
 from meshrt.kernels.pe import ELEM_TYPES, PROGRAM_ARRAYS
@@ -249,8 +249,8 @@ class ProgramWriter:
         n += (4 + 4 + 2) * self.b * self.top_k if self.moe else 0  # rt_expert (i32), rt_weight, mine
         n += eb * self.b * self.attn_rows + 4 * self.b  # sc, scale (f32)
         n += 4 * sum(self.shadows.values()) + eb * sum(self.values.saved.values())
-        n += sum(ELEM_TYPES[a.elem].bitwidth // 8 * a.elems for name, a in self.level.arrays.items()
-                 if a.offset is None and "::" in name)  # the kernels' own arrays
+        n += sum(ELEM_TYPES[a.elem].bitwidth // 8 * a.elems for a in self.level.arrays.values()
+                 if a.own)  # the kernels' own arrays
         for k in self.xw_in + self.xw_out:
             n += eb * self.xw_elems[k] + 4 * self.xw_meta[k]
         for words, meta in self.primed.values():
@@ -269,13 +269,13 @@ class ProgramWriter:
 
     def ident(self, array: str) -> str:
         """The CSL name of an array (a kernel's own `<kernel>::<buf>`: `<kernel>_<buf>`)."""
-        return plain_identifier(array.replace("::", "_")) if "::" in array else array
+        return plain_identifier(array.replace("::", "_")) if is_kernel_array(array) else array
 
     def elem_of(self, array: str) -> str:
         """The element type of an array: a kernel's own array's declared one, a program
         array's of a fixed type (`PROGRAM_ARRAYS`), else the program's activations'."""
         a = self.level.arrays.get(array)
-        if a is not None and a.offset is None and "::" in array:
+        if a is not None and a.own:
             return a.elem
         return PROGRAM_ARRAYS.get(array) or self.sh.elem
 
@@ -1032,11 +1032,12 @@ class ProgramWriter:
                                       f"{'has ' + str(self.b * self.top_k) if self.moe else 'does not have'}",
                                       self.cls.op)
             elif name in self.level.arrays:
-                size, off = self.level.arrays[name].elems, self.level.arrays[name].offset
+                arr = self.level.arrays[name]
+                size, off = arr.elems, arr.offset
                 if n > size:
                     raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel} reads {n} "
                                       f"elements of {name}, which has {size}", self.cls.op)
-                if off is None and "::" in name:  # the kernel's own array
+                if arr.own:
                     renames[name] = (self.ident(name), 0)
                 if off is not None:  # resident: at its offset in the sub-schedule's region
                     reg = self.region(sub)
@@ -1156,7 +1157,7 @@ class ProgramWriter:
             add(f"var {name} = @zeros([{n}]f32); // float32 copy the compute bodies run on")
         add(f"var sc = @zeros([{self.b * self.attn_rows}]{T}); // attention scores of this core's KV rows")
         for name, arr in sorted(self.level.arrays.items()):
-            if arr.offset is None and "::" in name:
+            if arr.own:
                 kernel, buf = name.split("::", 1)
                 add(f"var {self.ident(name)} = @zeros([{arr.elems}]{arr.elem}); // @{kernel}'s {buf} (PE level)")
         for kind, n in sorted(self.meta_in.items()):

@@ -42,6 +42,10 @@ def kernel_array(kernel: str, buf: str) -> str:
     return f"{kernel}::{buf}"
 
 
+def is_kernel_array(name: str) -> bool:
+    return "::" in name
+
+
 def message_array(p: Program, sub: Sub, flow, send: bool) -> str | None:
     """The kernel array a send (`send`) or receive of `flow` in `sub` uses where the
     sub's kind names one (`KernelOp.message_buffer`), else None."""
