@@ -214,6 +214,13 @@ class KernelOp(MappedKernelOp):
         return None
 
     @classmethod
+    def up_carries_value(cls, info) -> bool:
+        """Whether what a chain of kernel `info` sends back up is the kernel's value (a
+        reduction's result) rather than something its cores compute the value from (a
+        norm's inverse RMS)."""
+        return True
+
+    @classmethod
     def sends_value(cls, info, role) -> str:
         """The kernel whose value a send of kernel `info` on a flow of `role` carries:
         its own, unless the kind passes another on (the gate: the tokens it gated)."""

@@ -216,10 +216,12 @@ def _local_value(rec) -> bool:
 def _received(p: Program, sub: Sub, flow) -> str | None:
     """The kernel whose value a receive of `flow` in `sub` brings: a chain's result coming
     back up is the chain kernel's (chains of several kernels share a flow: it serves the
-    kernel the core runs), an input the producer of the consumer's operand; None for a
-    partner's partial."""
+    kernel the core runs) where the kind sends its value up (`up_carries_value`), an
+    input the producer of the consumer's operand; None for a partner's partial or a
+    norm's inverse RMS."""
     if flow.role is FlowRole.UP:
-        return sub.kernel
+        rec = p.records.get(sub.kernel)
+        return sub.kernel if rec is None or p.kind_of(sub).up_carries_value(rec) else None
     if flow.role is FlowRole.INPUT and flow.op.operand is not None:
         consumer = p.records.get(flow.kernel)
         k = flow.op.operand.value.data

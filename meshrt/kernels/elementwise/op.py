@@ -61,6 +61,10 @@ class ElementwiseOp(KernelOp):
         return bodies_for(info, micro_batch, hp, h)
 
     @classmethod
+    def up_carries_value(cls, info):
+        return info.param("kind") != "rmsnorm"  # the root's inverse RMS comes back up
+
+    @classmethod
     def operands_read(cls, info, op):
         if op == "add" and info.param("kind") == "add":  # its body reads both, where they are held
             return 2
