@@ -41,8 +41,9 @@ def _defines(p, sub, e, step):
     if e.kind == "recv":
         flow = p.flows[e.flow]
         value = None
-        if flow.role is FlowRole.UP:
-            value = sub.kernel
+        if flow.role is FlowRole.UP:  # a reduction's result; a norm's inverse RMS is none
+            rec = p.records[sub.kernel]
+            value = None if rec.kind.data == "elementwise" and rec.param("kind") == "rmsnorm" else sub.kernel
         elif flow.role is FlowRole.INPUT and flow.op.operand is not None:
             value = p.records[flow.kernel].input_names[flow.op.operand.value.data]
         return {step.target: value}
@@ -115,3 +116,21 @@ def test_the_residual_add_reads_the_reduced_value_and_the_kept_input(monkeypatch
         assert plan.saved == {save_buffer("handoff_s0"): 4, save_buffer("l0_add1"): 4}
         return
     pytest.fail("no class l0_add2.tile")
+
+
+def test_a_norms_inverse_rms_coming_back_up_is_not_kept_as_its_value(monkeypatch):
+    """The root of an RMSNorm column sends its inverse RMS back up, not the norm's output:
+    the plan does not hold the norm's value there, so nothing keeps the chain's message as
+    it (the old plan did, sized by the longest message on the shared chain flow)."""
+    norms = 0
+    for p, cls, plan in _plans("examples/tiny_moe.mrt", "test32", monkeypatch):
+        for seg in cls.segments:
+            for sub in seg.subs:
+                rec = p.records.get(sub.kernel)
+                if rec is None or rec.param("kind") != "rmsnorm":
+                    continue
+                for e in sub.events:
+                    if e.kind == "recv" and p.flows[e.flow].role is FlowRole.UP:
+                        norms += 1
+                        assert plan.step(e).holds is None and not plan.step(e).saves, (cls.name, e.flow)
+    assert norms > 0
