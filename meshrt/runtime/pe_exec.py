@@ -74,6 +74,7 @@ class _Ctx:
     def __init__(self, where: str):
         self.where = where
         self.const: dict[SSAValue, object] = {}
+        self.in_order = False  # compiling the body of a loop run at once: its loops run in order
 
     def fail(self, msg: str) -> PeExecError:
         return PeExecError(f"{self.where}: {msg}")
@@ -386,31 +387,53 @@ def _fused(op, ctx) -> Step | None:
 
 
 # The ops of a loop whose iterations are independent (`_parallel`).
-_SCALAR_OPS = (arith.ConstantOp, arith.AddiOp, arith.MuliOp, arith.IndexCastOp, memref.GetGlobalOp,
-               memref.LoadOp, memref.StoreOp, arith.AddfOp, arith.SubfOp, arith.MulfOp, arith.DivfOp,
-               arith.CmpfOp, arith.SelectOp, csl.MemberCallOp, scf.YieldOp)
+_SCALAR_OPS = (arith.ConstantOp, arith.AddiOp, arith.SubiOp, arith.MuliOp, arith.IndexCastOp,
+               arith.ExtSIOp, arith.TruncIOp, memref.GetGlobalOp, memref.LoadOp, memref.StoreOp,
+               arith.AddfOp, arith.SubfOp, arith.MulfOp, arith.DivfOp, arith.CmpfOp, arith.CmpiOp,
+               arith.AndIOp, arith.OrIOp, arith.SelectOp, arith.BitcastOp, arith.ExtFOp,
+               csl.MemberCallOp, scf.YieldOp)
+
+
+def _nested(block: Block):
+    """The ops of `block` and of the loops in it."""
+    for o in block.ops:
+        yield o
+        if isinstance(o, scf.ForOp):
+            yield from _nested(o.body.block)
 
 
 def _parallel(op, ctx) -> Step | None:
     """A loop over scalars whose iterations are independent - only scalar arithmetic,
-    loads, and stores each to an element that depends on the induction variable, into
-    buffers the loop reads only at that element - run as one computation on every
-    iteration's values at once (the same float32 operations, elementwise). None
-    otherwise."""
+    loads, stores each to an element that depends on the induction variable into buffers
+    the loop reads only at that element, and loops carrying values (an argmax, a sum),
+    which run in order - run as one computation on every iteration's values at once (the
+    same operations, elementwise). None otherwise."""
     block = op.body.block
-    if op.iter_args or not all(isinstance(o, _SCALAR_OPS) for o in block.ops):
+    if op.iter_args:
         return None
+    ops = list(_nested(block))
+    if not all(isinstance(o, _SCALAR_OPS) or isinstance(o, scf.ForOp) and o.iter_args for o in ops):
+        return None  # (a nested loop carrying nothing runs best at once by itself)
     iv = block.args[0]
     varying = {iv}
-    for o in block.ops:
-        if any(v in varying for v in o.operands):
-            varying.update(o.results)
+    changed = True
+    while changed:  # what depends on the induction variable, through carried values too
+        changed = False
+        for o in ops:
+            if isinstance(o, scf.ForOp):
+                pairs = zip(o.body.block.args[1:], o.iter_args, o.body.block.last_op.operands, o.results)
+                new = [(a, r) for a, init, y, r in pairs if (init in varying or y in varying) and a not in varying]
+            else:
+                new = [o.results] if any(v in varying for v in o.operands) and not set(o.results) <= varying else []
+            for vs in new:
+                varying.update(vs)
+                changed = True
 
     def buffer(v: SSAValue) -> str | None:
         return v.owner.name_.root_reference.data if isinstance(v.owner, memref.GetGlobalOp) else None
 
-    loads = [(buffer(o.memref), tuple(o.indices)) for o in block.ops if isinstance(o, memref.LoadOp)]
-    for o in block.ops:
+    loads = [(buffer(o.memref), tuple(o.indices)) for o in ops if isinstance(o, memref.LoadOp)]
+    for o in ops:
         if isinstance(o, memref.StoreOp):
             name, idx = buffer(o.memref), tuple(o.indices)
             if name is None or not all(i in varying for i in idx):
@@ -420,7 +443,9 @@ def _parallel(op, ctx) -> Step | None:
                 return None
     lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
     ivs = np.arange(lb, ub, step_)
+    ctx.in_order, outer = True, ctx.in_order  # its loops run in order, on every iteration's values
     body = _block(block, ctx)
+    ctx.in_order = outer
 
     def step(bufs, env):
         if len(ivs):
@@ -432,7 +457,7 @@ def _parallel(op, ctx) -> Step | None:
 
 @impl(scf.ForOp)
 def _for(op, ctx):
-    fused = _fused(op, ctx) or _parallel(op, ctx)
+    fused = None if ctx.in_order else _fused(op, ctx) or _parallel(op, ctx)
     if fused is not None:
         return fused
     lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))

@@ -378,3 +378,60 @@ def test_gate_fmac_and_add_sum_the_router_product_down_the_column():
             pe_exec.run(bodies.funcs["add"], bufs)
         acc = bufs["y"].copy()
     np.testing.assert_allclose(acc.reshape(b, cols), x.astype(np.float64) @ router, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 4), vocab=st.integers(1, 50), w=st.integers(1, 4), ties=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_a_loop_over_slots_carrying_an_argmax_runs_at_once_as_one_by_one(b, vocab, w, ties, seed):
+    """The sampler's argmax loops over its slots, each slot's scan carrying (best, id):
+    pe_exec runs the slots at once, each scan in order; the result is the one-by-one
+    loop's, bit for bit."""
+    rng = np.random.default_rng(seed)
+    bodies = sample_bodies("s", b, vocab, 2, w, (1,))
+    fn = bodies.funcs["argmax"]
+    outer = next(o for o in fn.body.block.ops if o.name == "scf.for")
+    assert _runs_at_once(fn, outer)
+    start = _buffers(bodies)
+    start["x"][:] = rng.integers(-2, 2, start["x"].size) if ties else rng.standard_normal(start["x"].size)
+    runs = []
+    for at_once in (True, False):
+        bufs = {name: v.copy() for name, v in start.items()}
+        with pytest.MonkeyPatch.context() as m:
+            if not at_once:
+                m.setattr(pe_exec, "_parallel", lambda op, ctx: None)
+            pe_exec._CACHE.clear()
+            pe_exec.run(fn, bufs, {"px": 3, "py": 0})
+        pe_exec._CACHE.clear()
+        runs.append(bufs)
+    for name in start:
+        np.testing.assert_array_equal(runs[0][name], runs[1][name])
+
+
+def test_a_loop_over_tokens_sharing_scratch_runs_one_by_one():
+    """The gate's topk reuses one `prob` row for every token: its token loop is not run
+    at once."""
+    from meshrt.kernels.topk_gate.pe import gate_bodies
+
+    fn = gate_bodies("g", 3, 2, 6, 6, 2, True, False).funcs["topk"]
+    outer = next(o for o in fn.body.block.ops if o.name == "scf.for")
+    assert not _runs_at_once(fn, outer)
+
+
+def _runs_at_once(fn, loop) -> bool:
+    """Whether compiling `fn` runs `loop` on all its iterations at once."""
+    at_once = []
+    parallel = pe_exec._parallel
+
+    def spy(op, ctx):
+        got = parallel(op, ctx)
+        if op is loop and got is not None:
+            at_once.append(op)
+        return got
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(pe_exec, "_parallel", spy)
+        pe_exec._CACHE.clear()
+        pe_exec.compiled(fn)
+    pe_exec._CACHE.clear()
+    return bool(at_once)

@@ -167,7 +167,7 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes
                     unheld.update(aliases.get(v, v) for v, buf in zip(inputs[:n_ops], st.operands)
                                   if buf is None)
                     in_place = rec is not None and p.kind_of(sub).reads_in_place(rec, e.name)
-                    if n_ops == 1 and not got_x and not promoted and not (in_place and st.operands[0]):
+                    if n_ops == 1 and not got_x and not promoted and not (in_place and st.operands and st.operands[0]):
                         # its body reads x: the input from where it is held, else (a value
                         # this plan does not know) the previous kernel's output in y
                         src = st.operands[0] if st.operands else None
