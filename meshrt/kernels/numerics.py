@@ -248,6 +248,14 @@ class KernelExec:
                 bufs[b.name][:] = data
         return bufs
 
+    def tile_bodies(self) -> dict:
+        """Each tile's PE bodies (`KernelOp.pe_bodies`; None where the kind has none there)."""
+        return {t: self.kernel_kind.pe_bodies(self.info, self.b, self.plane.hp, t) for t in self.tiles}
+
+    def bodies_at(self, pos: tuple[int, int, int]):
+        """The PE bodies of the tile holding the core at `pos` (`self.bodies`, by tile)."""
+        return self.bodies[self.tiles[self.grid_at(pos)[0]]]
+
     def run_body(self, cd: CoreData, bodies, op: str) -> dict[str, np.ndarray]:
         """Run compute op `op`'s PE body on the core's buffers (its coordinates the
         program's px, py); the buffers."""

@@ -17,13 +17,15 @@ the element count the fullest core of the class needs: cores holding less
 leave the rest zero, which no body lets into a value). Element types are
 the declared ones: float32 for values (16-bit activations round at the
 kernel's boundary, where `meshrt.activations` says), i32 for token ids and
-what travels with them (32-bit words; arith wants signless integers). A body that needs its core's place in the kernel's
-region reads the program's coordinate parameters (`Body.param`: px, py).
+what travels with them (32-bit words; arith wants signless integers). A
+body that needs its core's place in the kernel's region reads the program's
+coordinate parameters (`Body.param`: px, py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from xdsl.dialects import arith, csl, memref, scf
@@ -45,7 +47,11 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.ir.affine import AffineExpr, AffineMap
 
 ELEM_TYPES = {"f32": f32, "f16": f16, "i32": i32}
-
+MATH = "<math>"  # the CSL library of scalar functions the bodies call
+# The core's coordinates, comptime parameters of every class's program (the layout
+# sets them per core): a body that needs its core's place in the kernel's region
+# (which rows of the vocabulary it holds) reads them.
+CORE_PARAMS = ("px", "py")
 
 # Arrays of the program itself that bodies may name (the CSL backend declares and sizes
 # them; the PE level does not): the working arrays, a norm's per-slot scale, and the
@@ -57,11 +63,6 @@ PROGRAM_ARRAYS: dict[str, str | None] = {"x": None, "y": None, "p": None, "scale
 def activation_elem(dtype_bytes: float) -> str:
     """The element type a program keeps activations in: f32, or f16 for 16-bit models."""
     return "f32" if dtype_bytes >= 4 else "f16"
-MATH = "<math>"  # the CSL library of scalar functions the bodies call
-# The core's coordinates, comptime parameters of every class's program (the layout
-# sets them per core): a body that needs its core's place in the kernel's region
-# (which rows of the vocabulary it holds) reads them.
-CORE_PARAMS = ("px", "py")
 
 
 @dataclass(frozen=True)
@@ -154,14 +155,17 @@ class Body:
 
     def each(self, n: int, fn) -> None:
         """for (i in 0..n) fn(body, i): a loop over scalars (`scf.for`)."""
-        bounds = [self._add(arith.ConstantOp(IntegerAttr(v, IndexType()))).result for v in (0, n, 1)]
-        loop_body = Block(arg_types=[IndexType()])
+        self.fold(n, [], lambda bd, i: fn(bd, i) or [])
+
+    @contextmanager
+    def _inside(self, block: Block):
+        """Build into `block` (a loop's or a branch's body): the values it defines are its own."""
         outer, saved = self.block, (self._ints, self._globals)
-        self.block, self._ints, self._globals = loop_body, {}, {}  # values the loop defines are its own
-        fn(self, loop_body.args[0])
-        self._add(scf.YieldOp())
-        self.block, (self._ints, self._globals) = outer, saved
-        self._add(scf.ForOp(*bounds, [], Region(loop_body)))
+        self.block, self._ints, self._globals = block, {}, {}
+        try:
+            yield
+        finally:
+            self.block, (self._ints, self._globals) = outer, saved
 
     def offset(self, dsd: SSAValue, by: SSAValue) -> SSAValue:
         """`dsd` moved `by` elements on (`@increment_dsd_offset`)."""
@@ -208,14 +212,12 @@ class Body:
 
     def minf(self, a: SSAValue, b: SSAValue) -> SSAValue:
         """The smaller of two scalars (a compare and a select: CSL has no float min)."""
-        lt = self._add(arith.CmpfOp(a, b, "olt")).result
-        return self._add(arith.SelectOp(lt, a, b)).result
+        return self.select(self.cmpf(a, b, "olt"), a, b)
 
     def maxf(self, a: SSAValue, b: SSAValue) -> SSAValue:
-        gt = self._add(arith.CmpfOp(a, b, "ogt")).result
-        return self._add(arith.SelectOp(gt, a, b)).result
+        return self.select(self.cmpf(a, b, "ogt"), a, b)
 
-    # integers (u32 token ids, index arithmetic) and control flow
+    # integers (i32 token ids, index arithmetic) and control flow
     def const(self, value: int, type=None) -> SSAValue:
         """An integer constant (an index unless `type`)."""
         return self._add(arith.ConstantOp(IntegerAttr(int(value), type or IndexType()))).result
@@ -268,11 +270,9 @@ class Body:
     def when(self, cond: SSAValue, fn) -> None:
         """if (cond) fn(body) (`scf.if` without results)."""
         inner = Block()
-        outer, saved = self.block, (self._ints, self._globals)
-        self.block, self._ints, self._globals = inner, {}, {}
-        fn(self)
-        self._add(scf.YieldOp())
-        self.block, (self._ints, self._globals) = outer, saved
+        with self._inside(inner):
+            fn(self)
+            self._add(scf.YieldOp())
         self._add(scf.IfOp(cond, [], Region(inner), Region(Block([scf.YieldOp()]))))
 
     def fold(self, n: int, inits: Sequence[SSAValue], fn) -> list[SSAValue]:
@@ -281,11 +281,8 @@ class Body:
         last iteration's values."""
         bounds = [self._add(arith.ConstantOp(IntegerAttr(v, IndexType()))).result for v in (0, n, 1)]
         loop_body = Block(arg_types=[IndexType(), *(v.type for v in inits)])
-        outer, saved = self.block, (self._ints, self._globals)
-        self.block, self._ints, self._globals = loop_body, {}, {}
-        nxt = fn(self, loop_body.args[0], *loop_body.args[1:])
-        self._add(scf.YieldOp(*nxt))
-        self.block, (self._ints, self._globals) = outer, saved
+        with self._inside(loop_body):
+            self._add(scf.YieldOp(*fn(self, loop_body.args[0], *loop_body.args[1:])))
         return list(self._add(scf.ForOp(*bounds, list(inits), Region(loop_body))).results)
 
     def func(self) -> csl.FuncOp:

@@ -42,7 +42,7 @@ from meshrt.runtime.dataplane import DataPlane
 from meshrt.runtime.cost_model import default_in_flight
 from meshrt.runtime.mesh_sim import MeshSim, SimResult
 from meshrt.runtime.workloads import Request
-from meshrt.diagnostics import FrontendError, Loc, op_location
+from meshrt.diagnostics import Loc, op_location
 from meshrt.limits import check_memory
 from meshrt.shape import HParams, ModelShape
 
@@ -389,7 +389,6 @@ def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_
                max_seconds: float | None = None, progress: Callable[[int, int], None] | None = None):
     """One interpreted run: (its SimResult, the Host, the DataPlane); `watch`:
     keep the per-kernel values of that micro-batch step (`DataPlane.watched`)."""
-    shape = weights.shape
     dyn = program.dynamism_kinds
     groups = default_in_flight(program)
     max_seq = HParams.of(program).int("max_seq")

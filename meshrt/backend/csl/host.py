@@ -85,13 +85,20 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
 
 _DRIVER = '''
 
+# The NumPy type of each CSL element type the host moves, and the words memcpy moves it in.
+_TYPES = {"f32": np.float32, "u32": np.uint32, "i32": np.int32, "f16": np.float16, "u16": np.uint16}
+
+
+def _bits(typ):
+    return 8 * np.dtype(_TYPES[typ]).itemsize
+
+
 def _words(values, typ):
     """Values as the 32-bit words memcpy moves (16-bit types in the low half)."""
-    a = np.asarray(values)
-    if typ in ("f32", "u32", "i32"):
-        t = {"f32": np.float32, "u32": np.uint32, "i32": np.int32}[typ]
-        return np.ascontiguousarray(a.astype(t)).view(np.uint32), 32
-    return np.ascontiguousarray(a.astype(np.float16 if typ == "f16" else np.uint16)).view(np.uint16).astype(np.uint32), 16
+    a = np.ascontiguousarray(np.asarray(values).astype(_TYPES[typ]))
+    if _bits(typ) == 32:
+        return a.view(np.uint32), 32
+    return a.view(np.uint16).astype(np.uint32), 16
 
 
 def _fit(values, n):
@@ -115,15 +122,13 @@ def d2h(runner, symbol, rect, n, typ):
     """`symbol` (n elements) of every core of the rectangle, row-major."""
     x, y, w, h = rect
     out = np.zeros(w * h * n, dtype=np.uint32)
-    bits = 32 if typ in ("f32", "u32", "i32") else 16
+    bits = _bits(typ)
     runner.memcpy_d2h(out, runner.get_id(symbol), x, y, w, h, n, streaming=False,
                       order=MemcpyOrder.ROW_MAJOR, nonblock=False,
                       data_type=MemcpyDataType.MEMCPY_32BIT if bits == 32 else MemcpyDataType.MEMCPY_16BIT)
-    if typ in ("f32", "i32"):
-        return out.view(np.float32 if typ == "f32" else np.int32).reshape(w * h, n)
-    if typ == "f16":
-        return out.astype(np.uint16).view(np.float16).reshape(w * h, n)
-    return out.reshape(w * h, n)
+    if bits == 16:
+        return out.astype(np.uint16).view(_TYPES[typ]).reshape(w * h, n)
+    return out.view(_TYPES[typ]).reshape(w * h, n)
 
 
 def arrays(wafer=None, name=None, prefix=None):

@@ -51,7 +51,7 @@ from meshrt.backend.csl.kernels import ComputeBody
 from meshrt.backend.csl.metainfo import MetaCode
 from meshrt.backend.csl.pe_print import body_lines, calls_math
 from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment, plain_identifier
-from meshrt.backend.csl.streams import CHAIN, RELAY, ROLE_FIRST, ROLE_HEAD
+from meshrt.backend.csl.streams import RELAY, ROLE_FIRST, ROLE_HEAD
 from meshrt.backend.csl.pe_level import ClassLevel, has_partner, relays
 from meshrt.backend.csl.values import is_kernel_array, kernel_array
 from meshrt.diagnostics import MeshrtError
@@ -587,7 +587,7 @@ class ProgramWriter:
             self.cap[buf] = max(self.cap[buf], n)
             return
         a = self.level.arrays.get(buf)
-        have = a.elems if a is not None else self.values.saved.get(buf)
+        have = a.elems if a is not None else None
         if have is None or have < n:
             raise MeshrtError(f"core class @{self.cls.name}: a transfer of {n} elements uses array {buf}, "
                               f"which {'has ' + str(have) if have is not None else 'the PE level does not declare'}",
@@ -1061,7 +1061,7 @@ class ProgramWriter:
                 if name not in as_f32 or self.elem_of(name) != self.sh.elem:
                     continue  # float32 already, or read in the program's own type
                 array, offset = renames.get(name, (name, 0))
-                shadow = f"{plain_identifier(name.replace('::', '_'))}32"  # resident kernel::buf: kernel_buf32
+                shadow = f"{self.ident(name)}32"  # resident kernel::buf: kernel_buf32
                 self.shadows[shadow] = max(self.shadows.get(shadow, 0), n)
                 renames[name] = (shadow, 0)
                 before.append(f"@fh2s({self.mem(shadow, n)}, {self.mem(array, n, offset)});")

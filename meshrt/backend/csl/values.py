@@ -117,9 +117,10 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes
                 return buf
         return save_buffer(value) if holds.get(save_buffer(value)) == value else None
 
-    def define(buf: str, value: str | None, n: int, step: Step, at_most: int | None = None) -> None:
-        """`value` is now in `buf` (`n` elements; `at_most`: a bound on what a keep copies,
-        where `n` counts operations rather than elements)."""
+    def define(buf: str, value: str | None, n: int, step: Step, bounds: bool = False) -> None:
+        """`value` is now in `buf`, by an event of `n` elements or operations; `bounds`: n
+        bounds what a keep copies (a compute's operations; a 16-bit value's elements are
+        more than the wavelets a receive counts)."""
         for b in [b for b, v in holds.items() if v == value and not b.startswith("v_")]:
             del holds[b]  # an older copy of a value now redefined
         holds.pop(buf, None)
@@ -130,8 +131,8 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes
         if value in save:
             into = save_buffer(value)
             m = sizes.get(value, n)  # as many as its readers read
-            if at_most is not None:
-                m = min(m, at_most)
+            if bounds:
+                m = min(m, n)
             saved[into] = max(saved.get(into, 0), m)
             step.saves.append((buf, into, m))
             holds[into] = value
@@ -179,7 +180,7 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes
                     if e.name not in KEEPS_Y:
                         # a compute's work counts its operations: a GEMV's exceed the
                         # elements it leaves, so a keep copies no more than it did
-                        define("y", sub.kernel, e.work, st, at_most=e.work)
+                        define("y", sub.kernel, e.work, st, bounds=True)
                     if e.name not in WRITES_NO_VALUE:
                         written = "y"
                 elif e.kind == "send":

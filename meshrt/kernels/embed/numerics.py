@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshrt.kernels.embed.pe import bodies_for
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, part
 
 
@@ -14,7 +13,7 @@ class Embed(KernelExec):
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
-        self.bodies = {t: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
+        self.bodies = self.tile_bodies()
 
     def _ranges(self, pos) -> tuple[int, int, int, int]:
         """(r0, r1, c0, c1): the table's rows and the slice of each the core holds."""
@@ -23,7 +22,7 @@ class Embed(KernelExec):
         return (*part(vocab, w, i), *part(hidden, h, j))
 
     def resident(self, pos):
-        bodies = self.bodies[self.tiles[self.grid_at(pos)[0]]]
+        bodies = self.bodies_at(pos)
         if bodies is None:
             return None
         r0, r1, c0, c1 = self._ranges(pos)
@@ -40,7 +39,7 @@ class Embed(KernelExec):
             raise DataLayoutError(f"{self.where(cd)}: no tokens received")
         hidden = self.plane.weights.embed.shape[1]
         r0, r1, c0, c1 = self._ranges(cd.pos)
-        bodies = self.bodies[self.tiles[self.grid_at(cd.pos)[0]]]
+        bodies = self.bodies_at(cd.pos)
         # a partial of the row's sum: this core's slice of the rows it holds, zeros elsewhere
         partial = np.zeros((self.b, hidden), F64)
         if bodies is None:

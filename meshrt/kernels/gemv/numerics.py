@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from meshrt.kernels.attention.layout import HeadSplit
-from meshrt.kernels.gemv.pe import bodies_for
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, block_order, block_range, inverse, part
 
 
@@ -44,7 +43,7 @@ class Gemv(KernelExec):
                                   f"{'have' if self.bias is not None else 'have no'} bias for it, "
                                   f"its IR says {'no ' if info.param('bias') is None else ''}bias")
         # its compute where it has PE bodies (float32 weights): per tile, what the CSL prints
-        self.bodies = {t: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
+        self.bodies = self.tile_bodies()
 
     def _head_split(self, info, key: str) -> HeadSplit | None:
         p = info.param(key)
@@ -80,7 +79,7 @@ class Gemv(KernelExec):
         return r0, r1, c0, c1
 
     def resident(self, pos):
-        bodies = self.bodies[self.tiles[self.grid_at(pos)[0]]]
+        bodies = self.bodies_at(pos)
         if bodies is None:
             return None
         r0, r1, c0, c1 = self._ranges(pos)
@@ -110,7 +109,7 @@ class Gemv(KernelExec):
             cd.acc[self.name, "w"] = tile.decode()
             return
         x = self.input(cd).need(r0, r1, self.where(cd))
-        bodies = self.bodies[self.tiles[self.grid_at(cd.pos)[0]]]
+        bodies = self.bodies_at(cd.pos)
         if bodies is not None:
             bufs = self.pe_buffers(cd, bodies)
             rows, cols = len(bufs["x"]) // self.b, len(bufs["y"]) // self.b

@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, KernelExec, part
-from meshrt.kernels.sample.pe import bodies_for
 
 
 class Sample(KernelExec):
@@ -17,11 +14,11 @@ class Sample(KernelExec):
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
-        self.bodies = {t: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
+        self.bodies = self.tile_bodies()
 
     def compute(self, cd, op):
-        t, i, _, w, _ = self.grid_pos(cd)
-        bodies = self.bodies[self.tiles[t]]
+        _, i, _, w, _ = self.grid_pos(cd)
+        bodies = self.bodies_at(cd.pos)
         bufs = self.pe_buffers(cd, bodies)
         if op == "argmax":  # the core's logits, n a slot, as they arrived in x
             c0, c1 = part(self.info.param("in_widths")[0], w, i)

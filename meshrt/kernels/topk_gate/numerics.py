@@ -6,7 +6,6 @@ import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, Routing, part
-from meshrt.kernels.topk_gate.pe import bodies_for
 from meshrt.runtime import reference as ref
 
 
@@ -26,16 +25,18 @@ class TopKGate(RoutesTokens):
         self.bias = None if moe.router_bias is None else np.concatenate(
             [moe.router_bias, np.zeros(self.router.shape[1] - self.experts, moe.router_bias.dtype)])
         self.top_k = info.param("top_k")
-        self.bodies = {t: bodies_for(info, self.b, plane.hp, t) for t in self.tiles}
+        self.bodies = self.tile_bodies()
+        # the router's product and the chain's adds are bodies too (float32 programs)
+        self.product_in_pe = all("fmac" in b.funcs for b in self.bodies.values())
         if self.tiles[0][2] != 1:
             raise DataLayoutError(f"kernel @{self.name}: a gate over {self.tiles[0][2]} columns "
                                   "needs a merge across columns the tables do not have")
 
     def resident(self, pos):
         """The router's rows this core holds, and the bias on the first rows' core."""
-        bodies = self.bodies[self.tiles[self.grid_at(pos)[0]]]
-        if "fmac" not in bodies.funcs:
+        if not self.product_in_pe:
             return None
+        bodies = self.bodies_at(pos)
         _, _, j, _, h = self.grid_at(pos)
         r0, r1 = part(self.router.shape[0], h, j)
         rows, cols = bodies.buffer("x").elems // self.b, bodies.buffer("y").elems // self.b
@@ -47,15 +48,15 @@ class TopKGate(RoutesTokens):
         return out
 
     def compute(self, cd, op):
-        _, i, j, w, h = self.grid_pos(cd)
-        bodies = self.bodies[self.tiles[self.grid_pos(cd)[0]]]
+        _, _, j, _, h = self.grid_pos(cd)
+        bodies = self.bodies_at(cd.pos)
         bufs = self.pe_buffers(cd, bodies)
         cols = bodies.buffer("y").elems // self.b
         if op == "fmac":
             n_in = self.router.shape[0]
             r0, r1 = part(n_in, h, j)
             x = self.input(cd).need(r0, r1, self.where(cd))
-            if "fmac" in bodies.funcs:  # the router's product in float32, as the CSL computes it
+            if self.product_in_pe:  # the router's product in float32, as the CSL computes it
                 xb = bufs["x"].reshape(self.b, -1)
                 xb[:] = 0
                 xb[:, :r1 - r0] = x
@@ -67,13 +68,13 @@ class TopKGate(RoutesTokens):
             cd.acc[self.name] = logits
         elif op == "add":
             (got,) = self.take(cd, FlowRole.DOWN)
-            if "add" in bodies.funcs:
+            if self.product_in_pe:
                 bufs["p"][:] = np.asarray(got, F32).ravel()
                 self.run_body(cd, bodies, "add")
             else:
                 cd.acc[self.name] = got + cd.acc[self.name]
         elif op == "topk":
-            if "fmac" not in bodies.funcs:  # the logits as this core summed them
+            if not self.product_in_pe:  # the logits as this core summed them
                 bufs["y"][:] = cd.acc.pop(self.name).astype(F32).ravel()
             logits = bufs["y"].reshape(self.b, cols)
             self.run_body(cd, bodies, "topk")
@@ -90,8 +91,7 @@ class TopKGate(RoutesTokens):
 
     def send(self, cd, role):
         if role is FlowRole.DOWN:  # this core's partial logits, summed with what it received
-            bodies = self.bodies[self.tiles[self.grid_pos(cd)[0]]]
-            if "fmac" in bodies.funcs:
+            if self.product_in_pe:
                 return cd.buffers[self.name]["y"].reshape(self.b, -1).copy()
             return cd.acc.pop(self.name)
         if role is FlowRole.UP:
