@@ -88,6 +88,7 @@ from meshrt.kernels.expert_reduce.op import expert_passes
 from meshrt.kernels.gemv.op import GemvOp
 from meshrt.kernels.gemv.tiles import tile_shape
 from meshrt.kernels.topk_gate.op import TopKGateOp
+from meshrt.rope import rotary_dim
 from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div, held_share
 from meshrt.limits import format_bytes as _fmt_bytes
 from meshrt.shape import kv_slots
@@ -153,7 +154,8 @@ class Sizer:
         attention and Gated DeltaNet (recurrent and conv state) where the model has both."""
         s = self.shape
         attn = AttentionOp.footprint(self.kv_slots, s.max_seq, s.heads, s.kv_heads, s.head_dim,
-                                     s.kv_bytes, self.micro_batch, w, h).total
+                                     s.kv_bytes, self.micro_batch, w, h, rot=rotary_dim(s.rope, s.head_dim),
+                                     qk_norm=s.qk_norm, sinks=s.attn_sinks, gated=s.attn_gate).total
         if not s.linear_layers:
             return attn
         cols, groups = delta_shape(s, w, self.micro_batch)

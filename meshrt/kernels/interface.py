@@ -227,12 +227,19 @@ class KernelOp(MappedKernelOp):
         return info.kernel_name
 
     @classmethod
-    def message_buffer(cls, role, send: bool) -> str | None:
-        """The buffer of this kind's PE bodies that a message on a flow of `role` (a
-        `FlowRole`) is sent from (`send`) or received into, where it is not a working
-        array (x, y, p): candidates or token ids in 32-bit words. None: the default
+    def message_buffer(cls, info, hp, role, send: bool) -> str | None:
+        """The buffer of kernel `info`'s PE bodies (`hp`: the program's hparams) that a
+        message on a flow of `role` (a `FlowRole`) is sent from (`send`) or received
+        into, where it is not a working array (x, y, p): candidates or token ids in
+        32-bit words, an attention's partial softmax. None: the default
         (meshrt.backend.csl.values)."""
         return None
+
+    @classmethod
+    def writes_own(cls, info, hp, op: str) -> bool:
+        """Whether compute op `op` of kernel `info` writes only arrays of the kernel's own
+        (its PE bodies' state and messages), none of the working arrays."""
+        return False
 
     @classmethod
     def reads_in_place(cls, info, op: str) -> bool:

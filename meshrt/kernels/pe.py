@@ -54,10 +54,13 @@ MATH = "<math>"  # the CSL library of scalar functions the bodies call
 CORE_PARAMS = ("px", "py")
 
 # Arrays of the program itself that bodies may name (the CSL backend declares and sizes
-# them; the PE level does not): the working arrays, a norm's per-slot scale, and the
-# routing table of a MoE class. Their element type, None: the program's activations'.
+# them; the PE level does not): the working arrays, a norm's per-slot scale, the
+# routing table of a MoE class, and the request descriptor table (4 words a KV slot:
+# request id, status, context length, -) with the micro-batch it serves (`mb`, one
+# word). Their element type, None: the program's activations'.
 PROGRAM_ARRAYS: dict[str, str | None] = {"x": None, "y": None, "p": None, "scale": "f32",
-                                         "rt_expert": "i32", "rt_weight": "f32"}
+                                         "rt_expert": "i32", "rt_weight": "f32", "rdt": "i32",
+                                         "mb": "i32"}
 
 
 def activation_elem(dtype_bytes: float) -> str:
@@ -174,17 +177,15 @@ class Body:
             operands=[dsd, off], properties={"elem_type": f32}, result_types=[dsd.type])).result
 
     def mul(self, i: SSAValue, n: int) -> SSAValue:
-        """An index times a constant."""
-        c = self._add(arith.ConstantOp(IntegerAttr(n, IndexType()))).result
-        return self._add(arith.MuliOp(i, c)).result
+        """An integer (an index, an i32) times a constant."""
+        return self._add(arith.MuliOp(i, self.const(n, i.type))).result
 
     def add(self, i: SSAValue, j: SSAValue) -> SSAValue:
         return self._add(arith.AddiOp(i, j)).result
 
     def plus(self, i: SSAValue, n: int) -> SSAValue:
-        """An index plus a constant."""
-        c = self._add(arith.ConstantOp(IntegerAttr(n, IndexType()))).result
-        return self.add(i, c)
+        """An integer plus a constant."""
+        return self.add(i, self.const(n, i.type))
 
     def load(self, buf: str, i: SSAValue) -> SSAValue:
         return self._add(memref.LoadOp.get(self.buffer(buf), [i])).res
@@ -242,6 +243,18 @@ class Body:
 
     def subi(self, a: SSAValue, b: SSAValue) -> SSAValue:
         return self._add(arith.SubiOp(a, b)).result
+
+    def remi(self, a: SSAValue, b: SSAValue) -> SSAValue:
+        """a % b, of the sign of a (C's, and CSL's)."""
+        return self._add(arith.RemSIOp(a, b)).result
+
+    def to_float(self, v: SSAValue) -> SSAValue:
+        """An i32 as float32 (`@as(f32, v)`: exact below 2**24)."""
+        return self._add(arith.SIToFPOp(v, f32)).result
+
+    def to_int(self, v: SSAValue) -> SSAValue:
+        """A float32 as i32, rounded toward zero (`@as(i32, v)`)."""
+        return self._add(arith.FPToSIOp(v, i32)).result
 
     def cmpi(self, a: SSAValue, b: SSAValue, pred: str) -> SSAValue:
         """An integer comparison ("eq", "ne", "slt", "sge", ...)."""

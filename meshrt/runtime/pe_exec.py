@@ -214,6 +214,25 @@ impl(arith.SubiOp)(_integer(lambda a, b: a - b))
 impl(arith.MuliOp)(_integer(lambda a, b: a * b))
 impl(arith.AndIOp)(_integer(lambda a, b: a & b))
 impl(arith.OrIOp)(_integer(lambda a, b: a | b))
+impl(arith.RemSIOp)(_integer(np.fmod))  # the sign of the dividend, as C's %
+
+
+@impl(arith.SIToFPOp)
+def _sitofp(op, ctx):
+    get, res = _value(op.input, ctx), op.result
+
+    def step(bufs, env):
+        env[res] = np.asarray(get(env)).astype(F32)[()]
+    return step
+
+
+@impl(arith.FPToSIOp)
+def _fptosi(op, ctx):
+    get, res = _value(op.input, ctx), op.result
+
+    def step(bufs, env):  # toward zero
+        env[res] = np.trunc(np.asarray(get(env), F32)).astype(np.int64)[()]
+    return step
 
 
 @impl(arith.IndexCastOp, arith.ExtSIOp, arith.TruncIOp)
@@ -391,7 +410,7 @@ _SCALAR_OPS = (arith.ConstantOp, arith.AddiOp, arith.SubiOp, arith.MuliOp, arith
                arith.ExtSIOp, arith.TruncIOp, memref.GetGlobalOp, memref.LoadOp, memref.StoreOp,
                arith.AddfOp, arith.SubfOp, arith.MulfOp, arith.DivfOp, arith.CmpfOp, arith.CmpiOp,
                arith.AndIOp, arith.OrIOp, arith.SelectOp, arith.BitcastOp, arith.ExtFOp,
-               csl.MemberCallOp, scf.YieldOp)
+               arith.RemSIOp, arith.SIToFPOp, arith.FPToSIOp, csl.MemberCallOp, scf.YieldOp)
 
 
 def _nested(block: Block):

@@ -41,18 +41,18 @@ class MetaCode:
                 "// request frees its slot" + (", and a waiting request is admitted into it." if self.admits else "."),
                 "fn resolve_continuous_batching() void {",
                 f"  for (@range(u16, {b})) |j| {{",
-                f"    const slot = mb * {b} + j;",
+                f"    const slot = @as(u16, mb[0]) * {b} + j;",
                 f"    const id = meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT}];",
                 f"    const status = meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1];",
-                "    rdt[slot * 4] = id;",
-                "    rdt[slot * 4 + 1] = status;",
+                "    rdt[slot * 4] = @as(i32, id);",
+                "    rdt[slot * 4 + 1] = @as(i32, status);",
                 "    if (status == 1) {",
                 "      rdt[slot * 4 + 2] = 0; // finished: the slot is free",
             ]
             if self.admits:
                 out += [
                     "      if (req[slot * 2] != 0) {",
-                    "        rdt[slot * 4] = req[slot * 2]; // admit the waiting request",
+                    "        rdt[slot * 4] = @as(i32, req[slot * 2]); // admit the waiting request",
                     "        rdt[slot * 4 + 1] = 0;",
                     "        req[slot * 2] = 0;",
                     "      }",
@@ -62,7 +62,7 @@ class MetaCode:
                 "      rdt[slot * 4 + 2] += 1; // one more token of context",
                 "    }",
                 "  }",
-                f"  mb = (mb + 1) % {w.groups};",
+                f"  mb[0] = (mb[0] + 1) % {w.groups};",
                 "}",
             ]
         if "moe_routing" in resolves:
@@ -92,13 +92,13 @@ class MetaCode:
                 "// the tokens too.",
                 "fn produce_continuous_batching() void {",
                 f"  for (@range(u16, {min(b, n // CF_WORDS_PER_SLOT) or 1})) |j| {{",
-                f"    const slot = mb * {b} + j;",
-                f"    meta_out_continuous_batching[j * {CF_WORDS_PER_SLOT}] = rdt[slot * 4];",
+                f"    const slot = @as(u16, mb[0]) * {b} + j;",
+                f"    meta_out_continuous_batching[j * {CF_WORDS_PER_SLOT}] = @as(u32, rdt[slot * 4]);",
                 f"    meta_out_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1] = @as(u32, {done}[j]);",
             ]
             if self.emits_tokens:
                 out += [
-                    "    tok[slot * 2] = rdt[slot * 4];",
+                    "    tok[slot * 2] = @as(u32, rdt[slot * 4]);",
                     f"    tok[slot * 2 + 1] = @as(u32, {tokens}[j]);",
                 ]
             out += ["  }", "}"]

@@ -128,8 +128,8 @@ def class_module(p: Program, cls: CoreClass, cache: dict | None = None) -> csl.C
     plan = plan_values(p, cls, has_partner(p, cls), relays(p, cls))
     elem = program_elem(p)
     decls: list = [_global(name, n, elem) for name, n in sorted(plan.saved.items())]
-    # the kernels' own arrays: message buffers (32-bit words, as long as their longest
-    # message) and the bodies' state, each as long as its longest use
+    # the kernels' own arrays: message buffers (as long as their longest message) and the
+    # bodies' state, each as long as its longest use
     private: dict[str, tuple[int, str]] = {}
 
     def own(name: str, n: int, typ: str, op) -> None:
@@ -144,8 +144,11 @@ def class_module(p: Program, cls: CoreClass, cache: dict | None = None) -> csl.C
                 if e.kind in ("recv", "send"):
                     st = plan.step(e)
                     name = st.target if e.kind == "recv" else st.source
-                    if is_kernel_array(name):
-                        own(name, e.elems, "i32", p.flows[e.flow].op)
+                    if is_kernel_array(name):  # of the type its bodies declare (32-bit words if none)
+                        bodies = class_bodies(p, cls, sub, cache) if sub.kernel in p.records else None
+                        buf = name.split("::", 1)[1]
+                        typ = next((b.elem for b in bodies.buffers if b.name == buf), "i32") if bodies else "i32"
+                        own(name, e.elems, typ, p.flows[e.flow].op)
     funcs: list[csl.FuncOp] = []
     bodies_of: dict[str, object] = {}
     segments = []

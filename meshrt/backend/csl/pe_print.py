@@ -12,8 +12,8 @@ from __future__ import annotations
 from io import StringIO
 
 from xdsl.backend.csl.print_csl import CslPrintContext
-from xdsl.dialects import csl, memref
-from xdsl.dialects.builtin import AffineMapAttr, SymbolRefAttr
+from xdsl.dialects import arith, csl, memref
+from xdsl.dialects.builtin import AffineMapAttr, IntegerAttr, SymbolRefAttr
 from xdsl.ir.affine import AffineMap
 
 from meshrt.diagnostics import MeshrtError
@@ -32,9 +32,16 @@ def body_lines(fn: csl.FuncOp, renames: dict[str, tuple[str, int]]) -> list[str]
             continue
         for use in list(op.memref.uses):
             user = use.operation
+            if isinstance(user, memref.LoadOp | memref.StoreOp):  # one element: its index moved on
+                (index,) = user.indices
+                at = arith.ConstantOp(IntegerAttr(offset, index.type))
+                moved = arith.AddiOp(index, at.result)
+                user.parent_block().insert_ops_before([at, moved], user)
+                user.operands = (*user.operands[:-1], moved.result)
+                continue
             if not isinstance(user, csl.GetMemDsdOp):
                 raise MeshrtError(f"internal error: body {fn.sym_name.data} reads buffer {name} at "
-                                  f"an offset other than through a DSD")
+                                  f"an offset other than through a DSD or an element load")
             amap = user.tensor_access.data
             (expr,) = amap.results
             user.properties["tensor_access"] = AffineMapAttr(

@@ -197,6 +197,10 @@ class ProgramWriter:
         self.meta_out_words = meta_out
         kinds = {e.name for seg in self.cls.segments for e in seg.events() if e.kind in ("resolve", "produce")}
         self.cf = "continuous_batching" in kinds
+        # the RDT: kept by the continuous-batching resolver, or (a build without it) read by
+        # a body and written by the host for each batch
+        self.has_rdt = self.cf or any(name == "rdt" for fn in self.level.calls.values() if fn is not None
+                                      for name, _ in _arrays_of(fn))
         self.moe = "moe_routing" in kinds
         self.slots = self.p.slots
         self.top_k = max(1, int(self.p.hp("top_k", 1)))
@@ -1025,6 +1029,11 @@ class ProgramWriter:
                 if n > self.b:
                     raise MeshrtError(f"internal error: kernel @{sub.kernel}'s scale needs {n} "
                                       f"elements, the program has {self.b}", self.cls.op)
+            elif name in ("rdt", "mb"):
+                if n > (self.slots * 4 if name == "rdt" else 1):
+                    raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel}'s body uses "
+                                      f"{n} entries of the request descriptor table {name}, which "
+                                      f"has {self.slots * 4 if name == 'rdt' else 1}", self.cls.op)
             elif name in ("rt_expert", "rt_weight"):
                 if not self.moe or n > self.b * self.top_k:
                     raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel}'s body uses "
@@ -1164,9 +1173,9 @@ class ProgramWriter:
             add(f"var meta_in_{kind} = @zeros([{n}]u32); // {kind} metainfo that arrived ahead of the data")
         for kind, n in sorted(self.meta_out_words.items()):
             add(f"var meta_out_{kind} = @zeros([{n}]u32); // metainfo this class produces")
-        if self.cf:
-            out.extend(self.host_buffer("rdt", self.slots * 4, "u32", "request descriptor table: id, status, length, -"))
-            add("var mb: u16 = 0; // micro-batch whose slots the current step serves")
+        if self.has_rdt:
+            out.extend(self.host_buffer("rdt", self.slots * 4, "i32", "request descriptor table: id, status, length, -"))
+            add("var mb = @zeros([1]i32); // micro-batch whose slots the current step serves")
         if self.moe:
             add(f"var rt_expert = @zeros([{self.b * self.top_k}]i32); // routing table: expert per (token, choice)")
             for decl in self.routed_vars.values():

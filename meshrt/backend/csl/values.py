@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from meshrt.backend.csl.model import CoreClass, Event, Program, Sub, plain_identifier
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
+from meshrt.shape import HParams
 
 # compute ops whose CSL writes no working buffer a value is kept in (state of their own)
 KEEPS_Y = frozenset({"route", "eos_check", "topk", "argmax", "argmax_merge"})
@@ -51,7 +52,7 @@ def message_array(p: Program, sub: Sub, flow, send: bool) -> str | None:
     sub's kind names one (`KernelOp.message_buffer`), else None."""
     if sub.kernel not in p.records:
         return None
-    buf = p.kind_of(sub).message_buffer(flow.role, send)
+    buf = p.kind_of(sub).message_buffer(p.record(sub), HParams.of(p.op), flow.role, send)
     return None if buf is None else kernel_array(sub.kernel, buf)
 
 
@@ -177,11 +178,12 @@ def _walk(p: Program, cls: CoreClass, has_p: bool, relays, save: set[str], sizes
                             holds["x"] = holds.get(st.promote)  # type: ignore[assignment]
                             promoted = True
                         st.operands = ("x",) + st.operands[1:]
-                    if e.name not in KEEPS_Y:
+                    own = rec is not None and p.kind_of(sub).writes_own(rec, HParams.of(p.op), e.name)
+                    if e.name not in KEEPS_Y and not own:
                         # a compute's work counts its operations: a GEMV's exceed the
                         # elements it leaves, so a keep copies no more than it did
                         define("y", sub.kernel, e.work, st, bounds=True)
-                    if e.name not in WRITES_NO_VALUE:
+                    if e.name not in WRITES_NO_VALUE and not own:
                         written = "y"
                 elif e.kind == "send":
                     flow = p.flows[e.flow]

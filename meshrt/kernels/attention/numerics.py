@@ -8,7 +8,9 @@ import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.attention.layout import HeadSplit, lays_out, splits_heads
+from meshrt.kernels.attention.pe import in_pe
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, block_range, inverse, part
+from meshrt.rope import rotary_dim, turn_parts
 from meshrt.runtime import reference as ref
 
 
@@ -22,7 +24,7 @@ def qkv_blocks(heads: int, kv_heads: int, head_dim: int, gated: bool = False) ->
 class Attention(KernelExec):
     """Heads split over the columns, the sequence over the rows (flash-decoding merge)."""
 
-    OPS = frozenset({"qk", "score_add", "exp", "softmax_merge", "normalize"})
+    OPS = frozenset({"qk", "score_add", "exp", "av", "softmax_merge", "normalize"})
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
@@ -38,6 +40,8 @@ class Attention(KernelExec):
         self.blocks = (qkv_blocks(self.heads, self.kvh, self.d, self.gated)
                        if info.param("qkv_in_place") is not None else None)
         _, _, w, _ = self.tiles[0]
+        # whole KV heads a column, q | k | v in place, float32: its PE bodies (`pe.py`)
+        self.bodies = self.tile_bodies() if in_pe(info, plane.hp) else None
         # wider than its KV heads: head_dim split over groups of columns (`layout`)
         self.split = None
         if splits_heads(self.kvh, w):
@@ -75,7 +79,49 @@ class Attention(KernelExec):
         lo = max(r0, p - self.window + 1) - r0 if self.window else 0
         return lo, min(p + 1, r1) - r0
 
+    def resident(self, pos):
+        """The bodies' resident arrays: the KV cache (empty), RoPE's turns per position, the
+        q/k norm gains, the sink logits of the column's heads."""
+        if self.bodies is None:
+            return None
+        _, i, _, w, _ = self.grid_at(pos)
+        out = [np.zeros(self.bodies_at(pos).buffer("kv").elems, F32)]  # the cache: empty
+        rot = rotary_dim(self.rope, self.d)
+        if rot // 2:
+            out.append(turn_parts(self.rope, rot).reshape(-1))
+        if self.plane.shape.qk_norm:
+            out += [self.q_gain.astype(F32), self.k_gain.astype(F32)]
+        if self.sinks is not None:
+            hq = self.heads // w
+            out.append(self.sinks[i * hq:(i + 1) * hq].astype(F32))
+        return out
+
+    def _compute_pe(self, cd, op):
+        """The op's PE body on the core's arrays (`pe.py`): its operand, the request table
+        and its neighbour's partial staged where the program has them."""
+        _, i, _, w, _ = self.grid_pos(cd)
+        bodies = self.bodies_at(cd.pos)
+        bufs = self.pe_buffers(cd, bodies)
+        if op == "qk":
+            lo, hi = block_range(self.blocks, w, i)
+            bufs["x"][:] = self.input(cd).need(lo, hi, self.where(cd)).astype(F32).reshape(-1)
+            cb = self._table(cd, self.where(cd))
+            bufs["mb"][0] = cb.slots[0].kv // self.b
+            rdt = bufs["rdt"]
+            for slot in cb.slots:  # the RDT the continuous-batching payloads keep
+                rdt[4 * slot.kv:4 * slot.kv + 3] = (slot.rid + 1, 0, slot.pos) if slot.rid >= 0 else (0, 1, 0)
+        elif op == "softmax_merge":
+            (got,) = self.take(cd, FlowRole.DOWN)
+            bufs["acc_in"][:] = got
+        self.run_body(cd, bodies, op)
+        if op == "normalize":
+            hq = self.heads // w
+            cd.values[self.name] = Vec.of(bufs["y"].reshape(self.b, hq * self.d).copy(), i * hq * self.d,
+                                          self.heads * self.d)
+
     def compute(self, cd, op):
+        if self.bodies is not None:
+            return self._compute_pe(cd, op)
         if self.split is not None:
             return self._compute_split(cd, op)
         where = self.where(cd)
@@ -262,6 +308,8 @@ class Attention(KernelExec):
         return (self.name, "prep") in cd.acc
 
     def send(self, cd, role):
+        if self.bodies is not None and role is FlowRole.DOWN:
+            return cd.buffers[self.name]["acc"].copy()
         if self.split is not None and self._scoring(cd):  # partial or summed scores
             return cd.acc[self.name, "scores"]
         if role is FlowRole.DOWN:

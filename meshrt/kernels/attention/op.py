@@ -10,9 +10,17 @@ from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, r
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType
-from meshrt.dialects.mesh import CoreSetAttr, RectAttr
-from meshrt.kernels.attention import csl
-from meshrt.kernels.attention.layout import HeadSplit, heads_share, kv_share, lays_out, q_share, splits_heads
+from meshrt.dialects.mesh import CoreSetAttr, FlowRole, RectAttr
+from meshrt.kernels.attention import csl, pe
+from meshrt.kernels.attention.layout import (
+    HeadSplit,
+    heads_share,
+    kv_share,
+    lays_out,
+    q_share,
+    splits_heads,
+    whole_heads,
+)
 from meshrt.kernels.attention.numerics import Attention, qkv_blocks
 from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.interface import (
@@ -28,6 +36,7 @@ from meshrt.kernels.interface import (
     chain,
     in_sequence,
 )
+from meshrt.rope import Rope, rotary_dim
 from meshrt.shape import HParams, request_state
 
 ROW_QUEUES = 4
@@ -126,14 +135,21 @@ class AttentionOp(KernelOp):
 
     @staticmethod
     def footprint(slots: int, max_seq: int, heads: int, kv_heads: int, head_dim: int,
-                  kv_bytes: float, micro_batch: int, w: int, h: int) -> Footprint:
-        """K and V rows max_seq/h of each slot's cache, the queries, the scores (of the
-        fullest column, `layout`)."""
+                  kv_bytes: float, micro_batch: int, w: int, h: int, *, rot: int = 0,
+                  qk_norm: bool = False, sinks: bool = False, gated: bool = False) -> Footprint:
+        """K and V rows max_seq/h of each slot's cache and the model's values beside it
+        (RoPE's turns of `rot` rotated features, q/k norm gains, sinks), and the PE
+        bodies' working arrays (`pe.py`), of the fullest column (`layout`)."""
         rows = ceil_div(max_seq, h)
         kv = slots * rows * kv_share(kv_heads, head_dim, w) * 2 * kv_bytes
-        q = 2 * micro_batch * q_share(heads, kv_heads, head_dim, w) * ACT_BYTES
-        scores = micro_batch * heads_share(heads, kv_heads, w) * rows * ACT_BYTES
-        return Footprint(kv, q + scores)
+        hq = heads_share(heads, kv_heads, w)
+        params = pe.param_buffers(head_dim, rot, qk_norm, hq if sinks else 0)
+        if whole_heads(kv_heads, w):
+            work = sum(b.elems for b in pe.working_buffers(micro_batch, hq, kv_heads // w, head_dim,
+                                                           rows, rot, gated))
+        else:  # head_dim split: the queries and the output, the scores (its CSL bodies)
+            work = 2 * micro_batch * q_share(heads, kv_heads, head_dim, w) + micro_batch * hq * rows
+        return Footprint(kv + 4 * sum(b.elems for b in params), ACT_BYTES * work)
 
     @staticmethod
     def control(micro_batch: int, slots: int) -> int:
@@ -147,7 +163,8 @@ class AttentionOp(KernelOp):
         d, seq = int_value(self.head_dim), int_value(self.max_seq)
         b = kctx.micro_batch
         rows = ceil_div(seq, h)
-        state = self.footprint(kctx.slots, seq, heads, kv, d, kctx.kv_bytes, b, w, h).state
+        state = self.footprint(kctx.slots, seq, heads, kv, d, kctx.kv_bytes, b, w, h,
+                               **self.model_features()).state
         hs = heads_share(heads, kv, w)
         feats = q_share(heads, kv, d, w)  # of q and of the output
         qk = [("compute", "qk", b * rows * feats)]
@@ -189,6 +206,36 @@ class AttentionOp(KernelOp):
         for r in roles:
             r.ctrl = self.control(b, kctx.slots)
         return roles, flows
+
+    def model_features(self) -> dict:
+        """What of the model (the program's hparams) sizes the footprint beyond the op's
+        properties: RoPE's rotated features, q/k norm, sinks, the output gate."""
+        d, program = int_value(self.head_dim), self.parent_op()
+        gated = self.gated is not None and bool(int_value(self.gated))
+        if getattr(program, "hparams", None) is None:  # an op on its own: a plain model's
+            return dict(rot=d, gated=gated)
+        hp = HParams.of(program)
+        return dict(rot=rotary_dim(Rope(partial=hp.float("rope_partial")), d),
+                    qk_norm=bool(hp.int("qk_norm")), sinks=bool(hp.int("attn_sinks")), gated=gated)
+
+    @classmethod
+    def pe_bodies(cls, info, micro_batch, hp, tile):
+        return pe.bodies_for(info, micro_batch, hp, tile)
+
+    @classmethod
+    def reads_in_place(cls, info, op):
+        return op == "qk"  # q | k | v where the qkv reduction left them; it writes its own arrays
+
+    @classmethod
+    def writes_own(cls, info, hp, op):
+        return op != "normalize" and pe.in_pe(info, hp)  # scores, the cache, the partial softmax
+
+    @classmethod
+    def message_buffer(cls, info, hp, role, send):
+        # the partial (out, max, sum) down each column, where the bodies compute it
+        if role is FlowRole.DOWN and pe.in_pe(info, hp):
+            return "acc" if send else "acc_in"
+        return None
 
     def input_share(self, width: int) -> int:
         return ceil_div(width, self.tiles()[0][2])

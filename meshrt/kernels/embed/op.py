@@ -76,7 +76,7 @@ class EmbedOp(KernelOp):
         return bodies_for(info, micro_batch, hp, tile)
 
     @classmethod
-    def message_buffer(cls, role, send):
+    def message_buffer(cls, info, hp, role, send):
         return "tokens" if role is FlowRole.TOKENS and not send else None  # i32 token ids
 
     def input_share(self, width: int) -> int:

@@ -61,7 +61,7 @@ class SampleOp(KernelOp):
         return op == "argmax"  # it reads the logits and writes only its candidates
 
     @classmethod
-    def message_buffer(cls, role, send):
+    def message_buffer(cls, info, hp, role, send):
         # candidates (logit bits, token id) along the row; the token ids to the embed
         if role is FlowRole.DOWN:
             return "cand" if send else "cand_in"
