@@ -458,17 +458,20 @@ def test_a_deltanet_narrower_than_its_layer_computes(tmp_path):
 
 @pytest.mark.parametrize("micro_batch", [2, 4])
 def test_deltanet_token_groups_compute(tmp_path, micro_batch):
-    """Two value heads on a layer four columns wide at micro-batch 2 and 4: the DeltaNet
-    takes all four columns as two token groups side by side, each running every other
-    token of the micro-batch over its own slots' state. Eight requests through the slots
-    (each slot reused), three asynchrony seeds: the reference's tokens."""
+    """Two value heads on a layer wider than them at micro-batch 2 and 4 (four columns at
+    2; eight at 4, where attention's working arrays for four slots widen the layer): the
+    DeltaNet takes all its columns as token groups of two columns side by side, each
+    running its share of the micro-batch's tokens over its own slots' state. Eight
+    requests through the slots (each slot reused), three asynchrony seeds: the
+    reference's tokens."""
     from meshrt.runtime.serving import serve
     from meshrt.runtime.workloads import Request
 
     config, target = _two_value_heads(tmp_path)
     program = driver.segment_program(config, target, micro_batch=micro_batch)
     (delta,) = [k for k in program.kernels() if k.kernel_name == "l0_delta"]
-    assert delta.region.rects.data[0].tuple[2] == 4 and delta.param("groups") == 2
+    width = delta.region.rects.data[0].tuple[2]
+    assert (width, delta.param("groups")) == ((4, 2) if micro_batch == 2 else (8, 4))
     rng = np.random.default_rng(2)
     reqs = [Request(i, 0.0, rng.integers(0, 128, 2 + i % 3).tolist(), 2 + i % 3, 3, 3)
             for i in range(8)]
