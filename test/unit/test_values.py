@@ -113,7 +113,7 @@ def test_the_residual_add_reads_the_reduced_value_and_the_kept_input(monkeypatch
                  for e in sub.events if e.kind == "compute"}
         assert steps["l0_add1", "add"].operands == (save_buffer("handoff_s0"), "p")
         assert steps["l0_add2", "add"].operands == (save_buffer("l0_add1"), "p")
-        assert plan.saved == {save_buffer("handoff_s0"): 4, save_buffer("l0_add1"): 4}
+        assert plan.saved == {save_buffer("handoff_s0"): 8, save_buffer("l0_add1"): 8}  # 2 slots x 4
         return
     pytest.fail("no class l0_add2.tile")
 
