@@ -3,7 +3,10 @@
 Continuous batching: the sampler produces (request id, finished?) per slot;
 every stage resolves it into its request descriptor table, and the first
 stage admits a waiting request (pushed by the host into `req`) into a freed
-slot. MoE routing: the gate produces (expert id << 16 | fp16 weight) per
+slot: it feeds the request's first token in place of the sampled one (the
+embed's ids are patched as they arrive) and forwards the payload rewritten
+to (the request's id, admitted), so every later stage starts the slot's
+context at 0 with the same request. MoE routing: the gate produces (expert id << 16 | fp16 weight) per
 (token, choice); relays and expert cores resolve it into the routing table
 and mark the tokens of their expert region.
 """
@@ -16,6 +19,9 @@ if TYPE_CHECKING:
     from meshrt.backend.csl.program import ProgramWriter
 
 CF_WORDS_PER_SLOT = 2  # continuous batching: (request id, status) per slot
+# status 0: running, 1: finished (the slot is free), ADMITTED: a request the first stage
+# admitted into the slot this step (its first token, at position 0)
+ADMITTED = 2
 
 
 class MetaCode:
@@ -40,29 +46,47 @@ class MetaCode:
                 "// (request id, status) per slot of the micro-batch: update the RDT; a finished",
                 "// request frees its slot" + (", and a waiting request is admitted into it." if self.admits else "."),
                 "fn resolve_continuous_batching() void {",
+                "  // the micro-batch this step serves, advanced first: the kernels after the",
+                "  // resolver read it (from 0, every class's first step serves micro-batch 1)",
+                f"  mb[0] = (mb[0] + 1) % {w.groups};",
                 f"  for (@range(u16, {b})) |j| {{",
                 f"    const slot = @as(u16, mb[0]) * {b} + j;",
                 f"    const id = meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT}];",
                 f"    const status = meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1];",
                 "    rdt[slot * 4] = @as(i32, id);",
                 "    rdt[slot * 4 + 1] = @as(i32, status);",
+            ]
+            if self.admits:
+                out.append("    admit_tok[j] = -1;")
+            out += [
                 "    if (status == 1) {",
                 "      rdt[slot * 4 + 2] = 0; // finished: the slot is free",
             ]
             if self.admits:
                 out += [
                     "      if (req[slot * 2] != 0) {",
-                    "        rdt[slot * 4] = @as(i32, req[slot * 2]); // admit the waiting request",
+                    "        // admit the waiting request: its first token is fed instead of the",
+                    "        // finished one's, and the stages after this one learn of it from the",
+                    "        // payload this stage forwards (status 2: admitted, context 0)",
+                    "        rdt[slot * 4] = @as(i32, req[slot * 2]);",
                     "        rdt[slot * 4 + 1] = 0;",
+                    "        admit_tok[j] = @as(i32, req[slot * 2 + 1]);",
+                    f"        meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT}] = req[slot * 2];",
+                    f"        meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1] = {ADMITTED};",
                     "        req[slot * 2] = 0;",
                     "      }",
+                ]
+            else:
+                out += [
+                    f"    }} else if (status == {ADMITTED}) {{",
+                    "      rdt[slot * 4 + 1] = 0; // admitted at the first stage: its first token, position 0",
+                    "      rdt[slot * 4 + 2] = 0;",
                 ]
             out += [
                 "    } else {",
                 "      rdt[slot * 4 + 2] += 1; // one more token of context",
                 "    }",
                 "  }",
-                f"  mb[0] = (mb[0] + 1) % {w.groups};",
                 "}",
             ]
         if "moe_routing" in resolves:

@@ -55,9 +55,11 @@ from meshrt.backend.csl.streams import RELAY, ROLE_FIRST, ROLE_HEAD
 from meshrt.backend.csl.pe_level import ClassLevel, has_partner, relays
 from meshrt.backend.csl.values import is_kernel_array, kernel_array
 from meshrt.diagnostics import MeshrtError
+from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
 from meshrt.kernels.pe import ELEM_TYPES, PROGRAM_ARRAYS
 from meshrt.routing import Box, RectSet, rect_boxes
+from meshrt.shape import HParams
 
 
 
@@ -199,6 +201,8 @@ class ProgramWriter:
         self.cf = "continuous_batching" in kinds
         # the RDT: kept by the continuous-batching resolver, or (a build without it) read by
         # a body and written by the host for each batch
+        self.admits = self.cf and any(e.kind == "compute" and registry.compute_op(e.name).admits_requests
+                                      for seg in self.cls.segments for e in seg.events())
         self.has_rdt = self.cf or any(name == "rdt" for fn in self.level.calls.values() if fn is not None
                                       for name, _ in _arrays_of(fn))
         self.moe = "moe_routing" in kinds
@@ -1079,10 +1083,25 @@ class ProgramWriter:
         self.uses_math |= calls_math(fn)
         return before + body_lines(fn, renames) + after
 
+    def admitted_tokens(self, sub) -> list[str]:
+        """Where the first stage admitted a request this step (the resolver), its first
+        token replaces the finished request's sampled one among the ids that arrived."""
+        kind = self.p.kind_of(sub)
+        buf = kind.message_buffer(self.p.record(sub), HParams.of(self.p.op), FlowRole.TOKENS, False)
+        tokens = self.ident(kernel_array(sub.kernel, buf))
+        return ["// a request admitted this step feeds its first token",
+                f"for (@range(u16, {self.b})) |j| {{",
+                "  if (admit_tok[j] >= 0) {",
+                f"    {tokens}[j] = admit_tok[j];",
+                "  }",
+                "}"]
+
     def emit_compute(self, e: Event, sub, st) -> str:
         i = len(self.fns)
         name = f"k{i}_{e.name}"
         body = ComputeBody(self, e, sub, st.received).lines()
+        if self.admits and registry.compute_op(e.name).admits_requests:
+            body = self.admitted_tokens(sub) + body
         self.fns.append("\n".join([f"// @{sub.kernel} \"{sub.role}\": {e.name}, {e.work} ops",
                                    f"fn {name}() void {{", *("  " + l for l in body), "}"]))
         return name
@@ -1182,12 +1201,12 @@ class ProgramWriter:
                 add(decl)
             add(f"var rt_weight = @zeros([{self.b * self.top_k}]f32); // gate weight per (token, choice)")
             add(f"var mine = @zeros([{self.b}]u16); // tokens whose expert lives in this core's region")
-        admits = self.cf and any(e.kind == "compute" and registry.compute_op(e.name).admits_requests
-                                 for seg in cls.segments for e in seg.events())
+        admits = self.admits
         emits_tokens = any(e.kind == "produce" and e.name == "continuous_batching"
                            for seg in cls.segments for e in seg.events())
         if admits:
             out.extend(self.host_buffer("req", self.slots * 2, "u32", "waiting requests the host pushes: id, first token"))
+            add(f"var admit_tok = @zeros([{self.b}]i32); // the first token of a request admitted this step (-1: none)")
         if emits_tokens:
             out.extend(self.host_buffer("tok", self.slots * 2, "u32", "sampled tokens for the host: request id, token"))
         xw_in, xw_out = self.xw_in, self.xw_out
