@@ -85,16 +85,16 @@ class Attention(KernelExec):
         if self.bodies is None:
             return None
         _, i, _, w, _ = self.grid_at(pos)
-        out = [np.zeros(self.bodies_at(pos).buffer("kv").elems, F32)]  # the cache: empty
-        rot = rotary_dim(self.rope, self.d)
-        if rot // 2:
-            out.append(turn_parts(self.rope, rot).reshape(-1))
-        if self.plane.shape.qk_norm:
-            out += [self.q_gain.astype(F32), self.k_gain.astype(F32)]
-        if self.sinks is not None:
-            hq = self.heads // w
-            out.append(self.sinks[i * hq:(i + 1) * hq].astype(F32))
-        return out
+        bodies = self.bodies_at(pos)
+        hq = self.heads // w
+        values = {  # by buffer: the bodies say which they hold and in what order (`pe.py`)
+            "kv": lambda: np.zeros(bodies.buffer("kv").elems, F32),  # the cache: empty
+            "rope": lambda: turn_parts(self.rope, rotary_dim(self.rope, self.d)).reshape(-1),
+            "q_gain": lambda: self.q_gain.astype(F32),
+            "k_gain": lambda: self.k_gain.astype(F32),
+            "sinks": lambda: self.sinks[i * hq:(i + 1) * hq].astype(F32),
+        }
+        return [values[b.name]() for b in bodies.resident]
 
     def _compute_pe(self, cd, op):
         """The op's PE body on the core's arrays (`pe.py`): its operand, the request table

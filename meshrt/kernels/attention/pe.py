@@ -162,7 +162,8 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
 
     def live_slot(bd: Body, j, s, pos) -> None:
         posf = bd.to_float(pos)
-        xs, hv, qk = bd.mul(j, share), bd.mul(j, nh * d), bd.mul(j, nh * d)
+        xs = bd.mul(j, share)
+        hv = qk = bd.mul(j, nh * d)  # the slot's heads: in hv normalised, in qk rotated
         src = bd.offset(bd.dsd("x", (nh, d)), xs)
         dst = bd.offset(bd.dsd("hv", (nh, d)), hv)
         if qk_norm:  # each head over its d features: x / rms(x) * gain
