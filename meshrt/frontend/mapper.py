@@ -84,6 +84,7 @@ from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.corridor import relay_footprint
 from meshrt.kernels.embed.op import EmbedOp
 from meshrt.kernels.expert_ffn.op import ExpertFFNOp
+from meshrt.kernels.expert_ffn.pe import computes_in_pe
 from meshrt.kernels.expert_reduce.op import expert_passes
 from meshrt.kernels.gemv.op import GemvOp
 from meshrt.kernels.gemv.tiles import tile_shape
@@ -238,7 +239,8 @@ class Sizer:
         mb = self.micro_batch
         pairs = mb * expert_passes(group, s.top_k, routed=False)
         wb = s.expert_dtype_bytes if weight_bytes is None else weight_bytes
-        return ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, wb, mb, pairs, w, h).total
+        return ExpertFFNOp.footprint(group, s.hidden, s.expert_ffn, wb, mb, pairs, w, h, s.expert_bias,
+                                     s.dtype_bytes, computes_in_pe(s.expert_quant, s.dtype_bytes, wb)).total
 
     def decoded_experts_fit(self, group: int, w: int, h: int) -> bool:
         """Whether quantized experts' tiles fit w x h regions decoded, as the model's

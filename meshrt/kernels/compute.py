@@ -82,7 +82,7 @@ def _packed_layout(fmt: str, k: int, m: int, off: int) -> tuple[int, int, int]:
     return codes, blocks, blocks + k
 
 
-def _fmac(b: ComputeBody) -> list[str]:
+def fmac_csl(b: ComputeBody) -> list[str]:
     w = b.w
     got = _tile(b)
     if got is None:
@@ -186,7 +186,7 @@ def _silu_mul(b: ComputeBody) -> list[str]:
     ]
 
 
-FMAC = ComputeOp("fmac", "fmac", _fmac, reads_input=True)
+FMAC = ComputeOp("fmac", "fmac", fmac_csl, reads_input=True)
 """Multiply-accumulate of the input against this core's resident weight tile."""
 ADD = ComputeOp("add", "add", _add)
 """Elementwise sum into the output buffer (a chain's partials, a residual)."""

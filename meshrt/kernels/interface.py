@@ -412,7 +412,7 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
           tiles: list[tuple[int, int, int, int]] | None = None, relay_back: bool = True,
           kctx: KernelContext | None = None, root: int | None = None,
           gather: Gather | None = None, part: str = "",
-          relay: bool = False) -> tuple[list[Role], list[FlowSpec]]:
+          relay: bool = False, back_bytes: int | None = None) -> tuple[list[Role], list[FlowSpec]]:
     """Roles and flows of a streaming reduction down each column (or along each row) of the tiles.
 
     Every core runs `local`; partials stream toward the root at the centre of
@@ -437,6 +437,8 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     back core by core (each core passes on what it received) even where a multicast
     could reach the line: a segmented reduction, whose cores keep only what their
     segment's root sent (`attention.layout`).
+    `back_bytes`: the size of what goes back (default `msg_bytes`: the
+    reduced value; less where the root's `finish` makes it smaller).
     """
     from meshrt.kernels.reduce_tree import ReduceTree
 
@@ -489,7 +491,7 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
     multicast = not relay and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     flows: list[FlowSpec] = []
 
-    def phase(tag: str, op_name: str, msg: int, relays: bool):
+    def phase(tag: str, op_name: str, msg: int, relays: bool, back_msg: int):
         """One streaming pass over the tree: its flows go into `flows`; returns the events of
         each non-root position (side, d) and of the root, between its local work and what
         it does after the pass."""
@@ -519,15 +521,15 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
                                       dx * s, dy * s, role=FlowRole.DOWN, streams=True))
             if relays and not multicast:
                 flows.append(FlowSpec(relay, at(pos(side, d) for d in range(0, m)),
-                                      at(pos(side, d) for d in range(1, m + 1)), "shift", msg,
+                                      at(pos(side, d) for d in range(1, m + 1)), "shift", back_msg,
                                       -dx, -dy, role=FlowRole.UP, streams=True))
 
             def back(d: int) -> list[Event]:
                 if not relays:
                     return []
                 if multicast:
-                    return [("recv", up, msg)]
-                return [("recv", relay, msg)] + ([("send", relay, msg)] if d < m else [])
+                    return [("recv", up, back_msg)]
+                return [("recv", relay, back_msg)] + ([("send", relay, back_msg)] if d < m else [])
 
             for lo, hi in tree.groups(side):
                 for d in range(lo, hi + 1):
@@ -544,20 +546,21 @@ def chain(kernel: KernelOp, local: list[Event], reduce_op: str, msg_bytes: int,
             if leads:
                 root_back += [("recv", across, msg), *op]
             if relays and not multicast:
-                relay_sends.append(("send", relay, msg))
-        sends = relay_sends if not multicast else ([("send", up, msg)] if relays else [])
+                relay_sends.append(("send", relay, back_msg))
+        sends = relay_sends if not multicast else ([("send", up, back_msg)] if relays else [])
         if relays and multicast:
             flows.append(FlowSpec(up, at([c]), at(p for p in range(n) if p != c),
-                                  "row" if along_row else "col", msg, role=FlowRole.UP, streams=True))
+                                  "row" if along_row else "col", back_msg, role=FlowRole.UP, streams=True))
         return at_pos, root_in + root_back, sends
 
     before: dict[tuple[str, int], list[Event]] = {}
     root_first = list(first)
     if gather is not None:
-        g_pos, g_in, g_sends = phase(".gather", gather.merge, gather.msg_bytes, True)
+        g_pos, g_in, g_sends = phase(".gather", gather.merge, gather.msg_bytes, True, gather.msg_bytes)
         before = {key: first + ev for key, ev in g_pos.items()}
         root_first += g_in + g_sends
-    at_pos, root_in, sends = phase("", reduce_op, msg_bytes, relay_back)
+    at_pos, root_in, sends = phase("", reduce_op, msg_bytes, relay_back,
+                                   msg_bytes if back_bytes is None else back_bytes)
     out = [OUTPUTS] if not outputs_from_root else []
     by_events: dict[tuple, tuple[str, list[int], list[Event]]] = {}
 

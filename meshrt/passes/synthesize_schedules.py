@@ -685,6 +685,9 @@ def kernel_info(op: mk.KernelOp) -> ev.KernelInfoOp:
     params["in_widths"] = DenseArrayBase.from_list(i64, widths)
     if op.results and isinstance(op.results[0].type, ActType):
         params["out_width"] = _int(op.results[0].type.width.data)
+    program = op.parent_op()
+    if "moe_routing" in op.RESOLVES and "moe_routing" in getattr(program, "dynamism_kinds", ()):
+        params["routed"] = _int(1)  # its bodies read the routing table (else: the static build)
     if op.results and isinstance(op.results[0].type, RoutingType):
         params["experts"] = _int(op.results[0].type.experts.data)
         params["top_k"] = _int(op.results[0].type.top_k.data)

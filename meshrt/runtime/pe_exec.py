@@ -162,7 +162,8 @@ def _value(v: SSAValue, ctx: _Ctx) -> Callable[[dict], object]:
                 raise PeExecError(f"{ctx.where}: reads parameter {name}, which the run does not give")
             return env[name]
         return param
-    return lambda env: env[v]
+    key = id(v)  # env is keyed by the values' ids: an int hashes in C, an SSAValue in Python
+    return lambda env: env[key]
 
 
 @impl(csl.ReturnOp, scf.YieldOp)
@@ -188,7 +189,7 @@ def _constant(op, ctx):
 
 def _binary(fn):
     def compile_op(op, ctx):
-        a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
+        a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), id(op.result)
 
         def step(bufs, env):
             env[res] = F32(fn(F32(a(env)), F32(b(env))))
@@ -198,7 +199,7 @@ def _binary(fn):
 
 def _integer(fn):
     def compile_op(op, ctx):
-        a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
+        a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), id(op.result)
         if op.lhs in ctx.const and op.rhs in ctx.const:
             ctx.const[res] = int(fn(ctx.const[op.lhs], ctx.const[op.rhs]))
             return None
@@ -219,7 +220,7 @@ impl(arith.RemSIOp)(_integer(np.fmod))  # the sign of the dividend, as C's %
 
 @impl(arith.SIToFPOp)
 def _sitofp(op, ctx):
-    get, res = _value(op.input, ctx), op.result
+    get, res = _value(op.input, ctx), id(op.result)
 
     def step(bufs, env):
         env[res] = np.asarray(get(env)).astype(F32)[()]
@@ -228,7 +229,7 @@ def _sitofp(op, ctx):
 
 @impl(arith.FPToSIOp)
 def _fptosi(op, ctx):
-    get, res = _value(op.input, ctx), op.result
+    get, res = _value(op.input, ctx), id(op.result)
 
     def step(bufs, env):  # toward zero
         env[res] = np.trunc(np.asarray(get(env), F32)).astype(np.int64)[()]
@@ -242,7 +243,7 @@ def _index_cast(op, ctx):
     if op.input in ctx.const:
         ctx.const[op.result] = ctx.const[op.input]
         return None
-    get, res = _value(op.input, ctx), op.result
+    get, res = _value(op.input, ctx), id(op.result)
 
     def step(bufs, env):
         env[res] = get(env)
@@ -251,7 +252,7 @@ def _index_cast(op, ctx):
 
 @impl(arith.ExtFOp)
 def _extf(op, ctx):
-    get, res = _value(op.input, ctx), op.result
+    get, res = _value(op.input, ctx), id(op.result)
 
     def step(bufs, env):  # exact: every 16-bit float is a float32
         env[res] = np.asarray(get(env)).astype(F32)[()]
@@ -260,7 +261,7 @@ def _extf(op, ctx):
 
 @impl(arith.BitcastOp)
 def _bitcast(op, ctx):
-    get, res, to = _value(op.input, ctx), op.result, dtype(op.result.type)
+    get, res, to = _value(op.input, ctx), id(op.result), dtype(op.result.type)
     src = dtype(op.input.type)
 
     def step(bufs, env):
@@ -289,7 +290,7 @@ def _cmp(op, ctx):
     fn = _CMP.get(pred)
     if fn is None:
         raise ctx.fail(f"no executor for the {'float' if floats else 'integer'} comparison '{pred}'")
-    a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
+    a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), id(op.result)
     if floats:
         def step(bufs, env):
             env[res] = fn(F32(a(env)), F32(b(env)))
@@ -301,7 +302,7 @@ def _cmp(op, ctx):
 
 @impl(arith.SelectOp)
 def _select(op, ctx):
-    c, a, b, res = _value(op.cond, ctx), _value(op.lhs, ctx), _value(op.rhs, ctx), op.result
+    c, a, b, res = _value(op.cond, ctx), _value(op.lhs, ctx), _value(op.rhs, ctx), id(op.result)
     to = dtype(op.result.type)
 
     def step(bufs, env):
@@ -314,7 +315,7 @@ def _member_call(op, ctx):
     fn = MATH_FNS.get(op.field.data)
     if not (isinstance(op.struct.owner, csl.ImportModuleConstOp) and fn is not None):
         raise ctx.fail(f"no executor for {op.field.data} of the imported module")
-    args, res = [_value(a, ctx) for a in op.args], op.result
+    args, res = [_value(a, ctx) for a in op.args], id(op.result)
 
     def step(bufs, env):
         env[res] = fn(*[a(env) for a in args])
@@ -329,7 +330,7 @@ def _element(op, ctx) -> tuple[str, Callable[[dict], int]]:
 
 @impl(memref.LoadOp)
 def _load(op, ctx):
-    (name, i), res = _element(op, ctx), op.res
+    (name, i), res = _element(op, ctx), id(op.res)
 
     def step(bufs, env):  # one element, or every iteration's of a fused loop
         env[res] = bufs[name][i(env)]
@@ -367,7 +368,7 @@ def _fused(op, ctx) -> Step | None:
     if dst is not src0 or not isinstance(dst, OpResult) or dst.op.parent_block() is block:
         return None
     lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
-    iv = block.args[0]
+    iv = id(block.args[0])
     pre = _ops([o for o in block.ops if o is not acc], ctx)
     d, s1 = ctx.const.get(dst), ctx.const.get(src1)
     if not (isinstance(d, Dsd) and isinstance(s1, Dsd)) or s1.buf == d.buf or len(s1.idx) != len(d.idx):
@@ -466,6 +467,8 @@ def _parallel(op, ctx) -> Step | None:
     body = _block(block, ctx)
     ctx.in_order = outer
 
+    iv = id(iv)
+
     def step(bufs, env):
         if len(ivs):
             env[iv] = ivs
@@ -480,12 +483,12 @@ def _for(op, ctx):
     if fused is not None:
         return fused
     lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
-    iv, *args = op.body.block.args
+    iv, *args = (id(a) for a in op.body.block.args)
     body = _block(op.body.block, ctx)
     if args:  # carried values: the yield's operands are the next iteration's arguments
         inits = [_value(v, ctx) for v in op.iter_args]
         yields = [_value(v, ctx) for v in op.body.block.last_op.operands]
-        results = list(op.results)
+        results = [id(r) for r in op.results]
 
         def step(bufs, env):
             for a, v in zip(args, inits):

@@ -158,18 +158,24 @@ class ProgramWriter:
         for seg in self.cls.segments:
             for sub in seg.subs:
                 for e in sub.events:
-                    if e.kind == "recv":
+                    # a transfer into or out of a kernel's own array (a PE body's message)
+                    # sizes that array, not the working ones
+                    own = e.kind in ("recv", "send") and is_kernel_array(
+                        self.values.step(e).target if e.kind == "recv" else self.values.step(e).source)
+                    if e.kind == "recv" and not own:
                         if self._internal(e):
                             np_ = max(np_, e.elems)
                         else:
                             nx = max(nx, e.elems)
+                    if e.kind == "recv":
                         if e.meta:
                             k = self.p.flows[e.flow].meta_kind
                             meta_in[k] = max(meta_in.get(k, 0), e.meta_words)
                     elif e.kind == "resolve":
                         meta_in[e.name] = max(meta_in.get(e.name, 0), e.meta_words)
                     elif e.kind == "send":
-                        ny = max(ny, e.elems)
+                        if not own:
+                            ny = max(ny, e.elems)
                         kind = self.p.flows[e.flow].meta_kind
                         if e.meta and kind in producers:
                             meta_out[kind] = max(meta_out.get(kind, 0), e.meta_words)
@@ -177,7 +183,14 @@ class ProgramWriter:
                             meta_in[kind] = max(meta_in.get(kind, 0), e.meta_words)
                     elif e.kind == "produce":
                         meta_out[e.name] = max(meta_out.get(e.name, 0), e.meta_words)
-        self.nx, self.np, self.ny = nx, np_, max(ny, nx, np_)
+        # a compute without a PE body may write y as long as what its sub received (its
+        # CSL body assumes so); PE bodies size y by what they use (`pe_lines`)
+        for seg in self.cls.segments:
+            for sub in seg.subs:
+                if any(e.kind == "compute" and self.level.calls.get(id(e)) is None for e in sub.events):
+                    ny = max([ny, *(e.elems for e in sub.events if e.kind == "recv"
+                                    and not is_kernel_array(self.values.step(e).target))])
+        self.nx, self.np, self.ny = nx, np_, ny
         self.cap = {"x": self.nx, "y": self.ny, "p": self.np}  # grown by the transfers below
         self.has_p = has_partner(self.p, self.cls)
         self.meta_in = meta_in
@@ -206,6 +219,10 @@ class ProgramWriter:
         self.has_rdt = self.cf or any(name == "rdt" for fn in self.level.calls.values() if fn is not None
                                       for name, _ in _arrays_of(fn))
         self.moe = "moe_routing" in kinds
+        # the routing table: filled by the moe_routing resolver, or (the static build) by the
+        # gate's body on its root, for the bodies after it there
+        self.has_rt = self.moe or any(name in ("rt_expert", "rt_weight") for fn in self.level.calls.values()
+                                      if fn is not None for name, _ in _arrays_of(fn))
         self.slots = self.p.slots
         self.top_k = max(1, int(self.p.hp("top_k", 1)))
         self.routed_vars: dict[str, str] = {}  # declarations of the routed flows' state
@@ -254,7 +271,8 @@ class ProgramWriter:
         n += self.nwq * 2
         n += 4 * (self.meta_in_words + sum(self.meta_in.values()) + sum(self.meta_out_words.values()))
         n += 4 * self.slots * 4 if self.cf else 0
-        n += (4 + 4 + 2) * self.b * self.top_k if self.moe else 0  # rt_expert (i32), rt_weight, mine
+        n += (4 + 4) * self.b * self.top_k if self.has_rt else 0  # rt_expert (i32), rt_weight
+        n += 2 * self.b if self.moe else 0  # mine
         n += eb * self.b * self.attn_rows + 4 * self.b  # sc, scale (f32)
         n += 4 * sum(self.shadows.values()) + eb * sum(self.values.saved.values())
         n += sum(ELEM_TYPES[a.elem].bitwidth // 8 * a.elems for a in self.level.arrays.values()
@@ -309,6 +327,8 @@ class ProgramWriter:
         return f"{op}({self.mem(dst, n)}, {self.mem(src, n)});"
 
     def mem(self, buf: str, n: int, offset: int = 0) -> str:
+        if buf in self.cap:  # a working array is declared as long as its DSDs reach
+            self.need(buf, n + offset)
         buf = self.ident(buf)
         name = f"m_{buf}_{n}" + (f"_at{offset}" if offset else "")
         if name not in self.dsds:
@@ -1039,11 +1059,10 @@ class ProgramWriter:
                                       f"{n} entries of the request descriptor table {name}, which "
                                       f"has {self.slots * 4 if name == 'rdt' else 1}", self.cls.op)
             elif name in ("rt_expert", "rt_weight"):
-                if not self.moe or n > self.b * self.top_k:
+                if n > self.b * self.top_k:
                     raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel}'s body uses "
-                                      f"{n} entries of the routing table {name}, which the program "
-                                      f"{'has ' + str(self.b * self.top_k) if self.moe else 'does not have'}",
-                                      self.cls.op)
+                                      f"{n} entries of the routing table {name}, which has "
+                                      f"{self.b * self.top_k}", self.cls.op)
             elif name in self.level.arrays:
                 arr = self.level.arrays[name]
                 size, off = arr.elems, arr.offset
@@ -1195,11 +1214,14 @@ class ProgramWriter:
         if self.has_rdt:
             out.extend(self.host_buffer("rdt", self.slots * 4, "i32", "request descriptor table: id, status, length, -"))
             add("var mb = @zeros([1]i32); // micro-batch whose slots the current step serves")
-        if self.moe:
+        if self.has_rt:
             add(f"var rt_expert = @zeros([{self.b * self.top_k}]i32); // routing table: expert per (token, choice)")
+        if self.moe:
             for decl in self.routed_vars.values():
                 add(decl)
+        if self.has_rt:
             add(f"var rt_weight = @zeros([{self.b * self.top_k}]f32); // gate weight per (token, choice)")
+        if self.moe:
             add(f"var mine = @zeros([{self.b}]u16); // tokens whose expert lives in this core's region")
         admits = self.admits
         emits_tokens = any(e.kind == "produce" and e.name == "continuous_batching"

@@ -40,9 +40,13 @@ def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, i
     if kind == "add":
         return add_bodies(info.kernel_name, micro_batch, -(-n // split))
     if kind == "silu_mul":
-        act = tuple(hp.float(k) for k in ("swiglu_alpha", "swiglu_limit", "swiglu_shift"))
-        return silu_mul_bodies(info.kernel_name, micro_batch, -(-n // split), *act)
+        return silu_mul_bodies(info.kernel_name, micro_batch, -(-n // split), *glu_params(hp))
     return None
+
+
+def glu_params(hp: HParams) -> tuple[float, float, float]:
+    """The model's FFN activation as `add_silu_mul` takes it: alpha, limit, shift."""
+    return tuple(hp.float(k) for k in ("swiglu_alpha", "swiglu_limit", "swiglu_shift"))
 
 
 def add_bodies(kernel: str, b: int, k: int) -> Bodies:
@@ -106,11 +110,19 @@ def silu_mul_bodies(kernel: str, b: int, k: int, alpha: float = 1.0, limit: floa
     core's column of it holds them). `limit` > 0: g = min(g, limit), u clipped to
     +-limit first (gpt-oss); alpha 1, no limit, shift 0 is SiLU (`reference.glu`)."""
     out = Bodies(kernel, [Buffer("x", b * 2 * k), Buffer("y", b * k)])
-    body = out.body("silu_mul")
+    add_silu_mul(out, "silu_mul", b, k, "x", "y", alpha, limit, shift)
+    return out
+
+
+def add_silu_mul(out: Bodies, op: str, b: int, k: int, src: str, dst: str, alpha: float = 1.0,
+                 limit: float = 0.0, shift: float = 0.0) -> None:
+    """The silu_mul body as compute op `op` of `out`: `src` holds per slot k gate then k
+    up entries, `dst` gets the k products (`silu_mul_bodies`)."""
+    body = out.body(op)
 
     def entry(bd: Body, j, i) -> None:
-        g = bd.load("x", bd.add(bd.mul(j, 2 * k), i))
-        u = bd.load("x", bd.plus(bd.add(bd.mul(j, 2 * k), i), k))
+        g = bd.load(src, bd.add(bd.mul(j, 2 * k), i))
+        u = bd.load(src, bd.plus(bd.add(bd.mul(j, 2 * k), i), k))
         if limit:
             g = bd.minf(g, bd.scalar(limit))
             u = bd.maxf(bd.minf(u, bd.scalar(limit)), bd.scalar(-limit))
@@ -118,8 +130,7 @@ def silu_mul_bodies(kernel: str, b: int, k: int, alpha: float = 1.0, limit: floa
         act = bd.divf(g, bd.addf(bd.scalar(1.0), e))
         if shift:
             u = bd.addf(u, bd.scalar(shift))
-        bd.store(bd.mulf(act, u), "y", bd.add(bd.mul(j, k), i))
+        bd.store(bd.mulf(act, u), dst, bd.add(bd.mul(j, k), i))
 
     body.each(b, lambda bd, j: bd.each(k, lambda bd2, i: entry(bd2, j, i)))
-    out.add("silu_mul", body)
-    return out
+    out.add(op, body)

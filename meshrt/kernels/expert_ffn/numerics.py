@@ -14,7 +14,7 @@ from meshrt.runtime import reference as ref
 class ExpertFFN(RoutesTokens):
     """See ExpertFFNOp.roles (meshrt.kernels.expert_ffn.op) for the layout."""
 
-    OPS = frozenset({"fmac", "add", "silu_mul", "dequant_fp8", "dequant_mxfp4"})
+    OPS = frozenset({"fmac", "add", "silu_mul", "fmac_down", "dequant_fp8", "dequant_mxfp4"})
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
@@ -48,9 +48,14 @@ class ExpertFFN(RoutesTokens):
         held = group_experts(self.tiles, region_experts(len(self.tiles), self.placement,
                                                        self.shared))
         self.passes = [expert_passes(n, self.plane.shape.top_k, self.dynamic) for n in held]
+        # float32 experts compute as the PE bodies (`expert_ffn/pe.py`); the others here
+        self.bodies = self.tile_bodies()
+        self.in_pe = all(b is not None for b in self.bodies.values())
 
-    def _experts(self, cd, tile):
-        placement = self.plane.placement(self.layer, cd.step, self.placement)
+    def _experts(self, cd, tile, placement=None):
+        """Expert ids region `tile` holds at the step (under `placement`, if given)."""
+        if placement is None:
+            placement = self.plane.placement(self.layer, cd.step, self.placement)
         key = (placement, tile)
         members = self._members.get(key)
         if members is None:
@@ -115,7 +120,83 @@ class ExpertFFN(RoutesTokens):
                 tile = cd.packed_tile((self.name, e, which), lambda d=d: d.slice(f0, f1, r0, r1))
             cd.acc.setdefault((self.name, "w"), {})[e, which] = tile.decode()
 
+    def resident(self, pos, placement=None):
+        """A core's tiles of the experts its region holds (under `placement`; default the
+        compiled one), with their biases (gate|up on the first input rows' cores, down on
+        the first FFN slice's) and the experts' ids, as the PE bodies hold them."""
+        if not self.in_pe:
+            return None
+        bodies = self.bodies_at(pos)
+        t, i, j, w, h = self.grid_at(pos)
+        n = bodies.buffer("held").elems
+        rows, cols = bodies.buffer("x").elems // self.b, bodies.buffer("a").elems // self.b
+        r0, r1 = part(self.moe.w_gate.shape[1], h, j)
+        f0, f1 = part(self.f, w, i)
+        nr, nf = r1 - r0, f1 - f0
+        wgu, wdn = np.zeros((n, rows, 2 * cols), F32), np.zeros((n, cols, rows), F32)
+        bgu, bdn = np.zeros((n, 2 * cols), F32), np.zeros((n, rows), F32)
+        held = np.full(n, -1.0, F32)
+        members = (self._experts(None, t, placement or self.placement))
+        for le, e in enumerate(members):
+            g, u, d = self.mats[e]
+            wgu[le, :nr, :nf], wgu[le, :nr, cols:cols + nf] = g[r0:r1, f0:f1], u[r0:r1, f0:f1]
+            wdn[le, :nf, :nr] = d[f0:f1, r0:r1]
+            bias = self.biases[e]
+            if bias is not None and r0 == 0:
+                bgu[le, :nf], bgu[le, cols:cols + nf] = bias[0][f0:f1], bias[1][f0:f1]
+            if bias is not None and f0 == 0:
+                bdn[le, :nr] = bias[2][r0:r1]
+            held[le] = e
+        out = {"wgu": wgu, "wdn": wdn, "bgu": bgu, "bdn": bdn, "held": held}
+        return [out[b.name].ravel() for b in bodies.resident]
+
+    def _compute_pe(self, cd, op):
+        """The op as the PE bodies compute it, on this core's buffers."""
+        t, i, j, w, h = self.grid_pos(cd)
+        bodies = self.bodies_at(cd.pos)
+        bufs = self.pe_buffers(cd, bodies)
+        if op == "fmac":
+            # weights moved in by a re-placement: the core holds the new experts' tiles
+            placement = self.plane.placement(self.layer, cd.step, self.placement)
+            if cd.acc.get((self.name, "placed"), self.placement) != placement:
+                for b, data in zip(bodies.resident, self.resident(cd.pos, placement)):
+                    bufs[b.name][:] = data
+                cd.acc[self.name, "placed"] = placement
+            r0, r1 = part(self.moe.w_gate.shape[1], h, j)
+            xb = bufs["x"].reshape(self.b, -1)
+            xb[:] = 0
+            xb[:, :r1 - r0] = self.input(cd).need(r0, r1, self.where(cd))
+            if "rt_expert" in bufs:
+                if cd.route is None:
+                    raise DataLayoutError(f"{self.where(cd)}: no routing metainfo received")
+                bufs["rt_expert"][:] = cd.route.ids[:, :self.plane.shape.top_k].ravel()
+            self.run_body(cd, bodies, op)
+            # the first step after a re-placement waits for the weights that move in
+            return self.plane.move_cycles(self.layer, cd.step, t)
+        if op == "add":
+            (got,) = self.take(cd, FlowRole.DOWN)
+            bufs["p"][:] = got
+        self.run_body(cd, bodies, op)
+        if op == "fmac_down" and bufs["pass"][0] == 0:  # the step's last pass: its partials
+            self._outputs(cd, bufs, part(self.moe.w_gate.shape[1], h, j))
+        return None
+
+    def _outputs(self, cd, bufs, rows: tuple[int, int]) -> None:
+        """The step's output partials as expert_reduce takes them: {expert: (slots, first
+        row, rows)} from the pair table and y."""
+        r0, r1 = rows
+        y = bufs["y"].reshape(len(bufs["pair_e"]), -1)[:, :r1 - r0]
+        out: dict[int, tuple[list[int], int, list]] = {}
+        for q, le in enumerate(bufs["pair_e"].tolist()):
+            if le >= 0:
+                slots, _, ys = out.setdefault(int(bufs["held"][le]), ([], r0, []))
+                slots.append(int(bufs["pair_s"][q]))
+                ys.append(y[q])
+        cd.values[self.name] = {e: (slots, r0, np.array(ys, F64)) for e, (slots, r0, ys) in out.items()}
+
     def compute(self, cd, op):
+        if self.in_pe:
+            return self._compute_pe(cd, op)
         t, i, j, w, h = self.grid_pos(cd)
         where = self.where(cd)
         hidden = self.moe.w_gate.shape[1]
@@ -125,7 +206,7 @@ class ExpertFFN(RoutesTokens):
             self._decode(cd, op, t, "down" if self.name + ".a" in cd.acc else "gate_up",
                          r0, r1, f0, f1)
             return None
-        if op == "fmac" and self.name + ".a" not in cd.acc:  # phase 1: x . W_gate|up
+        if op == "fmac":  # phase 1: x . W_gate|up
             r0, r1 = part(hidden, h, j)
             x = self.input(cd).need(r0, r1, where).astype(F64)
             parts = {}
@@ -150,7 +231,7 @@ class ExpertFFN(RoutesTokens):
             cd.acc[self.name + ".a"] = {
                 e: (rows, ref.glu(g[:, :n].astype(F32), g[:, n:].astype(F32), self.plane.act))
                 for e, (rows, g) in parts.items()}
-        elif op == "fmac":  # phase 2: a[f_i] . W_down[f_i, rows j], this core's partial
+        elif op == "fmac_down":  # phase 2: a[f_i] . W_down[f_i, rows j], this core's partial
             a = cd.acc.pop(self.name + ".a")
             r0, r1 = part(hidden, h, j)
             key = (self.name, "pass")
@@ -169,6 +250,8 @@ class ExpertFFN(RoutesTokens):
             cd.acc.pop((self.name, "w"), None)  # this pass's decoded tiles
 
     def send(self, cd, role):
+        if self.in_pe and role in (FlowRole.UP, FlowRole.DOWN):
+            return cd.buffers[self.name]["a" if role is FlowRole.UP else "gu"].copy()
         if role is FlowRole.UP:
             return cd.acc[self.name + ".a"]
         if role is FlowRole.DOWN:
@@ -176,4 +259,7 @@ class ExpertFFN(RoutesTokens):
         return cd.values[self.name]  # this core's output partial
 
     def relayed(self, cd, value):
-        cd.acc[self.name + ".a"] = value
+        if self.in_pe:
+            cd.buffers[self.name]["a"][:] = value
+        else:
+            cd.acc[self.name + ".a"] = value

@@ -10,11 +10,13 @@ from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, r
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
 from meshrt.dialects.graph import ActType, RoutingType, verify_weights
-from meshrt.dialects.mesh import CoreSetAttr
+from meshrt.dialects.mesh import CoreSetAttr, FlowRole
 from meshrt.kernels.combine.op import CombineOp
 from meshrt.quant import packed_format
-from meshrt.kernels.compute import ADD, DEQUANT, FMAC, SILU_MUL
+from meshrt.shape import HParams
+from meshrt.kernels.compute import ADD, DEQUANT, FMAC, SILU_MUL, ComputeOp, fmac_csl
 from meshrt.kernels.dispatch.op import DispatchOp
+from meshrt.kernels.expert_ffn import pe
 from meshrt.kernels.expert_ffn.numerics import ExpertFFN
 from meshrt.kernels.expert_reduce.op import (
     ExpertReduceOp,
@@ -37,6 +39,10 @@ from meshrt.kernels.interface import (
     chain,
     region_tiles,
 )
+
+
+FMAC_DOWN = ComputeOp("fmac_down", "fmac", fmac_csl)
+"""Phase 2 of a pass: the activations times W_down, this core's output partial."""
 
 
 def root_facing(corridor: CoreSetAttr, tiles: list[tuple[int, int, int, int]]) -> int:
@@ -73,7 +79,7 @@ class ExpertFFNOp(KernelOp):
 
     VIZ_COLOR: ClassVar[str] = "#4daf4a"
     VIZ_RANK: ClassVar[int] = 0
-    COMPUTE: ClassVar[tuple] = (FMAC, ADD, SILU_MUL, *DEQUANT.values())
+    COMPUTE: ClassVar[tuple] = (FMAC, ADD, SILU_MUL, FMAC_DOWN, *DEQUANT.values())
     VALUE_IN_FP32: ClassVar[bool] = True  # per-expert values: the combine sums them
     NUMERICS: ClassVar[type] = ExpertFFN
     LOWERS: ClassVar[tuple] = (graph.MoEExpertsOp,)
@@ -142,16 +148,25 @@ class ExpertFFNOp(KernelOp):
 
     @staticmethod
     def footprint(group: int, hidden: int, expert_ffn: int, weight_bytes: float, micro_batch: int,
-                  pairs: int, w: int, h: int) -> Footprint:
+                  pairs: int, w: int, h: int, bias: bool = False, value_bytes: float = 4,
+                  bodies: bool = False) -> Footprint:
         """Core (i, j) holds rows j of W_gate and W_up for column i's slice of the
         expert width, and W_down[slice i, rows j], for each of the `group`
-        experts of its region; buffers for the `micro_batch` tokens' input rows,
-        the output partials of the step's `pairs` (token, expert) pairs, and one
-        pass's gate|up partials and activations (`micro_batch` pairs a pass,
-        `expert_passes`)."""
+        experts of its region, and buffers for the `micro_batch` tokens' input
+        rows, one pass's gate|up partials and activations (`micro_batch` pairs a
+        pass, `expert_passes`) and the output partials of the step's `pairs`.
+        Computed as PE bodies (`bodies`, `pe.in_pe`): their arrays (`pe.py`),
+        the biases and the experts' ids resident beside the tiles (in the
+        model's floats of `value_bytes`); a neighbour's partial arrives in the
+        program's p, the sub-schedule's message buffer (counted there)."""
         fi, hj = ceil_div(expert_ffn, w), ceil_div(hidden, h)
-        buffers = micro_batch * hj + pairs * hj + micro_batch * 3 * fi
-        return Footprint(group * 3 * hj * fi * weight_bytes, buffers * ACT_BYTES)
+        weights = group * 3 * hj * fi * weight_bytes
+        if not bodies:  # the kind's CSL bodies (16-bit, packed experts), which hold no biases
+            return Footprint(weights, ACT_BYTES * (micro_batch * hj + pairs * hj + micro_batch * 3 * fi))
+        bufs = [b for b in pe.expert_buffers(group, micro_batch, hj, fi, pairs, bias)
+                if b.name not in (*pe.WEIGHTS, "p")]
+        return Footprint(weights + value_bytes * sum(b.elems for b in bufs if b.resident),
+                         ACT_BYTES * sum(b.elems for b in bufs if not b.resident))
 
     def roles(self, kctx: KernelContext):
         """A SwiGLU expert on every w x h expert region, in passes.
@@ -176,23 +191,51 @@ class ExpertFFNOp(KernelOp):
             n = held[ids[0]]
             fi, hj = ceil_div(f, w), ceil_div(hidden, h)
             pairs = expert_tokens(kctx, n)
-            state = self.footprint(n, hidden, f, self.held_weight_bytes(kctx), b, pairs, w, h).state
+            state = self.footprint(n, hidden, f, self.held_weight_bytes(kctx), b, pairs, w, h,
+                                   self.has_bias(), kctx.weight_bytes,
+                                   pe.computes_in_pe(fmt, kctx.weight_bytes, kctx.expert_weight_bytes)).state
             # held packed: each expert a pass's tokens visit has its tiles decoded where used
             visited = min(n, b)
             decode_up = [("compute", DEQUANT[fmt].name, visited * hj * 2 * fi)] if fmt else []
             decode_down = [("compute", DEQUANT[fmt].name, visited * fi * hj)] if fmt else []
             up = [*decode_up, ("compute", "fmac", b * hj * 2 * fi)]
+            # the gate|up partials go down each column, the activations (half) come back
             rs, fs = chain(self, up, "add", b * 2 * fi * ACT_BYTES,
                            [("compute", "silu_mul", b * fi)], int(state), outputs_from_root=False,
-                           tiles=[tiles[i] for i in ids], kctx=kctx, part=part)
+                           tiles=[tiles[i] for i in ids], kctx=kctx, part=part,
+                           back_bytes=b * fi * ACT_BYTES)
             for r in rs:
                 assert r.events[0] == INPUTS and r.events[-1] == OUTPUTS, r.events
-                one = [*r.events[1:-1], *decode_down, ("compute", "fmac", b * fi * hj)]
+                one = [*r.events[1:-1], *decode_down, ("compute", "fmac_down", b * fi * hj)]
                 r.events = [INPUTS, *one * (pairs // b), OUTPUTS]
                 r.ctrl = kctx.route_bytes  # which tokens are ours
             roles += rs
             flows += fs
         return roles, flows
+
+    def has_bias(self) -> bool:
+        """Whether the routed experts have biases (the program's `expert_bias`)."""
+        program = self.parent_op()
+        return getattr(program, "hparams", None) is not None and bool(HParams.of(program).int("expert_bias"))
+
+    @classmethod
+    def pe_bodies(cls, info, micro_batch, hp, tile):
+        return pe.bodies_for(info, micro_batch, hp, tile)
+
+    @classmethod
+    def writes_own(cls, info, hp, op):
+        # a pass's partials, activations and pair table; fmac_down writes the output (y)
+        return op != "fmac_down" and pe.in_pe(info, hp)
+
+    @classmethod
+    def message_buffer(cls, info, hp, role, send):
+        if not pe.in_pe(info, hp):
+            return None
+        if role is FlowRole.DOWN and send:  # the gate|up partials down each column (into p)
+            return "gu"
+        if role is FlowRole.UP:  # the activations relayed back up
+            return "a"
+        return None
 
     def tile_value_bytes(self, kctx: KernelContext) -> int:
         h = self.tiles()[0][3]

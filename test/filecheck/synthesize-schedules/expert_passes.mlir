@@ -13,7 +13,7 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 }
 
 // A pass's chain message is 2 pairs x (gate | up) x the column's 8-wide slice
-// of fp32 (its relay back the same size); the output partials of all 4 pairs
+// of fp32, its relay back the activations (half that); the output partials of all 4 pairs
 // (8 rows each) go on to expert_reduce in one message.
 // CHECK:      event.flow @l0.moe.experts.down kernel @l0.moe.experts role "down" wafer 0 from <{{.*}}> to <{{.*}}> pattern "shift" by 0, 1 bytes 128 streams
 // CHECK:      event.flow @l0.moe.reduce.down_r kernel @l0.moe.reduce role "down" {{.*}} bytes 128 streams
@@ -22,12 +22,12 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK-NEXT:   event.recv @l0.moe.experts.in0
 // CHECK-NEXT:   event.compute "fmac" work 256
 // CHECK-NEXT:   event.send @l0.moe.experts.down bytes 128
-// CHECK-NEXT:   event.recv @l0.moe.experts.up bytes 128
-// CHECK-NEXT:   event.compute "fmac" work 128
+// CHECK-NEXT:   event.recv @l0.moe.experts.up bytes 64
+// CHECK-NEXT:   event.compute "fmac_down" work 128
 // CHECK-NEXT:   event.compute "fmac" work 256
 // CHECK-NEXT:   event.send @l0.moe.experts.down bytes 128
-// CHECK-NEXT:   event.recv @l0.moe.experts.up bytes 128
-// CHECK-NEXT:   event.compute "fmac" work 128
+// CHECK-NEXT:   event.recv @l0.moe.experts.up bytes 64
+// CHECK-NEXT:   event.compute "fmac_down" work 128
 // CHECK-NEXT: }
 
 // -----

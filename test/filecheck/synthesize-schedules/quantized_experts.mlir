@@ -19,12 +19,12 @@ graph.model @packed target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1
 // CHECK-NEXT:    event.compute "fmac" work 1024
 // CHECK:         event.recv @l0.moe.experts.up
 // CHECK-NEXT:    event.compute "dequant_mxfp4" work 512
-// CHECK-NEXT:    event.compute "fmac" work 512
+// CHECK-NEXT:    event.compute "fmac_down" work 512
 // CHECK-NEXT:    event.compute "dequant_mxfp4" work 1024
 // CHECK-NEXT:    event.compute "fmac" work 1024
 // CHECK:         event.recv @l0.moe.experts.up
 // CHECK-NEXT:    event.compute "dequant_mxfp4" work 512
-// CHECK-NEXT:    event.compute "fmac" work 512
+// CHECK-NEXT:    event.compute "fmac_down" work 512
 // CHECK-NEXT:  }
 
 // -----

@@ -29,7 +29,7 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK-NEXT:   event.recv @l0.moe.experts.in0 bytes 64
 // CHECK-NEXT:   event.compute "fmac" work 512
 // CHECK-NEXT:   event.send @l0.moe.experts.shared.down bytes 256
-// CHECK-NEXT:   event.recv @l0.moe.experts.shared.up bytes 256
-// CHECK-NEXT:   event.compute "fmac" work 256
+// CHECK-NEXT:   event.recv @l0.moe.experts.shared.up bytes 128
+// CHECK-NEXT:   event.compute "fmac_down" work 256
 // CHECK-NEXT: }
 // CHECK:      event.sub @l0.moe.reduce "shared_root"
