@@ -327,7 +327,7 @@ class ProgramWriter:
         return f"{op}({self.mem(dst, n)}, {self.mem(src, n)});"
 
     def mem(self, buf: str, n: int, offset: int = 0) -> str:
-        if buf in self.cap:  # a working array is declared as long as its DSDs reach
+        if buf == "y":  # sized by the transfers and what the bodies use: as long as its DSDs reach
             self.need(buf, n + offset)
         buf = self.ident(buf)
         name = f"m_{buf}_{n}" + (f"_at{offset}" if offset else "")
