@@ -201,7 +201,7 @@ def _integer(fn):
     def compile_op(op, ctx):
         a, b, res = _value(op.lhs, ctx), _value(op.rhs, ctx), id(op.result)
         if op.lhs in ctx.const and op.rhs in ctx.const:
-            ctx.const[res] = int(fn(ctx.const[op.lhs], ctx.const[op.rhs]))
+            ctx.const[op.result] = int(fn(ctx.const[op.lhs], ctx.const[op.rhs]))
             return None
 
         def step(bufs, env):  # ints, or every iteration's at once (a fused loop)

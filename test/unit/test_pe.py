@@ -58,6 +58,18 @@ def test_fmacs_and_a_broadcast_scalar_per_slot():
     assert bufs["y"].tolist() == [30.0, 50.0, -7.0, -9.0]
 
 
+def test_integer_arithmetic_of_constants_folds():
+    """An index computed from constants alone is folded when the body is compiled (the
+    environment holds only what steps compute)."""
+    bodies = Bodies("k", [Buffer("x", 8), Buffer("y", 8)])
+    bd = bodies.body("t")
+    bd.store(bd.load("x", bd.plus(bd.mul(bd.const(2), 3), 1)), "y", bd.const(0))
+    bodies.add("t", bd)
+    bufs = {"x": np.arange(8, dtype=np.float32), "y": np.zeros(8, np.float32)}
+    _run(bodies, "t", bufs)
+    assert bufs["y"][0] == 7
+
+
 def test_a_dsd_past_its_buffer_and_an_unknown_op_are_errors():
     bs = Bodies("k", [Buffer("y", 4)])
     b = bs.body("over")

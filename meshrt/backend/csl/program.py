@@ -160,14 +160,13 @@ class ProgramWriter:
                 for e in sub.events:
                     # a transfer into or out of a kernel's own array (a PE body's message)
                     # sizes that array, not the working ones
-                    own = e.kind in ("recv", "send") and is_kernel_array(
-                        self.values.step(e).target if e.kind == "recv" else self.values.step(e).source)
-                    if e.kind == "recv" and not own:
-                        if self._internal(e):
-                            np_ = max(np_, e.elems)
-                        else:
-                            nx = max(nx, e.elems)
+                    st = self.values.step(e)
+                    own = is_kernel_array((st.target if e.kind == "recv" else st.source) or "")
                     if e.kind == "recv":
+                        if not own and self._internal(e):
+                            np_ = max(np_, e.elems)
+                        elif not own:
+                            nx = max(nx, e.elems)
                         if e.meta:
                             k = self.p.flows[e.flow].meta_kind
                             meta_in[k] = max(meta_in.get(k, 0), e.meta_words)

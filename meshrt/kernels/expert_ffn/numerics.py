@@ -52,10 +52,12 @@ class ExpertFFN(RoutesTokens):
         self.bodies = self.tile_bodies()
         self.in_pe = all(b is not None for b in self.bodies.values())
 
-    def _experts(self, cd, tile, placement=None):
-        """Expert ids region `tile` holds at the step (under `placement`, if given)."""
-        if placement is None:
-            placement = self.plane.placement(self.layer, cd.step, self.placement)
+    def _experts(self, cd, tile):
+        """Expert ids region `tile` holds at the step."""
+        return self._held(self.plane.placement(self.layer, cd.step, self.placement), tile)
+
+    def _held(self, placement, tile):
+        """Expert ids region `tile` holds under `placement`."""
         key = (placement, tile)
         members = self._members.get(key)
         if members is None:
@@ -136,8 +138,7 @@ class ExpertFFN(RoutesTokens):
         wgu, wdn = np.zeros((n, rows, 2 * cols), F32), np.zeros((n, cols, rows), F32)
         bgu, bdn = np.zeros((n, 2 * cols), F32), np.zeros((n, rows), F32)
         held = np.full(n, -1.0, F32)
-        members = (self._experts(None, t, placement or self.placement))
-        for le, e in enumerate(members):
+        for le, e in enumerate(self._held(placement or self.placement, t)):
             g, u, d = self.mats[e]
             wgu[le, :nr, :nf], wgu[le, :nr, cols:cols + nf] = g[r0:r1, f0:f1], u[r0:r1, f0:f1]
             wdn[le, :nf, :nr] = d[f0:f1, r0:r1]
@@ -153,6 +154,7 @@ class ExpertFFN(RoutesTokens):
     def _compute_pe(self, cd, op):
         """The op as the PE bodies compute it, on this core's buffers."""
         t, i, j, w, h = self.grid_pos(cd)
+        rows = part(self.moe.w_gate.shape[1], h, j)  # this core's rows of the input and output
         bodies = self.bodies_at(cd.pos)
         bufs = self.pe_buffers(cd, bodies)
         if op == "fmac":
@@ -162,10 +164,9 @@ class ExpertFFN(RoutesTokens):
                 for b, data in zip(bodies.resident, self.resident(cd.pos, placement)):
                     bufs[b.name][:] = data
                 cd.acc[self.name, "placed"] = placement
-            r0, r1 = part(self.moe.w_gate.shape[1], h, j)
             xb = bufs["x"].reshape(self.b, -1)
             xb[:] = 0
-            xb[:, :r1 - r0] = self.input(cd).need(r0, r1, self.where(cd))
+            xb[:, :rows[1] - rows[0]] = self.input(cd).need(*rows, self.where(cd))
             if "rt_expert" in bufs:
                 if cd.route is None:
                     raise DataLayoutError(f"{self.where(cd)}: no routing metainfo received")
@@ -178,7 +179,7 @@ class ExpertFFN(RoutesTokens):
             bufs["p"][:] = got
         self.run_body(cd, bodies, op)
         if op == "fmac_down" and bufs["pass"][0] == 0:  # the step's last pass: its partials
-            self._outputs(cd, bufs, part(self.moe.w_gate.shape[1], h, j))
+            self._outputs(cd, bufs, rows)
         return None
 
     def _outputs(self, cd, bufs, rows: tuple[int, int]) -> None:
