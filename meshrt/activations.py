@@ -53,8 +53,24 @@ def round_activations(x: np.ndarray, fmt: str) -> np.ndarray:
             return x.astype(np.float16).astype(np.float32)
     if fmt != "bf16":
         raise ValueError(act_format_problem(fmt))
+    return bf16_to_float32(float32_to_bf16(x))
+
+
+# The two conversions below use NumPy alone: the CSL backend's host driver (run.py, which
+# runs where meshrt may not be installed) carries their source, so the host writes and
+# reads bf16 arrays exactly as the interpreter rounds.
+
+def float32_to_bf16(x):
+    """The bfloat16 bit patterns (uint16) of float32 `x`, rounded to nearest, ties to even
+    (NaN stays a NaN; beyond the format's range: infinity)."""
+    x = np.asarray(x, np.float32)
     bits = x.view(np.uint32)
-    # Add half an ulp of bf16 (0x7fff) plus the lowest kept bit (ties to even), then cut.
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) & np.uint32(0xFFFF0000)
-    out = rounded.view(np.float32)
-    return np.where(np.isnan(x), x, out)
+    # add half an ulp of bf16 (0x7fff) plus the lowest kept bit (ties to even), then cut
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    quiet = (bits >> np.uint32(16)) | np.uint32(0x40)  # a NaN's top bits, kept a NaN
+    return np.where(np.isnan(x), quiet, rounded).astype(np.uint16)
+
+
+def bf16_to_float32(bits):
+    """float32 values of bfloat16 bit patterns (exact)."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)

@@ -181,7 +181,7 @@ def _silu_mul(b: ComputeBody) -> list[str]:
         "// y[i] = silu(gate[i]) * up[i], gate and up side by side in y",
         f"for (@range(u16, {f})) |i| {{",
         "  const g = y[i];",
-        f"  y[i] = g / (1.0 + math.exp_{b.T}(-g)) * y[i + {f}];",
+        f"  y[i] = g / (1.0 + math.exp_{b.fn}(-g)) * y[i + {f}];",
         "}",
     ]
 

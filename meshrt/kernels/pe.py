@@ -38,6 +38,7 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
     UnitAttr,
+    bf16,
     f16,
     f32,
     i16,
@@ -46,7 +47,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.ir.affine import AffineExpr, AffineMap
 
-ELEM_TYPES = {"f32": f32, "f16": f16, "i32": i32}
+ELEM_TYPES = {"f32": f32, "f16": f16, "bf16": bf16, "i32": i32}
 MATH = "<math>"  # the CSL library of scalar functions the bodies call
 # The core's coordinates, comptime parameters of every class's program (the layout
 # sets them per core): a body that needs its core's place in the kernel's region
@@ -63,9 +64,13 @@ PROGRAM_ARRAYS: dict[str, str | None] = {"x": None, "y": None, "p": None, "scale
                                          "mb": "i32"}
 
 
-def activation_elem(dtype_bytes: float) -> str:
-    """The element type a program keeps activations in: f32, or f16 for 16-bit models."""
-    return "f32" if dtype_bytes >= 4 else "f16"
+def activation_elem(act_format: str) -> str:
+    """The element type a program keeps activations in: its activation format
+    (`meshrt.activations`): f32, bf16, or f16 (a float16 checkpoint's). The CSL's 16-bit
+    type is the one `cslc --fp16-format` selects, so the chip rounds as the interpreter."""
+    if act_format not in ("f32", "f16", "bf16"):
+        raise ValueError(f"no element type for activation format {act_format!r}")
+    return act_format
 
 
 @dataclass(frozen=True)

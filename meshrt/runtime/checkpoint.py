@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from meshrt import quant
+from meshrt.activations import bf16_to_float32
 from meshrt.diagnostics import FrontendError
 from meshrt.frontend.hf_config import base_type
 from meshrt.runtime import reference as ref
@@ -353,8 +354,7 @@ class Checkpoint:
         data = self._raw(path, info)
         if len(data) % 2:
             raise FrontendError("bfloat16 tensor data is cut short", str(path))
-        raw = np.frombuffer(data, "<u2")
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        return bf16_to_float32(np.frombuffer(data, "<u2"))
 
 
 def load_checkpoint(directory: str | Path, shape) -> ref.Weights:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from xdsl.dialects import arith, csl, memref, scf
-from xdsl.dialects.builtin import FloatAttr, IndexType, IntegerAttr, IntegerType, f16
+from xdsl.dialects.builtin import FloatAttr, IndexType, IntegerAttr, IntegerType, bf16, f16
 from xdsl.ir import Block, Operation, OpResult, SSAValue
 
 F32 = np.float32
@@ -75,6 +75,12 @@ class _Ctx:
         self.where = where
         self.const: dict[SSAValue, object] = {}
         self.in_order = False  # compiling the body of a loop run at once: its loops run in order
+        self.read_only: set[str] = set()  # buffers held in a type this executor does not round to
+
+    def writable(self, name: str, what: str) -> None:
+        if name in self.read_only:
+            raise self.fail(f"{what} writes bf16 buffer '{name}': the executor holds bf16 values "
+                            "in float32 and does not round stores to them")
 
     def fail(self, msg: str) -> PeExecError:
         return PeExecError(f"{self.where}: {msg}")
@@ -128,6 +134,9 @@ def dtype(type) -> type:
         return {1: np.bool_, 16: np.int16, 32: np.int32}[type.width.data]
     if isinstance(type, IndexType):
         return np.int64
+    # bf16 (NumPy has none): float32 arrays holding the bf16 values that were staged into
+    # them. Bodies only read 16-bit arrays (a program's 16-bit activations are computed on
+    # float32 copies, `meshrt.backend.csl.program`), so nothing rounds a store into one.
     return np.float16 if type == f16 else F32
 
 
@@ -173,7 +182,10 @@ def _end(op, ctx):
 
 @impl(memref.GetGlobalOp)
 def _get_global(op, ctx):
-    ctx.const[op.memref] = (op.name_.root_reference.data, op.memref.type.get_shape()[0])
+    name = op.name_.root_reference.data
+    ctx.const[op.memref] = (name, op.memref.type.get_shape()[0])
+    if op.memref.type.element_type == bf16:
+        ctx.read_only.add(name)
 
 
 @impl(arith.ConstantOp)
@@ -340,6 +352,7 @@ def _load(op, ctx):
 @impl(memref.StoreOp)
 def _store(op, ctx):
     (name, i), val = _element(op, ctx), _value(op.value, ctx)
+    ctx.writable(name, "a store")
 
     def step(bufs, env):
         bufs[name][i(env)] = val(env)
@@ -578,6 +591,7 @@ def _builtin(combine, addend=None):
         if not isinstance(d, Dsd):
             raise ctx.fail(f"{op.name} writes to something that is not a memory DSD")
         n, name = len(d.idx), d.buf
+        ctx.writable(name, op.name)
         reads = [_reader(s, ctx, n) for s in srcs]
         src_dsds = [ctx.const.get(s) for s in srcs]
         aliased = [isinstance(s, Dsd) and s.buf == name for s in src_dsds]

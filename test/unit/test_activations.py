@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshrt.activations import act_format_of, round_activations
+from meshrt.activations import act_format_of, bf16_to_float32, float32_to_bf16, round_activations
 from meshrt.diagnostics import FrontendError
 from meshrt.driver import segment_program
 from meshrt.frontend.spec import parse_spec
@@ -37,6 +37,19 @@ def test_bf16_rounding_is_ml_dtypes_bfloat16(xs):
     assert np.array_equal(np.isnan(got), np.isnan(want))
     ok = ~np.isnan(want)
     assert np.array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32))  # signed zeros too
+
+
+@given(st.lists(floats32, min_size=1, max_size=64))
+def test_bf16_bit_patterns_are_ml_dtypes_and_widen_exactly(xs):
+    """The bit patterns the CSL host driver writes (its copy of these functions' source)."""
+    x = np.asarray(xs, np.float32)
+    bits = float32_to_bf16(x)
+    want = x.astype(ml_dtypes.bfloat16)
+    ok = ~np.isnan(x)
+    assert np.array_equal(bits[ok], want.view(np.uint16)[ok])
+    assert np.isnan(bf16_to_float32(bits[~ok])).all()
+    assert np.array_equal(bf16_to_float32(bits[ok]).view(np.uint32),
+                          want.astype(np.float32)[ok].view(np.uint32))
 
 
 @given(st.lists(floats32, min_size=1, max_size=64), st.sampled_from(["bf16", "f16", "f32"]))

@@ -201,10 +201,10 @@ def test_a_program_filling_the_target_fits_its_fabric_with_memcpys_halo(name, fa
 
     t = load_target(name)
     program = types.SimpleNamespace(name="m", wafers=1, target=name)
-    text = compile_sh(program, name, {0: (t.width, t.height)}, (t.width, t.height))
+    text = compile_sh(program, name, {0: (t.width, t.height)}, (t.width, t.height), "f32")
     assert f"--fabric-dims={fabric[0]},{fabric[1]} --fabric-offsets=4,1" in text
     assert "NOTE" not in text
-    text = compile_sh(program, name, {0: (t.width + 1, t.height)}, (t.width, t.height))
+    text = compile_sh(program, name, {0: (t.width + 1, t.height)}, (t.width, t.height), "f32")
     assert "NOTE: the" in text and f"a {fabric[0]} x {fabric[1]} fabric" in text
 
 
@@ -253,3 +253,47 @@ def test_emitted_weights_hold_the_models_tiles_and_reach_their_cores(tmp_path):
                     loaded = runners[wafer].mem[("w", cx, cy)].view(np.float32)
                     assert np.array_equal(loaded[:w.shape[1]], w[row])
                     row += 1
+
+
+BF16_MODEL = "test/filecheck/csl/Inputs/qwen3_bf16_config.json"
+
+
+def test_a_bf16_model_runs_in_bf16_on_the_chip(tmp_path):
+    """A bf16 checkpoint's program computes in bf16, as the interpreter and the reference
+    round (not IEEE f16, whose range ends at 65504 and whose small values lose bits):
+    its 16-bit arrays are bf16, cslc selects bf16 (so every 16-bit operation and <math>'s
+    `_f16` functions work in it, and no runtime value is of another 16-bit type), and
+    run.py writes each core's weights as the bf16 bit patterns of the model's values."""
+    import re
+
+    from meshrt.activations import float32_to_bf16
+    from meshrt.runtime import reference as ref
+    from meshrt.runtime.serving import reference_shape
+
+    module = lowered(BF16_MODEL, "test32")
+    program = segment_programs(module)[0]
+    weights = ref.Weights.random(reference_shape(program), 5)
+    out = emit_csl(module, weights=weights)
+    assert "--fp16-format=bf16" in out.files["compile.sh"]
+    csl = {n: t for n, t in out.files.items() if n.endswith(".csl")}
+    assert any("]bf16)" in t for t in csl.values())
+    for name, text in csl.items():
+        assert not re.search(r"\bf16\b", text), name  # a runtime f16 does not compile under bf16
+        assert "_bf16(" not in text, name  # <math> names its @fp16() functions _f16
+    assert any("math.exp_f16(" in t for t in csl.values())
+    for name, array in out.arrays.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp_path / name, array)
+    runners, _, g = run_driver(out.files, tmp_path, [{"id": "r0", "prompt": [5, 3], "max_new_tokens": 2}])
+    assert g["ELEM"] == "bf16"
+    loaded = 0
+    for wafer, cls, rects, symbols in g["CLASSES"]:
+        w = out.arrays.get(f"weights/{cls}.w.npy")
+        if w is None:
+            continue
+        assert symbols["w"][1] == "bf16"
+        x, y, _, _ = rects[0]
+        words = runners[wafer].mem[("w", x, y)]  # 16-bit values in the low half of a word
+        assert np.array_equal(words[:w.shape[1]], float32_to_bf16(w[0]).astype(np.uint32))
+        loaded += np.count_nonzero(w[0])
+    assert loaded

@@ -296,6 +296,36 @@ def test_sample_bodies_read_16_bit_logits_as_their_float32_values():
     assert "@as(f32, (x[" in text  # each 16-bit logit widened where it is read: no float32 copy
 
 
+def test_sample_bodies_read_bf16_logits_past_f16s_range():
+    """A bf16 program's logits are bf16 values (kept exactly in float32 by the executor):
+    one past 65504, which IEEE f16 would hold as infinity, still wins only where it is
+    the largest; the printed body reads them as bf16."""
+    from meshrt.activations import round_activations
+
+    logits = round_activations(np.array([[70_000.0, 90_000.0, -3.0], [1e5, 3.0, 2e5]], F32), "bf16")
+    tokens, _ = _sample_on_a_row(logits, 2, 0, (), range(2), elem="bf16")
+    assert list(tokens) == [1, 2]
+    text = "\n".join(body_lines(sample_bodies("s", 2, 3, 0, 2, (), "bf16").funcs["argmax"], {}))
+    assert "@as(f32, (x[" in text
+
+
+def test_a_body_writing_a_bf16_buffer_is_an_error():
+    """The executor holds bf16 values in float32 and does not round stores to them: a body
+    that writes one is refused where it is compiled, not run with unrounded values."""
+    bodies = Bodies("k", [Buffer("x", 4, "bf16"), Buffer("y", 4)])
+    bd = bodies.body("t")
+    bd.fmovs(bd.dsd("x", (4,)), bd.dsd("y", (4,)))
+    bodies.add("t", bd)
+    with pytest.raises(pe_exec.PeExecError, match="writes bf16 buffer 'x'"):
+        _run(bodies, "t", {"x": np.zeros(4, F32), "y": np.ones(4, F32)})
+    bodies = Bodies("k", [Buffer("x", 4, "bf16")])
+    bd = bodies.body("t")
+    bd.store(bd.scalar(1.0), "x", bd.const(0))
+    bodies.add("t", bd)
+    with pytest.raises(pe_exec.PeExecError, match="a store writes bf16 buffer 'x'"):
+        _run(bodies, "t", {"x": np.zeros(4, F32)})
+
+
 @settings(max_examples=40, deadline=None)
 @given(b=st.integers(1, 4), vocab=st.integers(1, 60), hidden=st.integers(1, 12), w=st.integers(1, 5),
        h=st.integers(1, 4), x0=st.integers(0, 30), seed=st.integers(0, 2**16))

@@ -111,7 +111,7 @@ def emit_csl(module: ModuleOp, arch: str | None = None, target=None, weights=Non
             idle = idle_cores(program, wafer)
             if idle:
                 files[where + "idle.csl"] = idle_program(idle_teardown_colors(program, wafer, idle, sh.drained))
-        files[prefix + "compile.sh"] = compile_sh(program, a, rects, (tgt.width, tgt.height))
+        files[prefix + "compile.sh"] = compile_sh(program, a, rects, (tgt.width, tgt.height), elem)
         files[prefix + "run.py"] = run_py(program, allocs, elem, rects)
         report = report_txt(program, a, lim, allocs, stats, list(files))
         files[prefix + "report.txt"] = report

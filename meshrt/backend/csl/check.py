@@ -68,9 +68,9 @@ _XIN = re.compile(r"@(?:fmov[sh]|mov32)\(m_\w+?_(\d+), m_xin_(\d+)_\d+\);")
 _RESOLVE = re.compile(r"resolve_(\w+)\(\);")
 _TRANSFERS = [  # (event, pattern whose group 1 is the fabric DSD)
     ("recv_meta", re.compile(r"rt\.recv_words\(m_\w+, (fim_\w+)\);")),
-    ("recv", re.compile(r"rt\.recv_(?:add_)?(?:f32|f16|words)\(m_\w+, (fi_\w+)\);")),
+    ("recv", re.compile(r"rt\.recv_(?:add_)?(?:f32|fp16|words)\(m_\w+, (fi_\w+)\);")),
     ("send_meta", re.compile(r"rt\.send_words\((fom_\w+), m_\w+\);")),
-    ("send", re.compile(r"rt\.send_(?:f32|f16|words)\((fo_\w+), m_\w+\);")),
+    ("send", re.compile(r"rt\.send_(?:f32|fp16|words)\((fo_\w+), m_\w+\);")),
 ]
 _COMPUTE = re.compile(r"k\d+_(\w+)\(\);")
 _PRODUCE = re.compile(r"produce_(\w+)\(\);")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+
+from meshrt.activations import bf16_to_float32, float32_to_bf16
 from meshrt.backend.csl.alloc import ClassAlloc, Limits, format_table
 from meshrt.backend.csl.model import Program
 
@@ -10,7 +13,11 @@ from meshrt.backend.csl.model import Program
 HALO_W, HALO_H, OFF_X, OFF_Y = 7, 2, 4, 1
 
 
-def compile_sh(program: Program, arch: str, rects: dict[int, tuple[int, int]], target_dims) -> str:
+def compile_sh(program: Program, arch: str, rects: dict[int, tuple[int, int]], target_dims,
+               elem: str) -> str:
+    """`elem`: the program's activation type; a bf16 program selects cslc's bf16 format
+    (every 16-bit float operation and `@fp16()` then work in bf16)."""
+    fp16 = " --fp16-format=bf16" if elem == "bf16" else ""
     out = [
         "#!/usr/bin/env bash",
         f"# Compile program @{program.name} with the Cerebras SDK (cslc, SDK 1.4) for {arch}.",
@@ -30,7 +37,7 @@ def compile_sh(program: Program, arch: str, rects: dict[int, tuple[int, int]], t
                        f"{program.target} (a {tw + HALO_W} x {th + HALO_H} fabric with memcpy's "
                        "halo): runs on the simulator, not on one system as is.")
         out.append(f"cslc --arch={arch} ./{where}layout.csl --fabric-dims={fw},{fh} "
-                   f"--fabric-offsets={OFF_X},{OFF_Y} --memcpy --channels=1 -o out{wafer if program.wafers > 1 else ''}")
+                   f"--fabric-offsets={OFF_X},{OFF_Y}{fp16} --memcpy --channels=1 -o out{wafer if program.wafers > 1 else ''}")
     return "\n".join(out) + "\n"
 
 
@@ -80,13 +87,18 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
         *classes,
         "]",
     ]
-    return "\n".join(head) + "\n" + _DRIVER
+    return "\n".join(head) + "\n" + _BF16 + _DRIVER
 
+
+# The host rounds to bf16 as the interpreter does: the same functions' source.
+_BF16 = "\n\n" + "\n\n".join(inspect.getsource(f) for f in (float32_to_bf16, bf16_to_float32))
 
 _DRIVER = '''
 
-# The NumPy type of each CSL element type the host moves, and the words memcpy moves it in.
-_TYPES = {"f32": np.float32, "u32": np.uint32, "i32": np.int32, "f16": np.float16, "u16": np.uint16}
+# The NumPy type of each CSL element type the host moves, and the words memcpy moves it in
+# (bf16, which NumPy lacks: its bit patterns, converted by the functions below).
+_TYPES = {"f32": np.float32, "u32": np.uint32, "i32": np.int32, "f16": np.float16, "u16": np.uint16,
+          "bf16": np.uint16}
 
 
 def _bits(typ):
@@ -95,7 +107,11 @@ def _bits(typ):
 
 def _words(values, typ):
     """Values as the 32-bit words memcpy moves (16-bit types in the low half)."""
-    a = np.ascontiguousarray(np.asarray(values).astype(_TYPES[typ]))
+    values = np.asarray(values)
+    if typ == "bf16":
+        a = np.ascontiguousarray(float32_to_bf16(values.astype(np.float32)))
+    else:
+        a = np.ascontiguousarray(values.astype(_TYPES[typ]))
     if _bits(typ) == 32:
         return a.view(np.uint32), 32
     return a.view(np.uint16).astype(np.uint32), 16
@@ -126,6 +142,8 @@ def d2h(runner, symbol, rect, n, typ):
     runner.memcpy_d2h(out, runner.get_id(symbol), x, y, w, h, n, streaming=False,
                       order=MemcpyOrder.ROW_MAJOR, nonblock=False,
                       data_type=MemcpyDataType.MEMCPY_32BIT if bits == 32 else MemcpyDataType.MEMCPY_16BIT)
+    if typ == "bf16":
+        return bf16_to_float32(out.astype(np.uint16)).reshape(w * h, n)
     if bits == 16:
         return out.astype(np.uint16).view(_TYPES[typ]).reshape(w * h, n)
     return out.view(_TYPES[typ]).reshape(w * h, n)
@@ -295,6 +313,7 @@ def main():
 if __name__ == "__main__":
     main()
 '''
+
 
 
 REPORT_COLUMNS = ("class", "wafer", "cores", "segs", "colours", "iq", "oq", "data tids",

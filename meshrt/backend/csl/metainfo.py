@@ -91,7 +91,7 @@ class MetaCode:
             ]
         if "moe_routing" in resolves:
             out += [
-                "// (expert id << 16 | fp16 gate weight) per (token, choice): fill the routing",
+                "// (expert id << 16 | 16-bit gate weight) per (token, choice): fill the routing",
                 "// table and mark the tokens whose expert is this core's region.",
                 "fn resolve_moe_routing() void {",
                 f"  for (@range(u16, {b})) |t| {{",
@@ -99,7 +99,7 @@ class MetaCode:
                 f"    for (@range(u16, {k})) |c| {{",
                 f"      const wv = meta_in_moe_routing[t * {k} + c];",
                 f"      rt_expert[t * {k} + c] = @as(i32, wv >> 16);",
-                f"      rt_weight[t * {k} + c] = @as(f32, @bitcast(f16, @as(u16, wv & 0xffff)));",
+                f"      rt_weight[t * {k} + c] = @as(f32, @bitcast({w.sh.half}, @as(u16, wv & 0xffff)));",
                 "      if (@as(i16, wv >> 16) == region) {",
                 "        mine[t] = 1;",
                 "      }",
@@ -128,11 +128,11 @@ class MetaCode:
             out += ["  }", "}"]
         if "moe_routing" in produces:
             out += [
-                "// The gate's routing metainfo: (expert id << 16 | fp16 weight) per (token, choice),",
+                f"// The gate's routing metainfo: (expert id << 16 | {w.sh.half} weight) per (token, choice),",
                 "// prepended to the token data on the dispatch send.",
                 "fn produce_moe_routing() void {",
                 f"  for (@range(u16, {b * k})) |i| {{",
-                "    const h = @bitcast(u16, @as(f16, rt_weight[i]));",
+                f"    const h = @bitcast(u16, @as({w.sh.half}, rt_weight[i]));",
                 "    meta_out_moe_routing[i] = (@as(u32, rt_expert[i]) << 16) | @as(u32, h);",
                 "  }",
                 "}",

@@ -40,7 +40,9 @@ from meshrt.shape import HParams
 
 def program_elem(p: Program) -> str:
     """The element type of a program's activation arrays."""
-    return activation_elem(p.hp("dtype_bytes", 4))
+    hp = HParams.of(p.op)
+    # its activation format; IR without one (nor dtype_bytes) is an fp32 program
+    return activation_elem(hp.act_format if "act_format" in hp or "dtype_bytes" in hp else "f32")
 
 
 def module_name(program: str, cls: str) -> str:
@@ -260,7 +262,7 @@ class Array:
 
     elems: int
     offset: int | None
-    elem: str  # f32, f16, i32
+    elem: str  # f32, bf16, f16, i32
     own: bool  # a kernel's own array (message words, a body's state)
 
 

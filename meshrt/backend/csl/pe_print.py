@@ -13,10 +13,20 @@ from io import StringIO
 
 from xdsl.backend.csl.print_csl import CslPrintContext
 from xdsl.dialects import arith, csl, memref
-from xdsl.dialects.builtin import AffineMapAttr, IntegerAttr, SymbolRefAttr
+from xdsl.dialects.builtin import AffineMapAttr, BFloat16Type, IntegerAttr, SymbolRefAttr
+from xdsl.ir import Attribute
 from xdsl.ir.affine import AffineMap
 
 from meshrt.diagnostics import MeshrtError
+
+
+class _PrintContext(CslPrintContext):
+    """xDSL's CSL printer, knowing bf16 (a bf16 program's activations; xDSL's knows f16)."""
+
+    def mlir_type_to_csl_type(self, type_attr: Attribute) -> str:
+        if isinstance(type_attr, BFloat16Type):
+            return "bf16"
+        return super().mlir_type_to_csl_type(type_attr)
 
 
 def body_lines(fn: csl.FuncOp, renames: dict[str, tuple[str, int]]) -> list[str]:
@@ -47,7 +57,7 @@ def body_lines(fn: csl.FuncOp, renames: dict[str, tuple[str, int]]) -> list[str]
             user.properties["tensor_access"] = AffineMapAttr(
                 AffineMap(amap.num_dims, 0, (expr + offset,)))
     out = StringIO()
-    ctx = CslPrintContext(out)
+    ctx = _PrintContext(out)
     ctx.register_binops()
     for op in body.walk():  # the module's `<math>` import and parameters are the program's
         for v in op.operands:

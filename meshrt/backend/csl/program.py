@@ -70,7 +70,7 @@ class Shared:
     program: Program
     lim: Limits
     arch: str
-    elem: str  # "f32" | "f16"
+    elem: str  # "f32", "bf16" or "f16" (`meshrt.kernels.pe.activation_elem`)
     marker_counts: dict[tuple[str, int], list[tuple[Box, int]]] = field(default_factory=dict)
     marker_senders: dict[tuple[str, str, int], bool] = field(default_factory=dict)
     exports: dict[int, dict[str, str]] = field(default_factory=dict)  # wafer -> symbol -> layout type
@@ -83,6 +83,13 @@ class Shared:
     @property
     def elem_bytes(self) -> int:
         return 4 if self.elem == "f32" else 2
+
+    @property
+    def half(self) -> str:
+        """The program's 16-bit float type, the one `cslc --fp16-format` selects (a value of
+        any other 16-bit float type must be comptime-known): bf16 in a bf16 program, else f16
+        (cslc's default)."""
+        return "bf16" if self.elem == "bf16" else "f16"
 
 
 def _dirs(ds) -> str:
@@ -306,7 +313,8 @@ class ProgramWriter:
 
     def xfer(self, array: str) -> str:
         """The suffix of the meshrt_rt transfer helpers moving `array`'s elements."""
-        return "words" if self.elem_of(array) == "i32" else self.sh.elem
+        elem = self.elem_of(array)
+        return "words" if elem == "i32" else "f32" if elem == "f32" else "fp16"
 
     def token_arrays(self) -> tuple[str, str]:
         """The CSL names of the sampled token ids and their EOS flags: the arrays of the

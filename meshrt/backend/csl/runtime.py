@@ -20,22 +20,23 @@ def runtime_module() -> str:
         'const ctrl = @import_module("<control>");',
         "",
         "// Transfers: the fabric DSD is loaded with .async; its completion activates step_id.",
-        "// One wavelet per element (f32 or f16) or per 32-bit metainfo word.",
+        "// One wavelet per element (f32, or the 16-bit format cslc --fp16-format selects: fp16)",
+        "// or per 32-bit metainfo word.",
     ]
-    for name, op in (("recv_f32", "@fmovs"), ("recv_f16", "@fmovh"), ("recv_words", "@mov32")):
+    for name, op in (("recv_f32", "@fmovs"), ("recv_fp16", "@fmovh"), ("recv_words", "@mov32")):
         out += [f"fn {name}(dst: mem1d_dsd, src: fabin_dsd) void {{",
                 "  @load_to_dsr(rx_dst, dst);",
                 "  @load_to_dsr(rx_src, src, .{ .async = true, .activate = step_id });",
                 f"  {op}(rx_dst, rx_src);", "}"]
     out += ["// Receives that add the message to dst as its wavelets arrive (the gathers and",
             "// relays that sum their senders' contributions)."]
-    for name, op in (("recv_add_f32", "@fadds"), ("recv_add_f16", "@faddh")):
+    for name, op in (("recv_add_f32", "@fadds"), ("recv_add_fp16", "@faddh")):
         out += [f"fn {name}(dst: mem1d_dsd, src: fabin_dsd) void {{",
                 "  @load_to_dsr(rx_dst, dst);",
                 "  @load_to_dsr(rx_acc, dst);",
                 "  @load_to_dsr(rx_src, src, .{ .async = true, .activate = step_id });",
                 f"  {op}(rx_dst, rx_acc, rx_src);", "}"]
-    for name, op in (("send_f32", "@fmovs"), ("send_f16", "@fmovh"), ("send_words", "@mov32")):
+    for name, op in (("send_f32", "@fmovs"), ("send_fp16", "@fmovh"), ("send_words", "@mov32")):
         out += [f"fn {name}(dst: fabout_dsd, src: mem1d_dsd) void {{",
                 "  @load_to_dsr(tx_dst, dst, .{ .async = true, .activate = step_id });",
                 "  @load_to_dsr(tx_src, src);",

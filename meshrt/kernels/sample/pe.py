@@ -30,7 +30,7 @@ def bodies_for(info, micro_batch: int, hp, tile: tuple[int, int, int, int]) -> B
     eos = hp.int("eos_token", -1)
     ends = () if eos < 0 else (eos, *hp.ints("eos_more"))
     return sample_bodies(info.kernel_name, micro_batch, vocab, tile[0], tile[2], ends,
-                         activation_elem(hp.dtype_bytes))
+                         activation_elem(hp.act_format))
 
 
 def sample_bodies(kernel: str, b: int, vocab: int, x0: int, w: int, ends: tuple[int, ...],
