@@ -313,7 +313,9 @@ class Weights:
         norm gains 1 + N(0, 0.1²), drawn after a layer's other weights (a shape
         without them draws what it did before). The draw order is fixed, and
         ``eos_token`` does not influence it. ``tie_embeddings``: lm_head is the
-        embedding's transpose."""
+        embedding's transpose. A 16-bit model's weights are rounded to its format (bf16,
+        f16), as its checkpoint would hold them, so the CSL host's 16-bit copies of them
+        are the values the interpreter and this reference computed with."""
         s = RefShape.of(shape)
         rng = np.random.default_rng(seed)
 
@@ -386,6 +388,8 @@ class Weights:
         final_norm = gain()
         lm_head = embed.T.copy() if s.tie_embeddings else lin(s.hidden, s.vocab)
         w = cls(s, embed, layers, final_norm, lm_head)
+        if s.act_format != "f32":  # a 16-bit model's weights are numbers of its format, as a
+            w = _map_arrays(w, lambda a: round_activations(a, s.act_format))  # checkpoint's
         # a quantized model's weights are drawn, then rounded to what their format holds
         for name, a in w.named_arrays().items():
             fmt = weight_format(s, name)
