@@ -107,11 +107,10 @@ def _bits(typ):
 
 def _words(values, typ):
     """Values as the 32-bit words memcpy moves (16-bit types in the low half)."""
-    values = np.asarray(values)
     if typ == "bf16":
-        a = np.ascontiguousarray(float32_to_bf16(values.astype(np.float32)))
+        a = np.ascontiguousarray(float32_to_bf16(values))
     else:
-        a = np.ascontiguousarray(values.astype(_TYPES[typ]))
+        a = np.ascontiguousarray(np.asarray(values).astype(_TYPES[typ]))
     if _bits(typ) == 32:
         return a.view(np.uint32), 32
     return a.view(np.uint16).astype(np.uint32), 16
@@ -313,7 +312,6 @@ def main():
 if __name__ == "__main__":
     main()
 '''
-
 
 
 REPORT_COLUMNS = ("class", "wafer", "cores", "segs", "colours", "iq", "oq", "data tids",

@@ -33,8 +33,7 @@ class ComputeBody:
         self.w, self.e, self.sub, self.src = w, e, sub, src
         self.T = w.sh.elem
         self.s = w.sh.sfx
-        # <math>'s functions of the program's type: `_f32`, or `_f16` on the @fp16() format
-        self.fn = "f32" if self.T == "f32" else "f16"
+        self.fn = w.sh.math_sfx
         self.b = w.b
         self.kind = w.p.kind_of(sub)
 

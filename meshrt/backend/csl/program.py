@@ -85,6 +85,12 @@ class Shared:
         return 4 if self.elem == "f32" else 2
 
     @property
+    def math_sfx(self) -> str:
+        """The suffix of `<math>`'s functions of the program's type: `_f32`, or `_f16`,
+        whose arguments are `@fp16()` (the selected 16-bit format)."""
+        return "f32" if self.elem == "f32" else "f16"
+
+    @property
     def half(self) -> str:
         """The program's 16-bit float type, the one `cslc --fp16-format` selects (a value of
         any other 16-bit float type must be comptime-known): bf16 in a bf16 program, else f16
