@@ -349,6 +349,14 @@ class ModelShape:
         """K and V of one token in one layer."""
         return 2 * self.kv_heads * self.head_dim * self.kv_bytes
 
+    def request_state_bytes(self, positions: int) -> float:
+        """One request's KV of `positions` positions in every full-attention layer and its
+        state in every DeltaNet layer, at kv_bytes: what the host writes to push a cache."""
+        rec, conv = self.linear_state_elements()
+        linear = len(self.linear_layers)
+        return ((self.layers - linear) * positions * self.kv_bytes_per_token()
+                + linear * (rec + conv) * self.kv_bytes)
+
     def weight_counts(self) -> tuple[int, int]:
         """(weights stored at dtype_bytes, expert weights at expert_dtype_bytes),
         counted in elements (embedding and lm_head separately, even tied: their

@@ -174,6 +174,8 @@ class CoreData:
     tiles: dict = field(default_factory=dict)  # resident weight tiles (float64 for accumulation)
     # the PE-level buffers of each kernel whose compute runs its PE bodies (meshrt.kernels.pe)
     buffers: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    # (kernel, KV slot) -> the serial of the last pushed cache written into its tiles here
+    pushed: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def tile(self, key, make) -> np.ndarray:
         """This core's resident tile `key`, loaded once (as the host does before the run)."""
@@ -325,6 +327,21 @@ class KernelExec:
         """(CF table, routing) riding a send: what the core holds, where the table
         gives the send metainfo bytes."""
         return (cd.cb, cd.route) if meta else (None, None)
+
+    def apply_pushes(self, cd: CoreData, cb: SlotTable) -> None:
+        """Write the caches the host pushed (`DataPlane.push_kv`) into the live slots of `cb`
+        since this core last ran them into its tiles (`load_pushed`)."""
+        if self.plane.pushes:
+            for slot in cb.slots:
+                if slot.rid >= 0:
+                    state = self.plane.pushed(cd, self.name, slot.kv)
+                    if state is not None:
+                        self.load_pushed(cd, slot.kv, state)
+
+    def load_pushed(self, cd: CoreData, kv: int, state) -> None:
+        """The host's write of a pushed cache (a `reference.KVState`) into the rows of KV
+        slot `kv` this core holds (kinds that keep per-request state)."""
+        raise DataLayoutError(f"kernel @{self.name} (kind {self.info.kind.data}) keeps no KV")
 
     def take(self, cd: CoreData, role: FlowRole) -> list:
         items = cd.inbox.pop((self.name, role), None)

@@ -88,6 +88,10 @@ class DataPlane:
         # over the cores. `serving` compares them with the reference's when tokens differ.
         self.watch: int | None = None
         self.watched: dict[str, Vec] = {}
+        # KV slot -> (serial, the cache the host pushed into it: `reference.KVState`); each
+        # core writes its rows once, before the slot's first step reads them (`pushed`)
+        self.pushes: dict[int, tuple[int, object]] = {}
+        self._serial = 0
 
     def placement(self, layer: int, step: int, compiled: tuple[int, ...]) -> tuple[int, ...]:
         """The expert -> region map micro-batch `step` runs with."""
@@ -249,6 +253,26 @@ class DataPlane:
         for s in live:
             for e in ids[s]:
                 self.routing_counts[layer, int(e)] += 1
+
+    def push_kv(self, kv: int, state) -> None:
+        """The host writes a request's cache (`meshrt.runtime.kv_cache`) into KV slot `kv`'s
+        tiles; None: the slot's new request brings none. The slot is idle until the write
+        is done (`serving.Host`), so each core writes its rows when it next runs the slot:
+        the same values at the same point of its program as the host's write."""
+        if state is None:
+            self.pushes.pop(kv, None)
+        else:
+            self._serial += 1
+            self.pushes[kv] = (self._serial, state)
+
+    def pushed(self, cd: CoreData, kernel: str, kv: int):
+        """The cache pushed into slot `kv` that this core has not yet written for `kernel`,
+        or None."""
+        got = self.pushes.get(kv)
+        if got is None or cd.pushed.get((kernel, kv)) == got[0]:
+            return None
+        cd.pushed[kernel, kv] = got[0]
+        return got[1]
 
     # hooks called by MeshSim ----------------------------------------------
     def core_data(self, pos: tuple[int, int, int]) -> CoreData:

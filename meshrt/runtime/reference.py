@@ -1022,12 +1022,22 @@ class ReferenceModel:
     def new_state(self) -> KVState:
         return KVState(self.shape)
 
-    def prefill(self, prompt_tokens: Sequence[int], trace: Trace | None = None) -> tuple[KVState, int]:
-        """Run the whole prompt; returns (kv_state, first generated token)."""
+    def prefill(self, prompt_tokens: Sequence[int], trace: Trace | None = None,
+                kv: KVState | None = None) -> tuple[KVState, int]:
+        """Run the whole prompt; returns (kv_state, first generated token). `kv`: the cache
+        of the prompt's first `kv.length` positions, computed elsewhere (left as it is):
+        only the prompt's rest is fed."""
         if len(prompt_tokens) == 0:
             raise ValueError("prompt must contain at least one token")
-        st = KVState(self.shape, capacity=2 * len(prompt_tokens))
-        logits = self.forward([(st, prompt_tokens)], trace)
+        if kv is None:
+            st = KVState(self.shape, capacity=2 * len(prompt_tokens))
+        elif kv.length >= len(prompt_tokens):
+            raise ValueError(f"a cache of {kv.length} positions leaves none of the "
+                             f"{len(prompt_tokens)}-token prompt to feed")
+        else:
+            st = kv.copy()
+            st._reserve(2 * len(prompt_tokens))
+        logits = self.forward([(st, prompt_tokens[st.length:])], trace)
         return st, greedy(logits[0])
 
     def decode_step(self, kv_state: KVState, token: int, trace: Trace | None = None) -> int:
@@ -1046,28 +1056,32 @@ class ReferenceModel:
     def is_finished(self, output: Sequence[int], max_new_tokens: int) -> bool:
         return len(output) >= max_new_tokens or (bool(output) and output[-1] in self.shape.eos_tokens)
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, trace: Trace | None = None) -> list[int]:
-        """Greedy generation; the output ends with EOS if one was emitted."""
-        return self.generate_batch([prompt], max_new_tokens, trace)[0]
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, trace: Trace | None = None,
+                 kv: KVState | None = None) -> list[int]:
+        """Greedy generation; the output ends with EOS if one was emitted. `kv`: the cache of
+        the prompt's first positions the request arrived with (`prefill`)."""
+        return self.generate_batch([prompt], max_new_tokens, trace, [kv])[0]
 
     def generate_batch(
         self,
         prompts: Sequence[Sequence[int]],
         max_new_tokens: int | Sequence[int],
         trace: Trace | None = None,
+        kvs: Sequence[KVState | None] | None = None,
     ) -> list[list[int]]:
         """Generate for several requests, decoding the unfinished ones as a
         batch each step (continuous batching without arrivals). Same tokens as
-        calling :meth:`generate` on each prompt."""
+        calling :meth:`generate` on each prompt (with its cache of `kvs`)."""
         caps = [int(max_new_tokens)] * len(prompts) if np.isscalar(max_new_tokens) else [int(m) for m in max_new_tokens]
         if len(caps) != len(prompts):
             raise ValueError("max_new_tokens per prompt has the wrong length")
+        kvs = [None] * len(prompts) if kvs is None else list(kvs)
         outs: list[list[int]] = [[] for _ in prompts]
         live: list[tuple[int, KVState]] = []
         for i, p in enumerate(prompts):
             if caps[i] <= 0:
                 continue
-            st, tok = self.prefill(p, trace)
+            st, tok = self.prefill(p, trace, kvs[i])
             outs[i].append(tok)
             if not self.is_finished(outs[i], caps[i]):
                 live.append((i, st))

@@ -13,6 +13,14 @@ with a chunk of one token): while a slot's prompt lasts, the sampler feeds
 the next prompt token instead of the sampled one. Time to first token is
 therefore arrival -> admission -> prompt length decode steps.
 
+A request may instead arrive with the KV cache of its prompt but the last
+token (prefill done elsewhere; or of a shorter prefix: `kv_cache`). Once the
+sampler root admits it into a slot, the host writes the cache into that
+slot's tiles outside the per-token path (`kv_cache.push_cycles`: a round
+trip to learn the slot, then the bytes through the system I/O); the slot
+stays idle (counted as padding) until the write is done, then feeds the
+prompt from the first position the cache does not hold.
+
 Static mode (the WaferLLM-style baseline, a program compiled without
 dynamism): a micro-batch's slots are filled together; the batch runs until
 its longest request is done (finished slots keep computing: padding); then
@@ -35,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from meshrt.activations import round_activations
-from meshrt.runtime import reference as ref
+from meshrt.runtime import kv_cache, reference as ref
 from meshrt.kernels import registry
 from meshrt.kernels.numerics import Slot, SlotTable
 from meshrt.runtime.dataplane import DataPlane
@@ -57,6 +65,7 @@ class _Live:
     sampled_at: list[tuple[int, int]] = field(default_factory=list)  # (step, slot) per output
     first: int | None = None
     done: bool = False
+    ready: int = 0  # cycle its pushed cache is in the slot's tiles: idle until then
 
 
 @dataclass
@@ -69,6 +78,7 @@ class RequestRecord:
     first_token: int
     finished: int
     sampled_at: list[tuple[int, int]] = field(default_factory=list)  # (micro-batch step, slot) per token
+    pushed: int = 0  # positions of the KV cache it arrived with (0: its prompt prefilled on chip)
 
     @property
     def ttft(self) -> int:
@@ -84,11 +94,13 @@ class Host:
     """Host side of serving plus the sampler root's slot bookkeeping."""
 
     def __init__(self, requests: list[Request], *, micro_batch: int, groups: int, max_seq: int,
-                 clock_hz: float, static: bool, queue_capacity: int, refill_cycles: int):
+                 clock_hz: float, static: bool, queue_capacity: int, refill_cycles: int,
+                 push_cycles: Callable[[int], int] = lambda positions: 0):
         self.b, self.groups, self.max_seq = micro_batch, groups, max_seq
         self.static = static
         self.capacity = queue_capacity
         self.refill_cycles = refill_cycles
+        self.push_cycles = push_cycles  # a pushed cache of n positions: cycles to write it
         arrivals = [(int(round(r.arrival * clock_hz)), i, r) for i, r in enumerate(requests)]
         self.pending = deque(sorted(arrivals))
         self.waiting: deque[tuple[int, Request]] = deque()
@@ -119,22 +131,35 @@ class Host:
             else:
                 self.waiting.append((t, r))
 
-    def _admit(self, g: int, now: int) -> None:
+    def _admit(self, g: int, now: int) -> int:
+        """Fill group g's free slots from the waiting queue; the host writes the caches of
+        requests that arrived with one (`kv_cache`) into their slots' tiles, each slot
+        idle until its write is done. Returns the cycles of those writes."""
         self._arrivals(now)
         row = self.slots[g]
         if self.static and any(s is not None for s in row):
-            return  # a static batch is refilled only once all its requests are done
+            return 0  # a static batch is refilled only once all its requests are done
+        writes = 0
         for s in range(self.b):
             if row[s] is None and self.waiting:
                 t, r = self.waiting.popleft()
-                row[s] = _Live(r, t, now)
+                live = row[s] = _Live(r, t, now)
+                if self.plane is not None:
+                    self.plane.push_kv(g * self.b + s, r.kv)
+                if r.kv is not None:
+                    live.fed = r.kv_len
+                    cycles = self.push_cycles(r.kv_len)
+                    live.ready = now + cycles
+                    writes += cycles
+        return writes
 
     def _table(self, seq: int) -> None:
         g = seq % self.groups
+        now = self.now()
         slots, toks = [], []
         for s, live in enumerate(self.slots[g]):
             kv = g * self.b + s
-            if live is None:
+            if live is None or live.ready > now:  # empty, or its cache still being written
                 slots.append(Slot(-1, 0, kv))
                 toks.append(0)
                 continue
@@ -191,7 +216,8 @@ class Host:
             if ends[s] or len(live.out) >= live.req.output_len:
                 live.done = True
                 self.records.append(RequestRecord(live.req.id, live.req.prompt, live.out, live.arrival,
-                                                  live.admitted, live.first, now, live.sampled_at))
+                                                  live.admitted, live.first, now, live.sampled_at,
+                                                  live.req.kv_len))
                 if not self.static:
                     row[s] = None
         refill = 0
@@ -199,7 +225,12 @@ class Host:
             if any(x is not None for x in row):
                 refill = self.refill_cycles  # the host reads the batch out and writes the next
             self.slots[g] = row = [None] * self.b
-        self._admit(g, now)
+        writes = self._admit(g, now)
+        if self.static and writes:  # a static batch starts once its pushed caches are written
+            refill += writes
+            for live in self.slots[g]:
+                if live is not None:
+                    live.ready = now
         self._table(seq + self.groups)
         if self.recalibrator is not None:
             self._recalibrate(seq, now)
@@ -320,6 +351,7 @@ class ServingResult:
                                 if self.sim.step_cycles else None),
             "tpot_cycles": sum(tpots) / len(tpots) if tpots else None,
             "ttft_cycles": sum(r.ttft for r in recs) / len(recs) if recs else None,
+            "requests_pushed_kv": sum(1 for r in recs if r.pushed),  # of those completed
             "output_tokens": out_tokens,
             "system_tokens_per_mcycle": out_tokens / cycles * 1e6 if cycles else 0.0,
             "padding_fraction": self.padding_fraction,
@@ -353,6 +385,7 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
         check_runnable(ModelShape.from_hparams(program, program.program_name),
                        HParams.of(program).kv_slots(program), op_location(program))
     shape = reference_shape(program)
+    kv_cache.attach(requests, shape)
     weights = weights if weights is not None else ref.Weights.random(shape, weight_seed)
     kw = dict(seed=seed, queue_capacity=queue_capacity, max_cycles=max_cycles, safe=safe,
               speed_scale=speed_scale)
@@ -366,7 +399,7 @@ def serve(program, target, requests: list[Request], *, seed: int = 0, weight_see
         model = ref.ReferenceModel(shape, weights)
         for r in host.records:
             req = next(q for q in requests if q.id == r.id)
-            want = model.generate(req.prompt, req.output_len)
+            want = model.generate(req.prompt, req.output_len, kv=req.kv)
             if want != r.tokens:
                 mismatches.append((r.id, r.tokens, want))
         if mismatches:
@@ -391,11 +424,13 @@ def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_
     keep the per-kernel values of that micro-batch step (`DataPlane.watched`)."""
     dyn = program.dynamism_kinds
     groups = default_in_flight(program)
+    shape = ModelShape.from_hparams(program, program.program_name)  # its KV format
     max_seq = HParams.of(program).int("max_seq")
     host = Host(list(requests), micro_batch=program.micro_batch_size, groups=groups, max_seq=max_seq,
                 clock_hz=target.clock_hz,
                 static="continuous_batching" not in dyn, queue_capacity=queue_capacity,
-                refill_cycles=int(target.costs.get("host_roundtrip", 0)))
+                refill_cycles=int(target.costs.get("host_roundtrip", 0)),
+                push_cycles=lambda n: kv_cache.push_cycles(shape, n, target))
     plane = DataPlane(program, weights, host)
     plane.watch = watch
     host.plane = plane
@@ -490,7 +525,7 @@ def first_divergence(program, requests: list[Request], records: list[RequestReco
     if [r.tokens for r in again] != [r.tokens for r in records]:
         return dataclasses.replace(d, detail="a second run gave other tokens, so no kernel is compared")
     trace = ref.Trace()
-    state, _ = model.prefill(req.prompt, trace if i == 0 else None)
+    state, _ = model.prefill(req.prompt, trace if i == 0 else None, req.kv)
     for k in range(1, i + 1):
         model.decode_step(state, want[k - 1], trace if k == i else None)
     compared = 0

@@ -74,6 +74,16 @@ class Request:
     prompt_len: int
     max_new_tokens: int
     output_len: int
+    # Prefill done elsewhere: the request arrives with the KV cache of its first positions
+    # (`meshrt.runtime.kv_cache`), from a workload file's "kv" (the .npz's path) or made
+    # in memory (`kv`: a `reference.KVState`; `kv_cache.attach` loads a file into it).
+    kv_file: str | None = None
+    kv: Any = None
+
+    @property
+    def kv_len(self) -> int:
+        """Positions of the prompt the arriving KV cache holds (0: none, prefill on chip)."""
+        return 0 if self.kv is None else self.kv.length
 
     def __post_init__(self) -> None:
         if self.prompt_len != len(self.prompt):
@@ -228,7 +238,7 @@ def reasoning_like(
 # JSONL
 # --------------------------------------------------------------------------
 
-_FIELDS = ("id", "arrival", "prompt", "prompt_len", "max_new_tokens", "output_len")
+_FIELDS = ("id", "arrival", "prompt", "prompt_len", "max_new_tokens", "output_len", "kv")
 # Bounds a request file may ask for: beyond them a number is an error, not an
 # allocation or an overflow (a year of arrivals; a million tokens, 8x the longest
 # context any model here has).
@@ -246,7 +256,8 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _parse_line(obj: Any, vocab: int, lineno: int, err: Callable[[str], WorkloadError]) -> Request:
+def _parse_line(obj: Any, vocab: int, lineno: int, err: Callable[[str], WorkloadError],
+                base: str = "") -> Request:
     if not isinstance(obj, dict):
         raise err(f"expected a JSON object, got {type(obj).__name__}")
     unknown = sorted(set(obj) - set(_FIELDS))
@@ -311,7 +322,16 @@ def _parse_line(obj: Any, vocab: int, lineno: int, err: Callable[[str], Workload
     rid = obj.get("id", lineno)
     if isinstance(rid, bool) or not isinstance(rid, (int, str)):
         raise err(f"id must be a string or an integer, got {json.dumps(rid)}")
-    return Request(rid, float(arrival), [int(t) for t in prompt], len(prompt), max_new, output_len)
+    kv_file = None
+    if "kv" in obj:
+        kv_file = obj["kv"]
+        if not isinstance(kv_file, str) or not kv_file:
+            raise err(f"kv must be the path of a .npz KV cache, got {json.dumps(kv_file)[:40]}")
+        kv_file = os.path.join(base, kv_file)
+        if not os.path.isfile(kv_file):
+            raise err(f"kv: no such file {kv_file}")
+    return Request(rid, float(arrival), [int(t) for t in prompt], len(prompt), max_new, output_len,
+                   kv_file)
 
 
 def load_jsonl(path: str | os.PathLike, vocab: int) -> list[Request]:
@@ -346,7 +366,7 @@ def load_jsonl(path: str | os.PathLike, vocab: int) -> list[Request]:
             obj = parse_json(text)
         except JSONInputError as e:
             raise err(f"invalid JSON: {e.msg}" + (f" (column {e.col})" if e.col else "")) from None
-        req = _parse_line(obj, vocab, lineno, err)
+        req = _parse_line(obj, vocab, lineno, err, os.path.dirname(p))
         if req.id in seen:
             raise err(f"duplicate id {json.dumps(req.id)} (first on line {seen[req.id]})")
         seen[req.id] = lineno
@@ -368,6 +388,9 @@ def write_jsonl(path: str | os.PathLike, requests: Iterable[Request]) -> None:
                 "max_new_tokens": r.max_new_tokens,
                 "output_len": r.output_len,
             }
+            if r.kv_file is not None:
+                rec["kv"] = os.path.relpath(os.path.abspath(r.kv_file),
+                                            os.path.dirname(os.path.abspath(path)))
             f.write(json.dumps(rec) + "\n")
 
 

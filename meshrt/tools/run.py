@@ -52,6 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seed of the synthetic workload's lengths, arrivals and tokens (default 0)")
     p.add_argument("--weights-seed", type=int, default=None, metavar="S",
                    help="seed of the random weights (default 0; not with a checkpoint directory)")
+    p.add_argument("--pushed-kv", action="store_true",
+                   help="requests arrive with the KV cache of their prompt but its last token, "
+                        "prefilled elsewhere (here by the NumPy reference): the host writes it "
+                        "into the slot's tiles and the mesh decodes from there (a .jsonl "
+                        "workload names its caches itself: its \"kv\" field)")
     p.add_argument("--queue", type=int, default=16, metavar="N",
                    help="waiting-queue capacity, at least 1 (default 16)")
     p.add_argument("--static", action="store_true",
@@ -113,6 +118,14 @@ def _serve(args, static: bool):
     weights = _checkpoint_weights(args, program)
     reqs = tiny_workload(args.workload, args.requests, args.workload_seed, max_seq, vocab,
                          target.clock_hz, args.rate or None)
+    if args.pushed_kv:  # prefill done elsewhere: the reference stands in for that system
+        from meshrt.runtime import kv_cache, reference as ref
+        from meshrt.runtime.serving import reference_shape
+
+        shape = reference_shape(program)
+        if weights is None:
+            weights = ref.Weights.random(shape, args.weights_seed or 0)
+        kv_cache.prefilled_elsewhere(reqs, ref.ReferenceModel(shape, weights))
     with _progress(len(reqs), args.max_cycles) as progress:
         return serve(program, target, reqs, seed=args.seed, weight_seed=args.weights_seed or 0,
                      weights=weights, queue_capacity=args.queue, max_cycles=args.max_cycles,
@@ -172,6 +185,9 @@ def check_flags(args: argparse.Namespace) -> None:
                          "with its own")
     if args.trace_by_class and not args.trace:
         raise UsageError(f"{me} --trace-by-class needs --trace FILE")
+    if args.pushed_kv and args.workload.endswith(".jsonl"):
+        raise UsageError(f"{me} --pushed-kv prefills a synthetic workload's requests; a .jsonl "
+                         "workload names each request's cache in its \"kv\" field")
     try:
         check_workload(args.workload)
     except WorkloadError as e:
@@ -266,6 +282,7 @@ def _print(summaries: dict[str, dict]) -> None:
         ("cycles", "cycles", "{:,}"),
         ("TPOT (cycles)", "tpot_cycles", "{:,.0f}"),
         ("TTFT (cycles)", "ttft_cycles", "{:,.0f}"),
+        ("requests with a pushed KV cache", "requests_pushed_kv", "{}"),
         ("system tokens / Mcycle", "system_tokens_per_mcycle", "{:.2f}"),
         ("padding fraction", "padding_fraction", "{:.1%}"),
         ("events", "events", "{:,}"),

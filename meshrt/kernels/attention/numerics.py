@@ -79,6 +79,31 @@ class Attention(KernelExec):
         lo = max(r0, p - self.window + 1) - r0 if self.window else 0
         return lo, min(p + 1, r1) - r0
 
+    def load_pushed(self, cd, kv, state):
+        """Slot kv's K and V rows this core holds from a pushed cache, in each layout's
+        order: the PE bodies' `kv` buffer, or the numerics' cache (whole heads a column,
+        or a head split's features)."""
+        _, i, j, w, h = self.grid_pos(cd)
+        r0, r1 = part(self.max_seq, h, j)
+        n = min(r1, state.length) - r0
+        if n <= 0:
+            return
+        keys, vals = state.keys(self.layer)[r0:r0 + n], state.values(self.layer)[r0:r0 + n]
+        if self.split is not None:
+            kv_head, k0, k1, _, _, feats = self.split.column(i)
+            cache = self._cache(cd, r1 - r0, k1 - k0)
+            cache[0, kv, :n] = keys[:, kv_head, feats]
+            cache[1, kv, :n] = vals.reshape(n, -1)[:, k0:k1]
+            return
+        hk = self.kvh // w
+        if self.bodies is not None:
+            rows = -(-self.max_seq // h)  # the bodies' rows a core (`pe.attention_bodies`)
+            cache = self.pe_buffers(cd, self.bodies_at(cd.pos))["kv"].reshape(2, self.slots, rows, hk, self.d)
+        else:
+            cache = self._cache(cd, r1 - r0, hk, self.d)
+        cache[0, kv, :n] = keys[:, i * hk:(i + 1) * hk]
+        cache[1, kv, :n] = vals[:, i * hk:(i + 1) * hk]
+
     def resident(self, pos):
         """The bodies' resident arrays: the KV cache (empty), RoPE's turns per position, the
         q/k norm gains, the sink logits of the column's heads."""
@@ -106,6 +131,7 @@ class Attention(KernelExec):
             lo, hi = block_range(self.blocks, w, i)
             bufs["x"][:] = self.input(cd).need(lo, hi, self.where(cd)).astype(F32).reshape(-1)
             cb = self._table(cd, self.where(cd))
+            self.apply_pushes(cd, cb)
             bufs["mb"][0] = cb.slots[0].kv // self.b
             rdt = bufs["rdt"]
             for slot in cb.slots:  # the RDT the continuous-batching payloads keep
@@ -128,6 +154,7 @@ class Attention(KernelExec):
         _, i, j, w, h = self.grid_pos(cd)
         if op == "qk":
             cb = self._table(cd, where)
+            self.apply_pushes(cd, cb)
             hq, hk = self.heads // w, self.kvh // w
             nq, nk = hq * self.d, hk * self.d
             if self.blocks:  # this column's q | k | v (| gate) slice of the blocked vector, in place
@@ -210,6 +237,7 @@ class Attention(KernelExec):
         r0, r1 = part(self.max_seq, h, j)
         if op == "qk":
             cb = self._table(cd, where)
+            self.apply_pushes(cd, cb)
             if self.blocks:  # the column's q | k | v (| gate) where the qkv reduction left them
                 lo, hi = sp.qkv_range(i, self.gated)
                 x = self.input(cd).need(lo, hi, where)

@@ -74,6 +74,18 @@ class DeltaNet(KernelExec):
         for state in cd.kv[self.name]:
             state[kv // self.groups] = 0.0
 
+    def load_pushed(self, cd, kv, state):
+        """A pushed request's conv and recurrent state (`kv_cache`) where this core keeps
+        slot kv's: its channels, its heads' v_dim slice (only its token group's slots)."""
+        _, i, j, w, h = self.grid_pos(cd)
+        group, i, w = self._group(i, w)
+        if kv % self.groups != group:
+            return
+        (v0, v1), _, (d0, d1), _, idx, _ = self.layout(i, j, w, h)
+        conv, rec = self._state(cd, idx, v1 - v0, d1 - d0)
+        conv[kv // self.groups] = state.conv[self.layer][idx]
+        rec[kv // self.groups] = state.rec[self.layer][v0:v1, :, d0:d1]
+
     def _group(self, i: int, w: int) -> tuple[int, int, int]:
         """(token group, column within it, its width) of column i of a w-wide region."""
         wc = w // self.groups
@@ -110,6 +122,7 @@ class DeltaNet(KernelExec):
                 got = "none" if cb is None else f"the one of step {cb.seq}"
                 raise DataLayoutError(f"{where}: step {cd.step} needs its continuous-batching "
                                       f"table, holds {got}")
+            self.apply_pushes(cd, cb)
             x = self.input(cd).need(0, self.conv_w + self.vw + 2 * self.vh, where)
             conv_st, _ = self._state(cd, idx, nv, ds)
             taps = self.w.conv[idx]
@@ -120,6 +133,7 @@ class DeltaNet(KernelExec):
             for b, slot in self._mine(cb, group, where):
                 if slot.pos == 0:  # a request starts in this slot
                     self.admit(cd, slot.kv)
+
                 kv = slot.kv // self.groups
                 y, conv_st[kv] = ref.causal_conv(x[b, idx][None], conv_st[kv], taps)
                 qk[b, c0:c1] = y[0, :nc]
