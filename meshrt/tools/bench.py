@@ -77,6 +77,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError
+from meshrt.tools.context_bench import context_list
 from meshrt.tools.workers import default_workers, parse_ray_address
 from meshrt.output import save_figure, write_text
 
@@ -217,6 +218,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(synthetic) or a .jsonl file (default chat)")
     p.add_argument("--out", metavar="DIR",
                    help="where bench.json and the plots go (default bench-MODEL-TARGET)")
+    p.add_argument("--context", type=context_list, metavar="LIST",
+                   help="instead of the other questions: decode TPOT, per-user throughput and "
+                        "the time in full-attention layers as the context grows, e.g. "
+                        "4k,16k,32k,64k,128k (k = 1024 positions), with context.png")
     p.add_argument("--placement", action="store_true",
                    help="also run the expert-placement benchmark (MoE models on targets the "
                         "interpreter simulates, e.g. test32): contiguous / eplb / vibe on "
@@ -240,6 +245,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         if out.exists() and not out.is_dir():
             raise BenchError(f"{out}: error: --out must be a directory, and this is a file")
+        if getattr(args, "context", None):
+            return _context_main(args, out)
         check_workload(args.workload)
         placement = placement_options(args)
         results = run_bench(args.model, args.target, args.micro_batch, args.workload,
@@ -254,6 +261,38 @@ def main(args: argparse.Namespace) -> int:
     except BenchError as e:
         return _fail(str(e))
     print(f"wrote {out / 'bench.json'} and {len(plots_of(results))} plots in "
+          f"{results['timing']['total_s']:.1f} s")
+    return 0
+
+
+def _context_main(args: argparse.Namespace, out: Path) -> int:
+    """`--context LIST`: the long-context sweep alone (`meshrt.tools.context_bench`)."""
+    from meshrt.tools import context_bench
+
+    if args.placement:
+        raise BenchError("meshrt bench: error: --context and --placement are separate runs")
+    t0 = time.perf_counter()
+    ctx = context_bench.run_context(args.model, args.target, args.context,
+                                    jobs=getattr(args, "jobs", None) or default_workers(),
+                                    ray_address=getattr(args, "ray", None), progress=_progress)
+    contexts = ",".join(str(c) for c in args.context)
+    results = {"meta": {"model": args.model, "target": args.target,
+                        "command": f"meshrt bench {args.model} --target {args.target} --context {contexts}",
+                        "sources": {"cost_model": SOURCES["cost_model"]}},
+               "context": ctx, "timing": {"total_s": time.perf_counter() - t0}}
+    context_bench.print_table(ctx)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / "bench.json", json.dumps(results, indent=1, default=float) + "\n")
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        context_bench.write_plot(plt, ctx, Path(args.model).stem, out / context_bench.PLOT)
+    except OSError as e:
+        raise BenchError(f"{out}: error: cannot write results: {e.strerror or e}") from None
+    print(f"wrote {out / 'bench.json'} and {out / context_bench.PLOT} in "
           f"{results['timing']['total_s']:.1f} s")
     return 0
 
