@@ -293,6 +293,12 @@ class ModelShape:
         """The sliding window layer `layer` attends over (0: every earlier key)."""
         return self.sliding_window if layer in self._window_set else 0
 
+    def kv_capacity(self, layer: int) -> int:
+        """Positions a request slot's KV cache holds in attention layer `layer`: max_seq,
+        or its window on a sliding-window layer (a ring of the last ones)."""
+        w = self.window(layer)
+        return min(w, self.max_seq) if w else self.max_seq
+
     @functools.cached_property
     def _window_set(self) -> frozenset[int]:
         return frozenset(self.window_layers)
@@ -350,12 +356,14 @@ class ModelShape:
         return 2 * self.kv_heads * self.head_dim * self.kv_bytes
 
     def request_state_bytes(self, positions: int) -> float:
-        """One request's KV of `positions` positions in every full-attention layer and its
-        state in every DeltaNet layer, at kv_bytes: what the host writes to push a cache."""
+        """One request's KV of `positions` positions in every attention layer (at most its
+        `kv_capacity`) and its state in every DeltaNet layer, at kv_bytes: what the host
+        writes to push a cache."""
         rec, conv = self.linear_state_elements()
-        linear = len(self.linear_layers)
-        return ((self.layers - linear) * positions * self.kv_bytes_per_token()
-                + linear * (rec + conv) * self.kv_bytes)
+        attention = sum(min(positions, self.kv_capacity(i)) for i in range(self.layers)
+                        if not self.is_linear_layer(i))
+        return (attention * self.kv_bytes_per_token()
+                + len(self.linear_layers) * (rec + conv) * self.kv_bytes)
 
     def weight_counts(self) -> tuple[int, int]:
         """(weights stored at dtype_bytes, expert weights at expert_dtype_bytes),

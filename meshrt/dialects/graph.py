@@ -258,7 +258,8 @@ class MatmulOp(KernelOp):
 
 @irdl_op_definition
 class AttentionOp(KernelOp):
-    """Decode attention over a per-slot KV cache of up to `max_seq` tokens."""
+    """Decode attention over a per-slot KV cache of `max_seq` entries: every position of a
+    request, or on a sliding-window layer a ring of its last window ones."""
 
     name = "graph.attention"
     heads = prop_def(IntegerAttr[I64])

@@ -1215,7 +1215,7 @@ class _Emitter:
                                       bias=s.qkv_bias, **kw))
             a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
                                        kv_heads=s.kv_heads, head_dim=s.head_dim,
-                                       max_seq=s.max_seq, gated=s.attn_gate, **kw))
+                                       max_seq=s.kv_capacity(i), gated=s.attn_gate, **kw))
         o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden,
                                 weights=None if s.is_linear_layer(i) else q,
                                 bias=s.o_bias and not s.is_linear_layer(i), **kw))

@@ -343,3 +343,29 @@ def test_cli_run_with_a_workload_of_pushed_caches(tmp_path, capsys):
     assert cli_main(["run", "examples/tiny_dense.mrt", "--workload", str(tmp_path / "w.jsonl"),
                      "--pushed-kv"]) == 1
     assert "--pushed-kv prefills a synthetic workload" in capsys.readouterr().err
+
+
+def test_a_sliding_window_layer_keeps_a_ring_of_its_window(tmp_path):
+    """tiny_dense with a window of 3 on layer 1: that layer's cache holds 3 entries a slot
+    (a ring), the other layer max_seq; prompts and outputs run past the window, some
+    requests arrive with caches longer than it: NumPy's tokens."""
+    from meshrt.frontend.mapper import map_model
+
+    spec = driver.load_spec(REPO / "examples" / "tiny_dense.mrt")
+    spec = dataclasses.replace(spec, shape=dataclasses.replace(spec.shape, sliding_window=3,
+                                                               window_layers=(1,)))
+    t = load_target("test32")
+    prog = driver.segment_program(map_model(spec, t, None, None, None), t)
+    caps = {k.kernel_name: k.param("max_seq") for k in prog.kernels() if k.kind.data == "attention"}
+    assert caps == {"l0_attn": 12, "l1_attn": 3}
+    shape = reference_shape(prog)
+    weights = ref.Weights.random(shape, 0)
+    rng = np.random.default_rng(5)
+    reqs = [Request(i, 0.0, rng.integers(2, 256, p).tolist(), p, o, o)
+            for i, (p, o) in enumerate([(6, 5), (2, 7), (5, 4), (7, 3)])]
+    model = ref.ReferenceModel(shape, weights)
+    for r in reqs[2:]:
+        r.kv = model.new_state()
+        model.forward([(r.kv, r.prompt[:-1])])
+    res = _served(prog, reqs, 0, weights)
+    assert res.outputs_match_reference

@@ -73,11 +73,18 @@ class Attention(KernelExec):
                                   f"table, holds {got}")
         return cb
 
-    def _keys(self, p: int, r0: int, r1: int) -> tuple[int, int]:
-        """The rows (from r0) of this core a query at position p attends: its keys up to p
-        (a sliding window: its last ones)."""
-        lo = max(r0, p - self.window + 1) - r0 if self.window else 0
-        return lo, min(p + 1, r1) - r0
+    def _rows(self, p: int, r0: int, r1: int) -> tuple[np.ndarray, int | None]:
+        """(the rows of this core, from r0, a query at position p attends; the row its own
+        key goes to, or None). The cache is a ring of max_seq entries (the op's capacity:
+        the window on a sliding-window layer): entry e holds the latest position <= p with
+        remainder e, which is seen where one was written (its age (p - e) mod max_seq is
+        at most p) within the window."""
+        age = (p - np.arange(r0, r1)) % self.max_seq
+        seen = age <= p
+        if self.window:
+            seen &= age < self.window
+        own = p % self.max_seq
+        return np.flatnonzero(seen), (own - r0 if r0 <= own < r1 else None)
 
     def load_pushed(self, cd, kv, state):
         """Slot kv's K and V rows this core holds from a pushed cache, in each layout's
@@ -85,24 +92,27 @@ class Attention(KernelExec):
         or a head split's features)."""
         _, i, j, w, h = self.grid_pos(cd)
         r0, r1 = part(self.max_seq, h, j)
-        n = min(r1, state.length) - r0
-        if n <= 0:
+        # the positions of its ring entries: the last max_seq of the cache's (`_rows`)
+        pos = np.arange(max(0, state.length - self.max_seq), state.length)
+        pos = pos[(pos % self.max_seq >= r0) & (pos % self.max_seq < r1)]
+        if not len(pos):
             return
-        keys, vals = state.keys(self.layer)[r0:r0 + n], state.values(self.layer)[r0:r0 + n]
+        rows = pos % self.max_seq - r0
+        keys, vals = state.keys(self.layer)[pos], state.values(self.layer)[pos]
         if self.split is not None:
             kv_head, k0, k1, _, _, feats = self.split.column(i)
             cache = self._cache(cd, r1 - r0, k1 - k0)
-            cache[0, kv, :n] = keys[:, kv_head, feats]
-            cache[1, kv, :n] = vals.reshape(n, -1)[:, k0:k1]
+            cache[0, kv, rows] = keys[:, kv_head, feats]
+            cache[1, kv, rows] = vals.reshape(len(pos), -1)[:, k0:k1]
             return
         hk = self.kvh // w
         if self.bodies is not None:
-            rows = -(-self.max_seq // h)  # the bodies' rows a core (`pe.attention_bodies`)
-            cache = self.pe_buffers(cd, self.bodies_at(cd.pos))["kv"].reshape(2, self.slots, rows, hk, self.d)
+            per = -(-self.max_seq // h)  # the bodies' rows a core (`pe.attention_bodies`)
+            cache = self.pe_buffers(cd, self.bodies_at(cd.pos))["kv"].reshape(2, self.slots, per, hk, self.d)
         else:
             cache = self._cache(cd, r1 - r0, hk, self.d)
-        cache[0, kv, :n] = keys[:, i * hk:(i + 1) * hk]
-        cache[1, kv, :n] = vals[:, i * hk:(i + 1) * hk]
+        cache[0, kv, rows] = keys[:, i * hk:(i + 1) * hk]
+        cache[1, kv, rows] = vals[:, i * hk:(i + 1) * hk]
 
     def resident(self, pos):
         """The bodies' resident arrays: the KV cache (empty), RoPE's turns per position, the
@@ -186,13 +196,13 @@ class Attention(KernelExec):
                 pos = np.asarray([p])
                 qr = ref.apply_rope(ref.qk_norm(q[b][None], self.q_gain, self.eps), pos, self.rope)[0]
                 kr = ref.apply_rope(ref.qk_norm(k[b][None], self.k_gain, self.eps), pos, self.rope)[0]
-                if r0 <= p < r1:
-                    cache[0, slot.kv, p - r0] = kr
-                    cache[1, slot.kv, p - r0] = v[b]
-                lo, n = self._keys(p, r0, r1)
-                if n <= lo:
+                rows, own = self._rows(p, r0, r1)
+                if own is not None:
+                    cache[0, slot.kv, own] = kr
+                    cache[1, slot.kv, own] = v[b]
+                if not len(rows):
                     continue
-                keys, vals = cache[0, slot.kv, lo:n], cache[1, slot.kv, lo:n]
+                keys, vals = cache[0, slot.kv, rows], cache[1, slot.kv, rows]
                 for hh in range(hq):
                     kv_i = hh // g
                     sc = (keys[:, kv_i].astype(F64) @ qr[hh].astype(F64) / math.sqrt(self.d)).astype(F32)
@@ -267,13 +277,13 @@ class Attention(KernelExec):
                 qkr = self._rope(np.concatenate([qb * self._gain(self.q_gain, feats),
                                                  kb[None] * self._gain(self.k_gain, feats)]), p, feats)
                 qr, kr = qkr[:g], qkr[g]
-                lo, n = self._keys(p, r0, r1)
-                if n > lo:
-                    keys = cache[0, slot.kv, lo:n].astype(F64)
-                    if r0 <= p < r1:  # its own key, not yet normalized nor cached
-                        keys[p - r0 - lo] = kr
-                    scores[b, :, lo:n] = qr @ keys.T
-                prep[b] = (slot, lo, n, kr, v[b])
+                rows, own = self._rows(p, r0, r1)
+                if len(rows):
+                    keys = cache[0, slot.kv, rows].astype(F64)
+                    if own is not None:  # its own key, not yet normalized nor cached
+                        keys[rows == own] = kr
+                    scores[b][:, rows] = qr @ keys.T
+                prep[b] = (slot, rows, own, kr, v[b])
             cd.acc[self.name, "prep"] = prep
             cd.acc[self.name, "scores"] = (scores, ssq)
         elif op == "score_add":  # the left neighbour's running sum, if of this group
@@ -287,22 +297,21 @@ class Attention(KernelExec):
             o = np.zeros((self.b, g, nf), F64)
             m = np.full((self.b, g), -np.inf)
             s = np.zeros((self.b, g), F64)
-            for b, (slot, lo, n, kr, vb) in cd.acc.pop((self.name, "prep")).items():
-                p = slot.pos
+            for b, (slot, rows, own, kr, vb) in cd.acc.pop((self.name, "prep")).items():
                 rq = self._inv_rms(ssq[b, :g], self.q_gain)
                 rk = self._inv_rms(ssq[b, g], self.k_gain)
                 sc = scores[b] * rq[:, None]
-                if r0 <= p < r1:
-                    sc[:, p - r0] *= rk
-                    cache[0, slot.kv, p - r0] = kr * rk
-                    cache[1, slot.kv, p - r0] = vb
-                if n <= lo:
+                if own is not None:
+                    sc[:, own] *= rk
+                    cache[0, slot.kv, own] = kr * rk
+                    cache[1, slot.kv, own] = vb
+                if not len(rows):
                     continue
-                sc = (sc[:, lo:n] / math.sqrt(self.d)).astype(F32)
+                sc = (sc[:, rows] / math.sqrt(self.d)).astype(F32)
                 mx = sc.max(axis=1)
                 e = np.exp(sc.astype(F64) - mx[:, None])
                 m[b], s[b] = mx, e.sum(axis=1)
-                o[b] = e @ cache[1, slot.kv, lo:n].astype(F64)
+                o[b] = e @ cache[1, slot.kv, rows].astype(F64)
             cd.acc[self.name] = (o, m, s)
         elif op == "softmax_merge":
             (got,) = self.take(cd, FlowRole.DOWN)

@@ -4,9 +4,16 @@ the qkv projection's reduction left them.
 
 A column holds hk = kv_heads / w KV heads and their hq = g * hk query heads (g =
 heads / kv_heads), each of d features; its core in row j holds the K and V rows
-of positions [j * R, (j + 1) * R) of every slot's context (R = ceil(max_seq / h),
+of entries [j * R, (j + 1) * R) of every slot's ring (R = ceil(max_seq / h),
 none past max_seq). Per slot of the micro-batch (B slots) `x` holds the column's
 q (hq * d) | k (hk * d) | v (hk * d) (| output gate, hq * d).
+
+The cache of a slot is a ring of max_seq entries (the op's capacity: the window
+on a sliding-window layer, else the context a slot holds): position p goes to
+entry p mod max_seq, which row j holds when it is in [j * R, (j + 1) * R); a
+query at p sees entry e when it was written (its age (p - e) mod max_seq is at
+most p) and lies in the window. Below the capacity the ring is the plain
+position order.
 
 The request descriptor table says which slots are live and where: for the
 micro-batch `mb`, slot j is KV slot s = mb * B + j, `rdt[4 s]` its request id (0:
@@ -216,10 +223,10 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
                 bd2.each(half, one)
 
         bd.each(nh, rotate)
-        # the new key and value into the cache row of this position, where this core holds it
-        row = bd.subi(pos, r0)
-        mine = bd.both(bd.both(bd.cmpi(row, bd.const(0, i32), "sge"), bd.cmpi(row, bd.const(rows, i32), "slt")),
-                       bd.cmpi(pos, bd.const(max_seq, i32), "slt"))
+        # the new key and value into its ring entry (pos mod max_seq), where this core holds it
+        ring = bd.const(max_seq, i32)
+        row = bd.subi(bd.remi(pos, ring), r0)
+        mine = bd.both(bd.cmpi(row, bd.const(0, i32), "sge"), bd.cmpi(row, bd.const(rows, i32), "slt"))
 
         def append(bd2: Body) -> None:
             r = bd2.cast(row, IndexType())
@@ -250,14 +257,15 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
 
         bd.each(hk, kv_head)
 
-        # rows holding no key this query sees: past its position, past max_seq, before
-        # its window
+        # entries holding no key this query sees: past the ring, never written (their age
+        # (pos - e) mod max_seq past pos), older than its window
         def head(bd2: Body, hh) -> None:
             def mask(bd3: Body, r) -> None:
-                kp = bd3.add(r0, bd3.cast(r, i32))
-                hidden = bd3.either(bd3.cmpi(kp, pos, "sgt"), bd3.cmpi(kp, bd3.const(max_seq, i32), "sge"))
+                e = bd3.add(r0, bd3.cast(r, i32))
+                age = bd3.remi(bd3.plus(bd3.subi(pos, e), max_seq), ring)  # pos - e > -max_seq
+                hidden = bd3.either(bd3.cmpi(age, pos, "sgt"), bd3.cmpi(e, ring, "sge"))
                 if window:
-                    hidden = bd3.either(hidden, bd3.cmpi(kp, bd3.subi(pos, bd3.const(window, i32)), "sle"))
+                    hidden = bd3.either(hidden, bd3.cmpi(age, bd3.const(window, i32), "sge"))
                 at = bd3.add(bd3.mul(bd3.add(bd3.mul(j, hq), hh), rows), r)
                 bd3.store(bd3.select(hidden, bd3.scalar(LOWEST), bd3.load("sc", at)), "sc", at)
 
