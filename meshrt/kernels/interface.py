@@ -191,6 +191,7 @@ class KernelOp(MappedKernelOp):
     TOKEN_SOURCE: ClassVar[bool] = False  # sends the sampled tokens back to the first stage
     TOKEN_SINK: ClassVar[bool] = False  # receives them
     PLACES_EXPERTS: ClassVar[bool] = False  # has an expert -> region placement
+    ATTENDS_KV: ClassVar[bool] = False  # keeps a KV cache that grows with the context
     TILES_HOLD_OWN_VALUES: ClassVar[bool] = False  # each tile holds a value of its own (an expert's)
     # With MoE routing, a tile's outputs travel only in steps that routed a token to it
     # (the flows of its outputs are `routed`, see event.flow)

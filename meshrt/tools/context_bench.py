@@ -70,7 +70,7 @@ def _build(job: tuple) -> dict:
     from meshrt.diagnostics import MeshrtError
     from meshrt.frontend.errors import FrontendError
     from meshrt.frontend.mapper import map_model
-    from meshrt.runtime.cost_model import CostModelError, estimate
+    from meshrt.runtime.cost_model import CostModelError, estimate, kernels_where
 
     model, target_arg, context = job
     t0 = time.perf_counter()
@@ -84,14 +84,14 @@ def _build(job: tuple) -> dict:
     except (FrontendError, MeshrtError, CostModelError) as e:
         return {"context": context, "error": str(e).splitlines()[0]}
     shape = spec.shape
+    attention = kernels_where(program, lambda op: op.ATTENDS_KV)
     full, rows = [], 0
     for k in program.kernels():
-        layer = k.param("layer", -1)
-        if k.kind.data == "attention" and not shape.window(layer):
+        if k.kernel_name in attention and not shape.window(k.param("layer", -1)):
             full.append(k.kernel_name)
             rows = max(rows, -(-context // k.region.rects.data[0].tuple[3]))
     path = est.latency.kernel_path
-    attn = sum(path.get(k.kernel_name, 0.0) for k in program.kernels() if k.kind.data == "attention")
+    attn = sum(path.get(k, 0.0) for k in attention)
     return {"context": context, "wafers": est.wafers, "stages": est.stages,
             "tpot_cycles": est.tpot_cycles, "tpot_us": est.tpot_cycles / target.clock_hz * 1e6,
             "user_tokens_per_s": est.user_tokens_per_s(),

@@ -332,3 +332,41 @@ def test_placement_script_errors_are_one_line(capsys):
     assert mod.main(["--model", TINY]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "dense" in err and "Traceback" not in err
+
+
+def test_bench_context_sweeps_the_kv_capacity(tmp_path):
+    """--context: a build per context, one request in flight; the attention's rows a core
+    and their cycles on the critical path grow with it; bench.json and context.png."""
+    rc, out, err = _run("bench", TINY, "--target", "test32", "--context", "12,48", "--jobs", "1",
+                        "--out", str(tmp_path))
+    assert rc == 0, err
+    assert "decode vs context" in out
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["meta"]["command"].endswith("--context 12,48")
+    a, b = res["context"]["rows"]
+    assert (a["context"], b["context"]) == (12, 48)
+    assert a["kv_rows_per_core"] < b["kv_rows_per_core"]
+    assert 0 < a["full_attention_cycles"] < b["full_attention_cycles"] <= b["tpot_cycles"]
+    assert a["tpot_vs_first"] == 1.0 and b["tpot_vs_first"] > 1.0
+    assert a["full_attention_layers"] == 2
+    assert math.isclose(a["user_tokens_per_s"], 1.0 / (a["tpot_us"] * 1e-6))
+    assert (tmp_path / "context.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--context", "4x"], "--context"),
+    (["--context", "16,8"], "contexts must increase"),
+    (["--context", "0"], "--context"),
+    (["--context", "12", "--placement"], "--context and --placement are separate runs"),
+])
+def test_bench_context_errors_are_one_line(argv, needle, tmp_path):
+    rc, out, err = _run("bench", TINY, "--target", "test32", *argv, "--out", str(tmp_path / "o"))
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and needle in err and "error" in err
+
+
+def test_bench_context_past_the_models_positions_is_refused():
+    rc, _, err = _run("bench", str(REPO / "examples" / "configs" / "qwen3-8b.json"), "--target",
+                      "wse3", "--context", "4k,64k")
+    assert rc == 1 and err.count("\n") == 1
+    assert "--context 65,536 exceeds the model's max_position_embeddings (40,960)" in err

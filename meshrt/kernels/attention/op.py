@@ -110,6 +110,7 @@ class AttentionOp(KernelOp):
     LOWERS: ClassVar[tuple] = (graph.AttentionOp,)
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # per-slot KV lengths
     CF_ON_INPUTS: ClassVar[bool] = True
+    ATTENDS_KV: ClassVar[bool] = True
 
     def verify_kernel(self) -> None:
         _, _, w, h = self.grid()
