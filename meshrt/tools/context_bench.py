@@ -5,7 +5,7 @@ For each context C the model is compiled with a KV capacity of C positions per r
 slot (the mapper sizes every attention's region for it, adding wafers where the caches
 need them; a sliding-window layer holds its window, `ModelShape.kv_capacity`) for one
 request in flight, as the paper's batch size 1: micro-batch 1 with the spec's dynamism
-but micro-batch pipelining, so every attention holds one slot; and the class-level cost model
+less micro-batch pipelining, so every attention holds one slot; and the class-level cost model
 (`meshrt.runtime.cost_model`) times a decode step with every slot at C: TPOT, per-user
 tokens/s, and the cycles the step's critical path spends in the attention kernels of
 the full-attention layers (sliding-window and DeltaNet layers attend a bounded context,
