@@ -378,7 +378,13 @@ def load_jsonl(path: str | os.PathLike, vocab: int) -> list[Request]:
 
 
 def write_jsonl(path: str | os.PathLike, requests: Iterable[Request]) -> None:
-    """Write requests in the format :func:`load_jsonl` reads."""
+    """Write requests in the format :func:`load_jsonl` reads (a request's KV cache as the
+    file it came from: one made in memory must be saved first, `kv_cache.save_kv`)."""
+    requests = list(requests)
+    for r in requests:
+        if r.kv is not None and r.kv_file is None:
+            raise ValueError(f"request {r.id} holds a KV cache made in memory: save it "
+                             "(kv_cache.save_kv) and set its kv_file first")
     with atomic_file(path) as f:
         for r in requests:
             rec = {

@@ -271,13 +271,20 @@ def _context_main(args: argparse.Namespace, out: Path) -> int:
 
     if args.placement:
         raise BenchError("meshrt bench: error: --context and --placement are separate runs")
+    if getattr(args, "wafers", None):
+        raise BenchError("meshrt bench: error: --wafers sweeps the wafer count of the other "
+                         "questions; --context maps each build onto the fewest wafers or "
+                         "--deploy-wafers N")
     t0 = time.perf_counter()
     ctx = context_bench.run_context(args.model, args.target, args.context,
                                     jobs=getattr(args, "jobs", None) or default_workers(),
-                                    ray_address=getattr(args, "ray", None), progress=_progress)
+                                    ray_address=getattr(args, "ray", None), progress=_progress,
+                                    wafers=getattr(args, "deploy_wafers", None))
     contexts = ",".join(str(c) for c in args.context)
+    deploy = f" --deploy-wafers {args.deploy_wafers}" if getattr(args, "deploy_wafers", None) else ""
     results = {"meta": {"model": args.model, "target": args.target,
-                        "command": f"meshrt bench {args.model} --target {args.target} --context {contexts}",
+                        "command": f"meshrt bench {args.model} --target {args.target} "
+                                   f"--context {contexts}{deploy}",
                         "sources": {"cost_model": SOURCES["cost_model"]}},
                "context": ctx, "timing": {"total_s": time.perf_counter() - t0}}
     context_bench.print_table(ctx)

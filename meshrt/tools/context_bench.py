@@ -9,7 +9,9 @@ less micro-batch pipelining, so every attention holds one slot; and the class-le
 (`meshrt.runtime.cost_model`) times a decode step with every slot at C: TPOT, per-user
 tokens/s, and the cycles the step's critical path spends in the attention kernels of
 the full-attention layers (sliding-window and DeltaNet layers attend a bounded context,
-so they do not grow with C). The builds run in `--jobs` workers like the other questions.
+so they do not grow with C). Each build is mapped onto the fewest wafers it needs, or
+onto `--deploy-wafers N` (the paper's placement: GPT-OSS-20B on 4). The builds run in
+`--jobs` workers like the other questions.
 
 What it does not model yet (issue 18): attention is charged for a slot's capacity, which
 is its context here; KV does not spill to the FFN cores past the attention region, so
@@ -72,14 +74,14 @@ def _build(job: tuple) -> dict:
     from meshrt.frontend.mapper import map_model
     from meshrt.runtime.cost_model import CostModelError, estimate, kernels_where
 
-    model, target_arg, context = job
+    model, target_arg, context, wafers = job
     t0 = time.perf_counter()
     try:
         target = driver.load_target(target_arg)
         spec = driver.load_spec(model)
         spec = dataclasses.replace(spec, shape=dataclasses.replace(spec.shape, max_seq=context))
         one = tuple(k for k in spec.dynamism if k != "micro_batch_pipeline")  # one request
-        program = driver.segment_program(map_model(spec, target, 1, None, one), target)
+        program = driver.segment_program(map_model(spec, target, 1, wafers, one), target)
         est = estimate(program, target)
     except (FrontendError, MeshrtError, CostModelError) as e:
         return {"context": context, "error": str(e).splitlines()[0]}
@@ -102,9 +104,9 @@ def _build(job: tuple) -> dict:
 
 def run_context(model: str, target: str, contexts: Sequence[int], jobs: int = 1,
                 ray_address: str | None = None,
-                progress: Callable[[str], None] | None = None) -> dict:
+                progress: Callable[[str], None] | None = None, wafers: int | None = None) -> dict:
     """Every row of the context sweep, in context order (a context that does not compile
-    or fit is a row with its error)."""
+    or fit is a row with its error); `wafers`: every build on that many (else the fewest)."""
     from meshrt.tools.workers import WorkerError, run_jobs
 
     progress = progress or (lambda _m: None)
@@ -112,13 +114,14 @@ def run_context(model: str, target: str, contexts: Sequence[int], jobs: int = 1,
     if limit is not None and contexts[-1] > limit:
         raise BenchError(f"meshrt bench: error: --context {contexts[-1]:,} exceeds the model's "
                          f"max_position_embeddings ({limit:,})")
-    first = _build((model, target, contexts[0]))  # checks the input before any worker starts
+    first = _build((model, target, contexts[0], wafers))  # checks the input before any worker
     if "error" in first:
         raise BenchError(first["error"])
     rows = {contexts[0]: first}
     progress(_line(first))
     try:
-        for i, row in run_jobs(_build, [(model, target, c) for c in contexts[1:]], jobs, ray_address):
+        for i, row in run_jobs(_build, [(model, target, c, wafers) for c in contexts[1:]], jobs,
+                               ray_address):
             rows[contexts[1 + i]] = row
             progress(_line(row))
     except WorkerError as e:
@@ -128,7 +131,8 @@ def run_context(model: str, target: str, contexts: Sequence[int], jobs: int = 1,
     for r in out:
         if base is not None and "error" not in r:
             r["tpot_vs_first"] = r["tpot_cycles"] / base["tpot_cycles"]
-    return {"micro_batch": 1, "rows": out, "notes": __doc__.split("\n\n", 2)[1].replace("\n", " ")}
+    return {"micro_batch": 1, "wafers": wafers, "rows": out,
+            "notes": __doc__.split("\n\n", 2)[1].replace("\n", " ")}
 
 
 def _line(r: dict) -> str:

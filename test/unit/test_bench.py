@@ -370,3 +370,15 @@ def test_bench_context_past_the_models_positions_is_refused():
                       "wse3", "--context", "4k,64k")
     assert rc == 1 and err.count("\n") == 1
     assert "--context 65,536 exceeds the model's max_position_embeddings (40,960)" in err
+
+
+def test_bench_context_honours_deploy_wafers_and_refuses_wafers(tmp_path):
+    rc, _, err = _run("bench", TINY, "--target", "test32", "--context", "12", "--deploy-wafers", "1",
+                      "--jobs", "1", "--out", str(tmp_path))
+    assert rc == 0, err
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["context"]["wafers"] == 1 and res["context"]["rows"][0]["wafers"] == 1
+    assert res["meta"]["command"].endswith("--context 12 --deploy-wafers 1")
+    rc, _, err = _run("bench", TINY, "--target", "test32", "--context", "12", "--wafers", "1,2",
+                      "--out", str(tmp_path / "o"))
+    assert rc == 1 and err.count("\n") == 1 and "--context maps each build onto the fewest" in err

@@ -369,3 +369,10 @@ def test_a_sliding_window_layer_keeps_a_ring_of_its_window(tmp_path):
         model.forward([(r.kv, r.prompt[:-1])])
     res = _served(prog, reqs, 0, weights)
     assert res.outputs_match_reference
+
+
+def test_a_workload_with_a_cache_made_in_memory_is_not_written_without_it(tmp_path):
+    r = Request(0, 0.0, [1, 2, 3], 3, 2, 2, kv=random_cache(_shape(), 2, 0))
+    with pytest.raises(ValueError, match="request 0 holds a KV cache made in memory"):
+        write_jsonl(tmp_path / "w.jsonl", [r])
+    assert not (tmp_path / "w.jsonl").exists()
