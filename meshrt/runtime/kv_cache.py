@@ -77,44 +77,46 @@ def load_kv(path: str | os.PathLike, shape: ref.RefShape, prompt_len: int | None
         return WorkloadError(reason, p)
 
     try:
-        with zipfile.ZipFile(p) as z:
-            members = {m.filename.removesuffix(".npy"): m.file_size for m in z.infolist()}
+        with zipfile.ZipFile(p) as zf:
+            headers = {m.filename.removesuffix(".npy"): _header(zf, m, bad) for m in zf.infolist()}
     except (OSError, zipfile.BadZipFile) as e:
         raise bad(f"not a .npz KV cache: {getattr(e, 'strerror', None) or e}") from None
-    if "length" not in members:
+    if "length" not in headers:
         raise bad("no 'length' array (the positions the cache holds)")
-    if members["length"] > 1024:
-        raise bad("'length' is not a 0-d integer")
-    with np.load(p, allow_pickle=False) as z:
-        n = _read(z, "length", bad)
-        if n.ndim != 0 or n.dtype.kind not in "iu":
-            raise bad(f"'length' must be a 0-d integer, got {n.dtype} of shape {n.shape}")
-        n = int(n)
+    dims, dtype = headers["length"]
+    if dims != () or dtype.kind not in "iu":
+        raise bad(f"'length' must be a 0-d integer, got {dtype} of shape {dims}")
+    try:
+        z = np.load(p, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise bad(f"not a .npz KV cache: {str(e).splitlines()[0] if str(e) else e}") from None
+    with z:
+        n = int(_read(z, "length", bad))
         if not 1 <= n <= MAX_REQUEST_TOKENS:
             raise bad(f"length {n} outside 1..{MAX_REQUEST_TOKENS}")
         if prompt_len is not None and n >= prompt_len:
             raise bad(_too_long(n, prompt_len))
         want = array_shapes(shape, n)
-        extra = sorted(set(members) - set(want) - {"length"})
+        extra = sorted(set(headers) - set(want) - {"length"})
         if extra:
             raise bad(f"unknown array {extra[0]!r} for this model (expected: length, "
                       f"{', '.join(want)})")
+        for name, dims in want.items():  # every header before any array is read
+            if name not in headers:
+                raise bad(f"missing array {name!r} of shape {dims}")
+            got, dtype = headers[name]
+            if dtype.kind != "f":
+                raise bad(f"array {name!r} must hold floats, got {dtype}")
+            if got[:1] == (1,) and len(got) == len(dims) + 1:  # transformers' batch of one
+                got = got[1:]
+            conv = name.startswith("conv") and got == (dims[0], dims[1] + 1)
+            if got != dims and not conv:  # transformers keeps linear_conv inputs of a conv
+                raise bad(f"array {name!r} has shape {got}, this model needs {dims}")
         st = ref.KVState(shape, capacity=n)
         for name, dims in want.items():
-            if name not in members:
-                raise bad(f"missing array {name!r} of shape {dims}")
-            # before reading: an archive member may declare any size
-            if members[name] > 8 * math.prod(dims) * (2 if name.startswith("conv") else 1) + 4096:
-                raise bad(f"array {name!r} is larger than a {dims} float64 array")
-            a = _read(z, name, bad)
-            if a.dtype.kind != "f":
-                raise bad(f"array {name!r} must hold floats, got {a.dtype}")
-            if a.ndim == len(dims) + 1 and a.shape[0] == 1:  # transformers' batch of one
-                a = a[0]
-            if name.startswith("conv") and a.shape == (dims[0], dims[1] + 1):
-                a = a[:, 1:]  # transformers keeps linear_conv inputs, the oldest unused
-            if a.shape != dims:
-                raise bad(f"array {name!r} has shape {a.shape}, this model needs {dims}")
+            a = _read(z, name, bad).reshape(-1, *headers[name][0][-len(dims):])[-1]
+            if a.shape != dims:  # a conv state of linear_conv inputs: the oldest unused
+                a = a[:, 1:]
             if not np.isfinite(a).all():
                 raise bad(f"array {name!r} holds a value that is not finite")
             kind, layer = name.split(".")
@@ -126,6 +128,27 @@ def load_kv(path: str | os.PathLike, shape: ref.RefShape, prompt_len: int | None
                 (st.conv if kind == "conv" else st.rec)[i] = a
         st.length = n
     return st
+
+
+def _header(zf: zipfile.ZipFile, member: zipfile.ZipInfo, bad) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) a member's .npy header declares, read without its data (an archive
+    may declare any size: nothing is allocated before the shapes are checked)."""
+    if not member.filename.endswith(".npy"):
+        raise bad(f"member {member.filename!r} is not a .npy array")
+    try:
+        with zf.open(member) as f:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read is None:
+                raise ValueError(f"unsupported .npy version {version}")
+            dims, _, dtype = read(f)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        name = member.filename.removesuffix(".npy")
+        raise bad(f"array {name!r} cannot be read: {str(e).splitlines()[0] if str(e) else e}") from None
+    if dtype.hasobject:
+        raise bad(f"array {member.filename.removesuffix('.npy')!r} holds Python objects")
+    return tuple(dims), dtype
 
 
 def _read(z, name: str, bad) -> np.ndarray:
