@@ -176,7 +176,8 @@ def write_plot(plt, ctx: dict, title: str, path: Path) -> None:
     ax.set_xlabel("context (positions)")
     ax.set_ylabel("µs per output token")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"{title}: decode vs context, one request")
+    on = f", {ctx['wafers']} wafers" if ctx.get("wafers") else ""
+    ax.set_title(f"{title}: decode vs context, one request{on}")
     ax.legend()
     save_figure(fig, path)
     plt.close(fig)
