@@ -48,7 +48,6 @@ from meshrt.output import write_text
 from meshrt.targets import load_target
 from meshrt.tools import context_bench
 from meshrt.tools.bench import PADDING_WORKLOADS, run_bench, write_outputs
-from meshrt.tools.context_bench import run_context
 from meshrt.tools.workers import default_workers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,11 +123,11 @@ def main(argv=None) -> int:
             if (out / "bench.json").is_file():
                 contexts[name] = json.loads((out / "bench.json").read_text(encoding="utf-8"))
                 if args.render_only:
-                    write_context(contexts[name], out)
+                    context_bench.write_results(contexts[name], out)
             continue
         print(f"== {name}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        ctx = run_context(f"examples/configs/{config}.json", TARGET, points, jobs=default_workers(),
+        ctx = context_bench.run_context(f"examples/configs/{config}.json", TARGET, points, jobs=default_workers(),
                           progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
                           wafers=wafers)
         contexts[name] = res = {
@@ -139,7 +138,7 @@ def main(argv=None) -> int:
                                 + (f"--deploy-wafers {wafers} " if wafers else "")
                                 + f"--out bench/results/{name}"},
             "context": ctx, "timing": {"total_s": time.perf_counter() - t0}}
-        write_context(res, out)
+        context_bench.write_results(res, out)
     calib_file = RESULTS / "calibration.json"
     if args.render_only and calib_file.is_file() and not args.recalibrate:
         calib = json.loads(calib_file.read_text(encoding="utf-8"))
@@ -205,18 +204,6 @@ def _git() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return rev + (" with uncommitted changes under meshrt/" if dirty else "")
-
-
-def write_context(res: dict, out: Path) -> None:
-    """A long-context run's bench.json and context.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "bench.json", json.dumps(res, indent=1) + "\n")
-    context_bench.write_plot(plt, res["context"], Path(res["meta"]["model"]).stem, out / context_bench.PLOT)
 
 
 def context_section(name: str, res: dict) -> list[str]:

@@ -289,14 +289,7 @@ def _context_main(args: argparse.Namespace, out: Path) -> int:
                "context": ctx, "timing": {"total_s": time.perf_counter() - t0}}
     context_bench.print_table(ctx)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        write_text(out / "bench.json", json.dumps(results, indent=1, default=float) + "\n")
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        context_bench.write_plot(plt, ctx, Path(args.model).stem, out / context_bench.PLOT)
+        context_bench.write_results(results, out)
     except OSError as e:
         raise BenchError(f"{out}: error: cannot write results: {e.strerror or e}") from None
     print(f"wrote {out / 'bench.json'} and {out / context_bench.PLOT} in "

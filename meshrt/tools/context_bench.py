@@ -72,6 +72,7 @@ def _build(job: tuple) -> dict:
     from meshrt.diagnostics import MeshrtError
     from meshrt.frontend.errors import FrontendError
     from meshrt.frontend.mapper import map_model
+    from meshrt.kernels.interface import ceil_div
     from meshrt.runtime.cost_model import CostModelError, estimate, kernels_where
 
     model, target_arg, context, wafers = job
@@ -91,7 +92,7 @@ def _build(job: tuple) -> dict:
     for k in program.kernels():
         if k.kernel_name in attention and not shape.window(k.param("layer", -1)):
             full.append(k.kernel_name)
-            rows = max(rows, -(-context // k.region.rects.data[0].tuple[3]))
+            rows = max(rows, ceil_div(context, k.region.rects.data[0].tuple[3]))
     path = est.latency.kernel_path
     attn = sum(path.get(k, 0.0) for k in attention)
     return {"context": context, "wafers": est.wafers, "stages": est.stages,
@@ -127,10 +128,9 @@ def run_context(model: str, target: str, contexts: Sequence[int], jobs: int = 1,
     except WorkerError as e:
         raise BenchError(f"meshrt bench: error: {e}") from None
     out = [rows[c] for c in contexts]
-    base = next((r for r in out if "error" not in r), None)
-    for r in out:
-        if base is not None and "error" not in r:
-            r["tpot_vs_first"] = r["tpot_cycles"] / base["tpot_cycles"]
+    for r in out:  # the first built (or this sweep stopped above)
+        if "error" not in r:
+            r["tpot_vs_first"] = r["tpot_cycles"] / first["tpot_cycles"]
     return {"micro_batch": 1, "wafers": wafers, "rows": out,
             "notes": __doc__.split("\n\n", 2)[1].replace("\n", " ")}
 
@@ -161,6 +161,21 @@ def print_table(ctx: dict, file=None) -> None:
     Console(file=file, width=max(Console(file=file).width, 110)).print(t)
 
 
+def write_results(results: dict, out: Path) -> None:
+    """A sweep's bench.json (`results`: its "context" with "meta" and "timing") and
+    context.png into `out` (created)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from meshrt.output import write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "bench.json", json.dumps(results, indent=1, default=float) + "\n")
+    write_plot(plt, results["context"], Path(results["meta"]["model"]).stem, out / PLOT)
+
+
 def write_plot(plt, ctx: dict, title: str, path: Path) -> None:
     """TPOT and its full-attention part against context (Figure 10b)."""
     from meshrt.output import save_figure
@@ -169,8 +184,8 @@ def write_plot(plt, ctx: dict, title: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = [r["context"] for r in rows]
     ax.plot(xs, [r["tpot_us"] for r in rows], "o-", label="TPOT (end to end)")
-    us = {r["context"]: r["full_attention_cycles"] / r["tpot_cycles"] * r["tpot_us"] for r in rows}
-    ax.plot(xs, [us[x] for x in xs], "s--", label="in full-attention layers' attention")
+    ax.plot(xs, [r["full_attention_cycles"] / r["tpot_cycles"] * r["tpot_us"] for r in rows], "s--",
+            label="in full-attention layers' attention")
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [f"{x // 1024}K" if x % 1024 == 0 else str(x) for x in xs])
     ax.set_xlabel("context (positions)")

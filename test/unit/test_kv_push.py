@@ -108,8 +108,8 @@ def test_a_pushed_cache_is_what_the_mesh_attends_and_it_saves_the_prefill():
             assert r.ttft < ttft[r.id], r.id
 
 
-def test_a_static_batch_starts_once_its_caches_are_written():
-    """The static baseline: the host writes a batch's caches while refilling it."""
+def test_a_static_batch_with_pushed_caches_decodes_numpys_tokens():
+    """The static baseline, whose host writes a batch's caches while refilling it."""
     prog = program("tiny_moe", static=True)
     shape = reference_shape(prog)
     weights = ref.Weights.random(shape, 0)
