@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 ACT_BYTES = 4  # fp32: partial sums travel so, and buffers hold activations so
 WAVELET_BYTES = 4  # one fabric wavelet carries 32 bits: an fp32 value or two 16-bit ones
 CF_BYTES_PER_SLOT = 8  # continuous batching payload: request id (4) + status/len (4)
-ROUTE_BYTES_PER_CHOICE = 4  # MoE metainfo per token per top-k choice: expert id + weight
+ROUTE_BYTES_PER_CHOICE = 8  # MoE metainfo per token per choice: expert id (i32) + gate weight (f32)
 DYNAMISM_ORDER = ("continuous_batching", "moe_routing")  # order resolvers run in
 
 

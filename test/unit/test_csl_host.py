@@ -6,6 +6,7 @@ exercised against a fake SdkRuntime (meshrt has no Cerebras SDK)."""
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import sys
 import types
@@ -62,9 +63,16 @@ def test_primed_receives_take_host_messages_first(model, target):
 
 
 class FakeRuntime:
-    """Per-core memory of the exported arrays; tokens appear in `tok` once started."""
+    """Per-core memory of the exported arrays and, once started, a model of the chip's
+    request protocol (the emitted first-stage resolver, `meshrt.backend.csl.metainfo`, and
+    the sampler's `tok`), written here as the test's oracle: every read of `tok` runs
+    a decode step of every slot (and `steps_per_read` - 1 more of the slots still feeding
+    their prompts), each slot's sampled token 1000 + the position it fed (a token in `eos`
+    ends its request)."""
 
     instances: list[FakeRuntime] = []
+    steps_per_read = 1
+    eos: tuple[int, ...] = ()
 
     def __init__(self, name, cmaddr=None):
         self.name = name
@@ -72,7 +80,76 @@ class FakeRuntime:
         self.calls: list[tuple] = []
         self.started = False
         self.reads = 0
+        self.slot: dict[int, dict] = {}  # slot -> the live request's state on the chip
+        self.fed: dict[int, list[int]] = {}  # handle -> the tokens the first stage fed it
+        self.pauses = 0
+        self.first_write: dict[str, np.ndarray] = {}
+        self.tok = self.rdt = None
         FakeRuntime.instances.append(self)
+
+    @staticmethod
+    def _array(sym):
+        """(the runner holding array `sym` (any wafer's), its first core's copy, its keys)."""
+        for r in FakeRuntime.instances:
+            keys = [k for k in r.mem if k[0] == sym]
+            if keys:
+                return r, r.mem[keys[0]], keys
+        return None, None, []
+
+    def _step(self, g, in_prompt_only=False):
+        """One decode step of every slot (`in_prompt_only`: of the slots whose step samples
+        no output yet: the chip outrunning the host while it feeds prompts)."""
+        first, req, req_keys = self._array("req")
+        _, prm, prm_keys = self._array("prm")
+        _, have, _ = self._array("prm_have")
+        if req is None:
+            return
+        rw, ring, hw = g["REQ_WORDS"], g["PROMPT_RING"], g["HAVE_WORDS"]
+        if self.tok is None:
+            self.tok = np.zeros(g["SLOTS"] * g["TOK_WORDS"], np.uint32)
+        tok = self.tok
+        if self.rdt is None:
+            self.rdt = np.zeros(g["SLOTS"] * 4, np.int32)
+        rdt = self.rdt
+        for s in range(g["SLOTS"]):
+            st = self.slot.get(s)
+            if in_prompt_only and (st is None or st["pos"] + 2 >= st["len"]):
+                continue
+            if st is not None and st["running"] and (st["pos"] >= st["last"] or (
+                    st["eos"] and st["pos"] + 1 >= st["len"])):
+                st = self.slot[s] = None  # done: the slot is free
+                rdt[4 * s:4 * s + 4] = 0
+            if st is None:
+                if req[s * rw] == 0:
+                    continue
+                h, n, budget, tok0 = (int(v) for v in req[s * rw:(s + 1) * rw])
+                st = self.slot[s] = {"h": h, "len": n, "last": n + budget - 2, "pos": 0, "running": True}
+                for k in req_keys:
+                    first.mem[k][s * rw] = 0
+                fed = tok0
+            else:
+                nxt = st["pos"] + 1
+                st["running"] = True
+                if nxt < st["len"]:
+                    if have[s * hw + 1] == st["h"] and have[s * hw] > nxt:
+                        fed = int(prm[s * ring + nxt % ring])
+                    else:
+                        st["running"] = False  # paused
+                        self.pauses += 1
+                else:
+                    fed = st["sampled"]
+                if st["running"]:
+                    st["pos"] = nxt
+            rdt[4 * s:4 * s + 3] = st["h"], 0 if st["running"] else 3, st["pos"]
+            if st["running"]:
+                self.fed.setdefault(st["h"], []).append(fed)
+                st["sampled"] = 1000 + st["pos"]
+                st["eos"] = st["sampled"] in self.eos
+                tok[s * 3:s * 3 + 3] = st["h"], st["pos"], st["sampled"]
+        for _, x, y in prm_keys:  # the first stage's RDT, which the host reads
+            first.mem[("rdt", x, y)] = rdt.view(np.uint32).copy()
+        for k in [k for k in self.mem if k[0] == "tok"]:
+            self.mem[k] = tok.copy()
 
     def load(self):
         self.calls.append(("load",))
@@ -95,18 +172,20 @@ class FakeRuntime:
 
     def memcpy_h2d(self, sym, data, x, y, w, h, n, streaming=False, order=None, nonblock=False, data_type=None):
         a = np.asarray(data, dtype=np.uint32).reshape(w * h, n)
+        self.first_write.setdefault(sym, a[0].copy())
         for i, (cx, cy) in enumerate(self._cores(x, y, w, h)):
             self.mem[(sym, cx, cy)] = a[i].copy()
         self.calls.append(("h2d", sym, x, y, w, h, n))
 
     def memcpy_d2h(self, out, sym, x, y, w, h, n, streaming=False, order=None, nonblock=False, data_type=None):
-        if sym == "tok" and self.started:  # the sampler: every slot's request gets one more token
+        if sym == "tok" and self.started:
             self.reads += 1
-            tok = np.zeros(n, np.uint32)
-            for s in range(n // 2):
-                tok[2 * s], tok[2 * s + 1] = s + 1, 100 + self.reads
-            for cx, cy in self._cores(x, y, w, h):
-                self.mem[(sym, cx, cy)] = tok
+            if (sym, x, y) not in self.mem:
+                for cx, cy in self._cores(x, y, w, h):
+                    self.mem[(sym, cx, cy)] = np.zeros(n, np.uint32)
+            self._step(self.globals)
+            for _ in range(self.steps_per_read - 1):
+                self._step(self.globals, in_prompt_only=True)
         if sym.startswith("xout_seq_") and self.started:
             self.mem[(sym, x, y)] = np.array([1], np.uint32)
         for i, (cx, cy) in enumerate(self._cores(x, y, w, h)):
@@ -133,6 +212,7 @@ def run_driver(files: dict[str, str], tmp_path, requests: list[dict]) -> tuple[l
     try:
         g = runpy.run_path(str(script), run_name="not_main")
         g["main"].__globals__["print"] = printed.append  # one JSON line per request
+        FakeRuntime.globals = g["main"].__globals__
         g["main"]()
     finally:
         sys.argv = old_argv
@@ -178,17 +258,50 @@ def test_driver_primes_loads_and_serves(tmp_path, target):
         assert [list(data[m * per:m * per + b]) for m in range(groups)] == \
                [firsts[m * b:(m + 1) * b] for m in range(groups)]
         assert list(meta[:2 * b]) == [0, 1] * b  # every slot free: the first stage admits from req
-        req = mem[("req", x, y)]
-        # (request number, first prompt token) of each request
-        assert list(req[:2 * n]) == [v for i in range(n) for v in (i + 1, 10 + i)]
-    # Serving: every request gets its tokens; the loop stops.
+        req = runners[w].first_write["req"]
+        # (request number, prompt length, output budget, first prompt token) of each request
+        assert list(req[:4 * n]) == [v for i in range(n) for v in (i + 1, 2, 3, 10 + i)]
+    # Serving: every request gets its 3 tokens, those sampled at positions 1, 2, 3 (its
+    # last prompt position on); the loop stops.
     assert [r["id"] for r in results] == [f"r{i}" for i in range(n)]
-    assert all(len(r["tokens"]) >= 3 for r in results)
+    assert all(r["tokens"] == [1001, 1002, 1003] and r["finished"] for r in results)
     if g["WAFERS"] > 1:  # wafer-link messages were relayed and announced
         launched = {c[1] for r in runners for c in r.calls if c[0] == "launch"}
         assert any(f.startswith("xin_") and f.endswith("_ready") for f in launched)
         assert any(c[0] == "h2d" and c[1].startswith("xin_") for r in runners for c in r.calls
                    if c[0] == "h2d")
+
+
+def test_prompts_longer_than_the_ring_are_fed_whole_and_requests_end_on_chip(tmp_path, monkeypatch):
+    """The first stage is fed each request's whole prompt in order from the ring the host
+    refills (the chip outruns the host here, three steps a poll while prompts are fed: slots
+    pause instead of taking a token not written yet); tokens sampled inside the prompt are not outputs; a
+    request ends after max_new_tokens or on an EOS (the chip frees its slot, the next
+    request is admitted); bad request lines are rejected and reported, not dropped."""
+    out = emit_csl(lowered("examples/tiny_moe.mrt", "test32"))
+    files = dict(out.files)
+    files["run.py"] = re.sub(r"(?m)^EOS = .*$", "EOS = (1014,)", files["run.py"])
+    monkeypatch.setattr(FakeRuntime, "steps_per_read", 3)
+    monkeypatch.setattr(FakeRuntime, "eos", (1014,))
+    prompts = [list(range(100 + 20 * i, 120 + 20 * i)) for i in range(3)]  # 20 tokens, ring 8
+    reqs = [{"id": "a", "prompt": prompts[0], "max_new_tokens": 3},
+            {"id": "b", "prompt": [7] * 12, "max_new_tokens": 9},  # EOS sampled at 14: its 4th
+            {"id": "c", "prompt": prompts[2], "max_new_tokens": 1},
+            {"id": "bad", "prompt": [], "max_new_tokens": 2},
+            {"id": "zero", "prompt": [1], "max_new_tokens": 0}]
+    runners, results, g = run_driver(files, tmp_path, reqs)
+    assert "EOS = (1014,)" in files["run.py"] and g["PROMPT_RING"] < 20
+    by_id = {r["id"]: r for r in results}
+    assert by_id["a"]["tokens"] == [1019, 1020, 1021] and by_id["a"]["finished"]
+    assert by_id["b"]["tokens"] == [1011, 1012, 1013, 1014] and by_id["b"]["finished"]
+    assert by_id["c"]["tokens"] == [1019] and by_id["c"]["finished"]
+    assert by_id["bad"]["rejected"].startswith("prompt must be")
+    assert by_id["zero"]["rejected"].startswith("max_new_tokens must be")
+    chip = next(r for r in runners if r.fed)
+    assert chip.pauses > 0
+    fed = sorted(chip.fed.values(), key=len)
+    for prompt in (prompts[0], [7] * 12, prompts[2]):
+        assert any(f[:len(prompt)] == prompt for f in fed), prompt
 
 
 @pytest.mark.parametrize("name, fabric", [("wse3", (762, 1172)), ("wse2", (757, 996))])

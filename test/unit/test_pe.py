@@ -381,23 +381,32 @@ def test_a_body_reading_a_parameter_the_run_does_not_give_is_an_error():
 
 @settings(max_examples=60, deadline=None)
 @given(b=st.integers(1, 3), experts=st.integers(2, 40), data=st.data(), normalize=st.booleans(),
-       ties=st.booleans(), seed=st.integers(0, 2**16))
-def test_gate_topk_body_routes_as_the_reference(b, experts, data, normalize, ties, seed):
-    """The routing table holds the reference's choice (`reference.route`: the top-k of the
-    softmax, equal probabilities in expert order) and its weights to float32 rounding of
-    the sums (the body adds in expert order, NumPy pairwise: a few ulps apart)."""
-    from meshrt.kernels.topk_gate.pe import gate_bodies
+       ties=st.booleans(), seed=st.integers(0, 2**16), shared=st.integers(0, 2), gated=st.booleans())
+def test_gate_topk_body_routes_as_the_reference(b, experts, data, normalize, ties, seed, shared, gated):
+    """The routing table holds, per token, the reference's choice (`reference.route`: the
+    top-k of the softmax, equal probabilities in expert order) and its weights to float32
+    rounding of the sums (the body adds in expert order, NumPy pairwise: a few ulps
+    apart), then each shared expert (ids E, E + 1, ...) weighted by the sigmoid of its
+    gate's logit column where the model gates it (Qwen3.5's shared_expert_gate), else 1."""
+    from meshrt.kernels.topk_gate.pe import gate_bodies, route_choices
 
     k = data.draw(st.integers(1, experts))
+    gated = gated and shared > 0
+    cols = experts + (shared if gated else 0)
+    n = route_choices(k, shared)
     rng = np.random.default_rng(seed)
-    logits = (rng.integers(-2, 2, (b, experts)) if ties else rng.standard_normal((b, experts)) * 4).astype(F32)
-    bodies = gate_bodies("g", b, 3, experts, experts, k, normalize, False)
+    logits = (rng.integers(-2, 2, (b, cols)) if ties else rng.standard_normal((b, cols)) * 4).astype(F32)
+    bodies = gate_bodies("g", b, 3, cols, experts, k, normalize, False, shared=shared, gated=gated)
     bufs = _buffers(bodies)
     bufs["y"][:] = logits.ravel()
     pe_exec.run(bodies.funcs["topk"], bufs)
-    ids, wts = ref.route(logits, k, normalize)
-    assert bufs["rt_expert"].reshape(b, k).tolist() == ids.tolist()
-    np.testing.assert_allclose(bufs["rt_weight"].reshape(b, k), wts, rtol=2e-6, atol=0)
+    ids, wts = ref.route(logits[:, :experts], k, normalize)
+    table_ids, table_wts = bufs["rt_expert"].reshape(b, n), bufs["rt_weight"].reshape(b, n)
+    assert table_ids[:, :k].tolist() == ids.tolist()
+    np.testing.assert_allclose(table_wts[:, :k], wts, rtol=2e-6, atol=0)
+    assert table_ids[:, k:].tolist() == [list(range(experts, experts + shared))] * b
+    want = ref.sigmoid(logits[:, experts:]) if gated else np.ones((b, shared), F32)
+    np.testing.assert_array_equal(table_wts[:, k:], want)
 
 
 def test_gate_fmac_and_add_sum_the_router_product_down_the_column():

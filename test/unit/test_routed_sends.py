@@ -71,6 +71,15 @@ def test_draws_route_a_region_as_often_as_the_cost_model_expects():
     assert abs(hits / steps - p) < 4 * (p * (1 - p) / steps) ** 0.5
 
 
+def _meta_bytes(prog, flow) -> int:
+    """The metainfo bytes a message of `flow` carries ahead of its data (its sends')."""
+    from meshrt.dialects import event as ev
+
+    (meta,) = {op.meta.value.data for op in prog.walk()
+               if isinstance(op, ev.SendOp) and op.flow.root_reference.data == flow.flow_name}
+    return meta
+
+
 class _Recording(MeshSim):
     """Records (flow, sender router, step, bytes, control) of every message of a routed flow."""
 
@@ -104,7 +113,7 @@ def test_only_the_regions_a_step_routed_to_send_their_outputs():
                   for e in draw(key, step, slot, rs.experts, rs.top_k)}
         carries = bool(rs.holds(region) & chosen)
         assert control == (not carries), (names[f], rid, step)
-        assert nbytes == (fo.bytes.value.data + 16 if carries else 4)
+        assert nbytes == (fo.bytes.value.data + _meta_bytes(prog, fo) if carries else 4)
         full += carries
         advances += not carries
     assert full and advances  # both occur in 4 steps
@@ -143,7 +152,7 @@ def test_the_cost_model_charges_the_expected_payload():
     rs = RoutedSenders.of(prog, fo)
     share = rs.send_share(cm.src[f], prog.micro_batch_size)
     assert 0.0 < share < 1.0
-    full = fo.bytes.value.data + 16
+    full = fo.bytes.value.data + _meta_bytes(prog, fo)
     recvs = [ins for cl in cm.classes for ins in cl.instrs
              if type(ins).__name__ == "Recv" and ins.flow == f]
     assert recvs

@@ -24,6 +24,8 @@ from xdsl.utils.target import Target
 
 from meshrt.backend.csl.output import CslOutput
 from meshrt.diagnostics import MeshrtError
+from meshrt.kernels.sample.pe import eos_tokens
+from meshrt.shape import HParams
 
 ARCHS = ("wse2", "wse3")
 
@@ -112,7 +114,7 @@ def emit_csl(module: ModuleOp, arch: str | None = None, target=None, weights=Non
             if idle:
                 files[where + "idle.csl"] = idle_program(idle_teardown_colors(program, wafer, idle, sh.drained))
         files[prefix + "compile.sh"] = compile_sh(program, a, rects, (tgt.width, tgt.height), elem)
-        files[prefix + "run.py"] = run_py(program, allocs, elem, rects)
+        files[prefix + "run.py"] = run_py(program, allocs, elem, rects, eos_tokens(HParams.of(program.op)))
         report = report_txt(program, a, lim, allocs, stats, list(files))
         files[prefix + "report.txt"] = report
         result.files.update(files)

@@ -6,6 +6,7 @@ import inspect
 
 from meshrt.activations import bf16_to_float32, float32_to_bf16
 from meshrt.backend.csl.alloc import ClassAlloc, Limits, format_table
+from meshrt.backend.csl.metainfo import HAVE_WORDS, PROMPT_RING, REQ_WORDS, TOK_WORDS
 from meshrt.backend.csl.model import Program
 
 # memcpy adds a halo around the program rectangle: 4 columns west, 3 east,
@@ -41,7 +42,8 @@ def compile_sh(program: Program, arch: str, rects: dict[int, tuple[int, int]], t
     return "\n".join(out) + "\n"
 
 
-def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[int, tuple[int, int]]) -> str:
+def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[int, tuple[int, int]],
+           eos: tuple[int, ...] = ()) -> str:
     """The host driver sketch: the tables it needs (classes, their rectangles and
     host-visible arrays) followed by the fixed driver code (`_DRIVER`)."""
     classes = []
@@ -60,9 +62,13 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
         "`meshrt compile --emit csl --weights` writes; zeros where there is none), prime the loop-carried",
         "flows (the first message of each micro-batch in flight, as the interpreter's host",
         "does), put the first requests into `req`, launch `start`, then serve: refill",
-        "`req`, read sampled tokens from `tok`, relay cross-wafer messages (`xout_*` ->",
-        "`xin_*`). Polling `req` / `tok` races with the device; a production driver",
-        "would stream them (memcpy streaming mode) instead.",
+        "`req`, keep each live request's next prompt tokens in the ring `prm` (the first",
+        "stage pauses a slot whose next token is not there yet), read sampled tokens from",
+        "`tok` (those of a request's outputs: fed at its last prompt position or later), relay",
+        "cross-wafer messages (`xout_*` -> `xin_*`). The chip ends a request on an EOS or",
+        "after its max_new_tokens. `tok` holds each slot's last step: a poll slower than a",
+        "step misses tokens (the request is then reported unfinished, with the positions",
+        "missed); a production driver would stream them.",
         '"""',
         "",
         "import argparse",
@@ -82,6 +88,9 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
         f"MICRO_BATCH = {max(1, program.micro_batch)}  # slots per micro-batch",
         f"SLOTS = {program.slots}  # request slots in flight",
         f"GROUPS = {program.groups}  # micro-batches in flight: each loop-carried flow is primed once per group",
+        f"EOS = {tuple(eos)!r}  # end-of-sequence token ids",
+        "# words a slot takes in the request arrays (meshrt.backend.csl.metainfo)",
+        f"REQ_WORDS, PROMPT_RING, HAVE_WORDS, TOK_WORDS = {REQ_WORDS}, {PROMPT_RING}, {HAVE_WORDS}, {TOK_WORDS}",
         "# (wafer, core class, rectangles (x, y, w, h), host-visible arrays: symbol -> (elements per core, CSL type))",
         "CLASSES = [",
         *classes,
@@ -173,37 +182,77 @@ def load_weights(runner, wafer, weights_dir):
 
 
 class Requests:
-    """Waiting requests and the handles the programs see (0 = no request)."""
+    """Waiting requests, the handles the programs see (0 = no request) and each one's
+    outputs by the position whose step sampled them."""
 
     def __init__(self, requests):
-        self.waiting = list(requests)
+        self.waiting, self.rejected = [], []
+        for r in requests:
+            why = _invalid(r)
+            if why:
+                self.rejected.append((r.get("id") if isinstance(r, dict) else None, why))
+            else:
+                self.waiting.append(r)
         self.handle = {}  # handle -> request
-        self.tokens = {}  # handle -> generated tokens
+        self.outputs = {}  # handle -> {position fed: token sampled}
 
     def take(self):
+        """The next waiting request as a `req` entry: (handle, prompt length, output budget,
+        first token); zeros when none waits."""
         if not self.waiting:
-            return 0, 0
+            return 0, 0, 0, 0
         r = self.waiting.pop(0)
         h = len(self.handle) + 1
         self.handle[h] = r
-        self.tokens[h] = []
-        return h, int(r["prompt"][0])
+        self.outputs[h] = {}
+        return h, len(r["prompt"]), int(r.get("max_new_tokens", 1)), int(r["prompt"][0])
+
+    def tokens(self, h):
+        """Handle h's outputs in order, up to the first EOS."""
+        r, got = self.handle[h], self.outputs[h]
+        out = []
+        for pos in range(len(r["prompt"]) - 1, len(r["prompt"]) - 1 + int(r.get("max_new_tokens", 1))):
+            if pos not in got:
+                break
+            out.append(got[pos])
+            if got[pos] in EOS:
+                break
+        return out
+
+    def finished(self, h):
+        out = self.tokens(h)
+        return len(out) >= int(self.handle[h].get("max_new_tokens", 1)) or bool(out and out[-1] in EOS)
 
     def done(self):
-        return not self.waiting and all(len(self.tokens[h]) >= int(r.get("max_new_tokens", 1))
-                                        for h, r in self.handle.items())
+        return not self.waiting and all(self.finished(h) for h in self.handle)
+
+
+def _invalid(r):
+    """Why request line r cannot be served, or None."""
+    if not isinstance(r, dict):
+        return "not a JSON object"
+    p = r.get("prompt")
+    if p is None and "prompt" in r:
+        return "not valid JSON"
+    if not isinstance(p, list) or not p or not all(isinstance(t, int) and 0 <= t < 2 ** 31 for t in p):
+        return "prompt must be a non-empty list of token ids"
+    n = r.get("max_new_tokens", 1)
+    if not isinstance(n, int) or not 1 <= n < 2 ** 30:
+        return "max_new_tokens must be a positive integer"
+    return None
 
 
 def first_step(requests):
-    """The first requests, one per slot, as `req` entries (handle, first token), and
-    the first message of every micro-batch on the loop-carried flows: each slot's
-    first token and (0, status 1 = free), so the first stage admits from `req`."""
-    req = np.zeros(SLOTS * 2, dtype=np.uint32)
+    """The first requests, one per slot, as `req` entries (handle, prompt length, output
+    budget, first token), and the first message of every micro-batch on the loop-carried
+    flows: each slot's first token and (0, status 1 = free), so the first stage admits
+    from `req`."""
+    req = np.zeros(SLOTS * REQ_WORDS, dtype=np.uint32)
     tokens = np.zeros(SLOTS, dtype=np.int64)
     for s in range(SLOTS):
-        h, t = requests.take()
-        req[2 * s:2 * s + 2] = h, t
-        tokens[s] = t
+        entry = requests.take()
+        req[REQ_WORDS * s:REQ_WORDS * (s + 1)] = entry
+        tokens[s] = entry[3]
     meta = np.tile(np.array([0, 1], dtype=np.uint32), SLOTS)
     return req, tokens, meta
 
@@ -224,22 +273,53 @@ def push_requests(runner, wafer, requests):
     """Fill the free `req` entries (handle 0: the program admitted it) of the first stage."""
     for _, _, rects, sym, n, typ in arrays(wafer, "req"):
         cur = d2h(runner, sym, rects[0], n, typ)[0].copy()
-        for s in range(n // 2):
-            if cur[2 * s] == 0 and requests.waiting:
-                cur[2 * s:2 * s + 2] = requests.take()
+        for s in range(n // REQ_WORDS):
+            if cur[REQ_WORDS * s] == 0 and requests.waiting:
+                cur[REQ_WORDS * s:REQ_WORDS * (s + 1)] = requests.take()
         for rect in rects:
             h2d(runner, sym, np.tile(cur, (rect[2] * rect[3], 1)), rect, typ)
 
 
-def read_tokens(runner, wafer, requests, seen):
-    """New (handle, token) pairs in `tok` of the sampler root."""
+def feed_prompts(runner, wafer, requests):
+    """Keep the next PROMPT_RING prompt tokens of every live request in the first stage's
+    ring `prm`, from the position its RDT says it fed last: the ring first, then
+    `prm_have` (positions below it are in the ring, for that handle), so the stage never
+    takes a token the ring does not hold yet (it pauses the slot instead)."""
+    for _, _, rects, sym, n, typ in arrays(wafer, "prm"):
+        rdt = next(d2h(runner, s2, r2[0], n2, t2)[0] for w2, _, r2, s2, n2, t2 in arrays(wafer, "rdt")
+                   if r2 == rects)
+        slots = n // PROMPT_RING
+        ring = np.zeros(n, dtype=np.int32)
+        have = np.zeros(slots * HAVE_WORDS, dtype=np.int32)
+        for s in range(slots):
+            h, pos = int(rdt[4 * s]), int(rdt[4 * s + 2])
+            r = requests.handle.get(h)
+            if r is None:
+                continue
+            prompt = r["prompt"]
+            want = min(len(prompt), pos + 1 + PROMPT_RING)
+            for p in range(max(0, want - PROMPT_RING), want):
+                ring[s * PROMPT_RING + p % PROMPT_RING] = prompt[p]
+            have[HAVE_WORDS * s:HAVE_WORDS * (s + 1)] = want, h
+        for rect in rects:
+            h2d(runner, sym, np.tile(ring, (rect[2] * rect[3], 1)), rect, typ)
+        for _, _, rects2, sym2, _, typ2 in arrays(wafer, "prm_have"):
+            if rects2 == rects:
+                for rect in rects2:
+                    h2d(runner, sym2, np.tile(have, (rect[2] * rect[3], 1)), rect, typ2)
+
+
+def read_tokens(runner, wafer, requests):
+    """New (handle, position fed, token) entries in `tok` of the sampler root (one a slot:
+    a step between two reads is missed): a request's outputs are the tokens sampled at its
+    last prompt position and after."""
     for _, _, rects, sym, n, typ in arrays(wafer, "tok"):
         cur = d2h(runner, sym, rects[0], n, typ)[0]
-        for s in range(n // 2):
-            h, t = int(cur[2 * s]), int(cur[2 * s + 1])
-            if h in requests.tokens and seen.get(s) != (h, t):  # a repeated token can be missed
-                seen[s] = (h, t)
-                requests.tokens[h].append(t)
+        for s in range(n // TOK_WORDS):
+            h, pos, t = (int(v) for v in cur[TOK_WORDS * s:TOK_WORDS * (s + 1)])
+            r = requests.handle.get(h)
+            if r is not None and pos >= len(r["prompt"]) - 1:
+                requests.outputs[h].setdefault(pos, t)
 
 
 def relay_wafer_links(runners, sent):
@@ -279,7 +359,14 @@ def main():
     parser.add_argument("--polls", type=int, default=1000, help="serving-loop iterations at most")
     args = parser.parse_args()
     lines = open(args.workload).read().splitlines() if args.workload else []
-    requests = Requests([json.loads(x) for x in lines if x.strip()])
+    parsed = []
+    for i, x in enumerate(lines):
+        if x.strip():
+            try:
+                parsed.append(json.loads(x))
+            except ValueError:
+                parsed.append({"id": f"line {i + 1}", "prompt": None})  # rejected, with its reason
+    requests = Requests(parsed)
     req, tokens, meta = first_step(requests)
     runners = []
     for wafer in range(WAFERS):
@@ -295,16 +382,26 @@ def main():
         runners.append(runner)
     for runner in runners:
         runner.launch("start", nonblock=False)
-    seen, sent = {}, {}
+    sent = {}
     for _ in range(args.polls):
         if requests.done():
             break
         relay_wafer_links(runners, sent)
         for wafer, runner in enumerate(runners):
             push_requests(runner, wafer, requests)
-            read_tokens(runner, wafer, requests, seen)
+            feed_prompts(runner, wafer, requests)
+            read_tokens(runner, wafer, requests)
     for h, r in requests.handle.items():
-        print(json.dumps({"id": r.get("id", h), "tokens": requests.tokens[h]}))
+        line = {"id": r.get("id", h), "tokens": requests.tokens(h), "finished": requests.finished(h)}
+        seen = requests.outputs[h]
+        missed = [p for p in range(len(r["prompt"]) - 1, max(seen, default=0)) if p not in seen]
+        if missed:  # overwritten in `tok` before a poll read them
+            line["missed_positions"] = missed
+        print(json.dumps(line))
+    for rid, why in requests.rejected:
+        print(json.dumps({"id": rid, "rejected": why}))
+    for r in requests.waiting:  # not admitted within --polls
+        print(json.dumps({"id": r.get("id"), "tokens": [], "finished": False}))
     for runner in runners:
         runner.stop()
 

@@ -1,36 +1,145 @@
 """Metainfo resolvers and producers of a class's program (Algorithm 1's injected code).
 
-Continuous batching: the sampler produces (request id, finished?) per slot;
-every stage resolves it into its request descriptor table, and the first
-stage admits a waiting request (pushed by the host into `req`) into a freed
-slot: it feeds the request's first token in place of the sampled one (the
-embed's ids are patched as they arrive) and forwards the payload rewritten
-to (the request's id, admitted), so every later stage starts the slot's
-context at 0 with the same request. MoE routing: the gate produces (expert id << 16 | fp16 weight) per
-(token, choice); relays and expert cores resolve it into the routing table
-and mark the tokens of their expert region.
+Continuous batching: the sampler produces (request id, EOS?) per slot; the
+first stage, which holds each live request's prompt length and output budget,
+decides from it whether the request is done (an EOS once its prompt is fed, or
+its last output), frees the slot and admits a waiting request (pushed by the
+host into `req`) into it: it feeds the request's tokens in place of the sampled
+ones while its prompt lasts (the first from `req`, the rest from the ring `prm`
+the host keeps filled; a slot whose next prompt token the host has not written
+yet pauses a step) and forwards the payload rewritten to (the request's id,
+its status this step), so every later stage keeps the slot's context with it. MoE routing: the gate produces, per
+(token, choice), the expert id (i32) and its gate weight (f32 bits): two words,
+the routing table's entries as the gate's body computed them; relays and expert
+cores resolve it into their routing table and mark the tokens of their expert
+region.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from meshrt.kernels.interface import ROUTE_BYTES_PER_CHOICE
+
 if TYPE_CHECKING:
     from meshrt.backend.csl.program import ProgramWriter
 
 CF_WORDS_PER_SLOT = 2  # continuous batching: (request id, status) per slot
+# MoE routing: (expert id, gate weight's bits) per (token, choice)
+ROUTE_WORDS_PER_CHOICE = ROUTE_BYTES_PER_CHOICE // 4
 # status 0: running, 1: finished (the slot is free), ADMITTED: a request the first stage
-# admitted into the slot this step (its first token, at position 0)
-ADMITTED = 2
+# admitted into the slot this step (its first token, at position 0), PAUSED: the slot
+# waits for its next prompt token (no stage moves its context)
+RUNNING, FREE, ADMITTED, PAUSED = 0, 1, 2, 3
+# The first stage's request arrays (the host's side: `meshrt.backend.csl.host`), words a slot:
+REQ_WORDS = 4  # req: a waiting request: handle (0: none), prompt length, output budget, first token
+LIVE_WORDS = 2  # live: the slot's request: prompt length, the position of its last output's step
+HAVE_WORDS = 2  # prm_have: prompt tokens the ring holds up to (positions below), whose handle
+PROMPT_RING = 8  # prm: prompt token p of the slot's request at p mod PROMPT_RING
+TOK_WORDS = 3  # tok (the sampler's, for the host): request handle, position fed, token sampled
+
+
+def request_words(admits: bool, emits_tokens: bool) -> int:
+    """32-bit words a request slot takes in a class's request arrays: the first stage's
+    (`admits`: req, live, prm, prm_have), the sampler's (`emits_tokens`: tok)."""
+    return (REQ_WORDS + LIVE_WORDS + PROMPT_RING + HAVE_WORDS if admits else 0) + \
+        (TOK_WORDS if emits_tokens else 0)
 
 
 class MetaCode:
     """Resolvers and producers of the class's metainfo kinds."""
 
-    def __init__(self, w: ProgramWriter, admits: bool, emits_tokens: bool):
+    def __init__(self, w: ProgramWriter):
         self.w = w
-        self.admits = admits
-        self.emits_tokens = emits_tokens
+        self.admits = w.admits
+        self.emits_tokens = w.emits_tokens
+
+    def _head(self, b: int) -> list[str]:
+        w = self.w
+        return [
+            "  // the micro-batch this step serves, advanced first: the kernels after the",
+            "  // resolver read it (from 0, every class's first step serves micro-batch 1)",
+            f"  mb[0] = (mb[0] + 1) % {w.groups};",
+            f"  for (@range(u16, {b})) |j| {{",
+            f"    const slot = @as(u16, mb[0]) * {b} + j;",
+        ]
+
+    def first_stage(self, b: int) -> list[str]:
+        """The first stage's resolver: it owns the request lifecycle (see the module)."""
+        c, p = CF_WORDS_PER_SLOT, PROMPT_RING
+        return [
+            "// The sampler's (request id, EOS?) per slot of the micro-batch: the request that",
+            "// step served is done on an EOS once its prompt is fed, or after its last output;",
+            "// a free slot admits a waiting request; a live one is fed its next prompt token",
+            "// (or the sampled one's ids arrive), or pauses while the host has not written it.",
+            "fn resolve_continuous_batching() void {",
+            *self._head(b),
+            f"    const eos = meta_in_continuous_batching[j * {c} + 1];",
+            "    var status = rdt[slot * 4 + 1];",
+            "    var pos = rdt[slot * 4 + 2];",
+            "    admit_tok[j] = -1;",
+            f"    if (rdt[slot * 4] != 0 and status == {RUNNING}) {{",
+            f"      if ((eos == 1 and pos + 1 >= live[slot * {LIVE_WORDS}]) or pos >= live[slot * {LIVE_WORDS} + 1]) {{",
+            "        rdt[slot * 4] = 0; // done: the slot is free",
+            "      }",
+            "    }",
+            "    if (rdt[slot * 4] == 0) {",
+            f"      status = {FREE};",
+            "      pos = 0;",
+            f"      if (req[slot * {REQ_WORDS}] != 0) {{",
+            "        // admit the waiting request: its first token is fed instead of the",
+            "        // finished one's, and the stages after this one learn of it from the",
+            "        // payload this stage forwards (admitted: context 0)",
+            f"        rdt[slot * 4] = @as(i32, req[slot * {REQ_WORDS}]);",
+            f"        live[slot * {LIVE_WORDS}] = @as(i32, req[slot * {REQ_WORDS} + 1]);",
+            f"        live[slot * {LIVE_WORDS} + 1] = @as(i32, req[slot * {REQ_WORDS} + 1] + req[slot * {REQ_WORDS} + 2]) - 2;",
+            f"        admit_tok[j] = @as(i32, req[slot * {REQ_WORDS} + 3]);",
+            f"        status = {ADMITTED};",
+            f"        req[slot * {REQ_WORDS}] = 0;",
+            "      }",
+            "    } else {",
+            "      const next = pos + 1;",
+            f"      status = {RUNNING};",
+            f"      if (next < live[slot * {LIVE_WORDS}]) {{ // in its prompt: the host's ring holds it?",
+            f"        if (prm_have[slot * {HAVE_WORDS} + 1] == rdt[slot * 4] and prm_have[slot * {HAVE_WORDS}] > next) {{",
+            f"          admit_tok[j] = prm[slot * {p} + @as(u16, next) % {p}];",
+            "        } else {",
+            f"          status = {PAUSED}; // not yet: the slot idles this step",
+            "        }",
+            "      }",
+            f"      if (status == {RUNNING}) {{",
+            "        pos = next;",
+            "      }",
+            "    }",
+            f"    rdt[slot * 4 + 1] = if (status == {ADMITTED}) {RUNNING} else status;",
+            "    rdt[slot * 4 + 2] = pos;",
+            f"    meta_in_continuous_batching[j * {c}] = @as(u32, rdt[slot * 4]);",
+            f"    meta_in_continuous_batching[j * {c} + 1] = @as(u32, status);",
+            "  }",
+            "}",
+        ]
+
+    def later_stage(self, b: int) -> list[str]:
+        """A later stage's resolver: the first stage's verdict, as it forwarded it."""
+        c = CF_WORDS_PER_SLOT
+        return [
+            "// (request id, status) per slot of the micro-batch, as the first stage forwarded it:",
+            "// update the RDT (a free slot, an admitted request at context 0, a running one a",
+            "// token further, a paused one where it was).",
+            "fn resolve_continuous_batching() void {",
+            *self._head(b),
+            f"    const status = meta_in_continuous_batching[j * {c} + 1];",
+            f"    rdt[slot * 4] = @as(i32, meta_in_continuous_batching[j * {c}]);",
+            "    rdt[slot * 4 + 1] = @as(i32, status);",
+            f"    if (status == {FREE} or status == {ADMITTED}) {{",
+            "      rdt[slot * 4 + 2] = 0;",
+            f"      rdt[slot * 4 + 1] = if (status == {ADMITTED}) {RUNNING} else {FREE};",
+            f"    }} else if (status == {RUNNING}) {{",
+            "      rdt[slot * 4 + 2] += 1; // one more token of context",
+            "    }",
+            "  }",
+            "}",
+        ]
 
     def lines(self) -> list[str]:
         w = self.w
@@ -40,67 +149,22 @@ class MetaCode:
         if not resolves and not produces:
             return out
         out.append("// ---- metainfo resolvers (before the kernel's compute) and producers")
-        b, k = w.b, w.top_k
+        b, k = w.b, w.choices
         if "continuous_batching" in resolves:
-            out += [
-                "// (request id, status) per slot of the micro-batch: update the RDT; a finished",
-                "// request frees its slot" + (", and a waiting request is admitted into it." if self.admits else "."),
-                "fn resolve_continuous_batching() void {",
-                "  // the micro-batch this step serves, advanced first: the kernels after the",
-                "  // resolver read it (from 0, every class's first step serves micro-batch 1)",
-                f"  mb[0] = (mb[0] + 1) % {w.groups};",
-                f"  for (@range(u16, {b})) |j| {{",
-                f"    const slot = @as(u16, mb[0]) * {b} + j;",
-                f"    const id = meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT}];",
-                f"    const status = meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1];",
-                "    rdt[slot * 4] = @as(i32, id);",
-                "    rdt[slot * 4 + 1] = @as(i32, status);",
-            ]
-            if self.admits:
-                out.append("    admit_tok[j] = -1;")
-            out += [
-                "    if (status == 1) {",
-                "      rdt[slot * 4 + 2] = 0; // finished: the slot is free",
-            ]
-            if self.admits:
-                out += [
-                    "      if (req[slot * 2] != 0) {",
-                    "        // admit the waiting request: its first token is fed instead of the",
-                    "        // finished one's, and the stages after this one learn of it from the",
-                    "        // payload this stage forwards (status 2: admitted, context 0)",
-                    "        rdt[slot * 4] = @as(i32, req[slot * 2]);",
-                    "        rdt[slot * 4 + 1] = 0;",
-                    "        admit_tok[j] = @as(i32, req[slot * 2 + 1]);",
-                    f"        meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT}] = req[slot * 2];",
-                    f"        meta_in_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1] = {ADMITTED};",
-                    "        req[slot * 2] = 0;",
-                    "      }",
-                ]
-            else:
-                out += [
-                    f"    }} else if (status == {ADMITTED}) {{",
-                    "      rdt[slot * 4 + 1] = 0; // admitted at the first stage: its first token, position 0",
-                    "      rdt[slot * 4 + 2] = 0;",
-                ]
-            out += [
-                "    } else {",
-                "      rdt[slot * 4 + 2] += 1; // one more token of context",
-                "    }",
-                "  }",
-                "}",
-            ]
+            out += self.first_stage(b) if self.admits else self.later_stage(b)
         if "moe_routing" in resolves:
+            n = ROUTE_WORDS_PER_CHOICE
             out += [
-                "// (expert id << 16 | 16-bit gate weight) per (token, choice): fill the routing",
+                "// (expert id, gate weight) per (token, choice), 32 bits each: fill the routing",
                 "// table and mark the tokens whose expert is this core's region.",
                 "fn resolve_moe_routing() void {",
                 f"  for (@range(u16, {b})) |t| {{",
                 "    mine[t] = 0;",
                 f"    for (@range(u16, {k})) |c| {{",
-                f"      const wv = meta_in_moe_routing[t * {k} + c];",
-                f"      rt_expert[t * {k} + c] = @as(i32, wv >> 16);",
-                f"      rt_weight[t * {k} + c] = @as(f32, @bitcast({w.sh.half}, @as(u16, wv & 0xffff)));",
-                "      if (@as(i16, wv >> 16) == region) {",
+                f"      const i = t * {k} + c;",
+                f"      rt_expert[i] = @bitcast(i32, meta_in_moe_routing[i * {n}]);",
+                f"      rt_weight[i] = @bitcast(f32, meta_in_moe_routing[i * {n} + 1]);",
+                "      if (rt_expert[i] == @as(i32, region)) {",
                 "        mine[t] = 1;",
                 "      }",
                 "    }",
@@ -122,18 +186,22 @@ class MetaCode:
             ]
             if self.emits_tokens:
                 out += [
-                    "    tok[slot * 2] = @as(u32, rdt[slot * 4]);",
-                    f"    tok[slot * 2 + 1] = @as(u32, {tokens}[j]);",
+                    f"    if (rdt[slot * 4 + 1] == {RUNNING}) {{ // (a paused or free slot sampled nothing)",
+                    f"      tok[slot * {TOK_WORDS}] = @as(u32, rdt[slot * 4]);",
+                    f"      tok[slot * {TOK_WORDS} + 1] = @as(u32, rdt[slot * 4 + 2]);",
+                    f"      tok[slot * {TOK_WORDS} + 2] = @as(u32, {tokens}[j]);",
+                    "    }",
                 ]
             out += ["  }", "}"]
         if "moe_routing" in produces:
+            n = ROUTE_WORDS_PER_CHOICE
             out += [
-                f"// The gate's routing metainfo: (expert id << 16 | {w.sh.half} weight) per (token, choice),",
-                "// prepended to the token data on the dispatch send.",
+                "// The gate's routing metainfo: (expert id, gate weight) per (token, choice), the",
+                "// routing table's words as they are, prepended to the token data on the dispatch send.",
                 "fn produce_moe_routing() void {",
                 f"  for (@range(u16, {b * k})) |i| {{",
-                f"    const h = @bitcast(u16, @as({w.sh.half}, rt_weight[i]));",
-                "    meta_out_moe_routing[i] = (@as(u32, rt_expert[i]) << 16) | @as(u32, h);",
+                f"    meta_out_moe_routing[i * {n}] = @bitcast(u32, rt_expert[i]);",
+                f"    meta_out_moe_routing[i * {n} + 1] = @bitcast(u32, rt_weight[i]);",
                 "  }",
                 "}",
             ]

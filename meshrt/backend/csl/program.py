@@ -48,7 +48,15 @@ from meshrt.backend.csl import handshakes as hsk
 from meshrt.backend.csl import percore, streams
 from meshrt.backend.csl.alloc import ClassAlloc, Limits, format_table, report_rows
 from meshrt.backend.csl.kernels import ComputeBody
-from meshrt.backend.csl.metainfo import MetaCode
+from meshrt.backend.csl.metainfo import (
+    HAVE_WORDS,
+    LIVE_WORDS,
+    PROMPT_RING,
+    REQ_WORDS,
+    TOK_WORDS,
+    MetaCode,
+    request_words,
+)
 from meshrt.backend.csl.pe_print import body_lines, calls_math
 from meshrt.backend.csl.model import CoreClass, Event, Flow, Program, Segment, plain_identifier
 from meshrt.backend.csl.streams import RELAY, ROLE_FIRST, ROLE_HEAD
@@ -58,6 +66,7 @@ from meshrt.diagnostics import MeshrtError
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels import registry
 from meshrt.kernels.pe import ELEM_TYPES, PROGRAM_ARRAYS
+from meshrt.kernels.topk_gate.pe import route_choices
 from meshrt.routing import Box, RectSet, rect_boxes
 from meshrt.shape import HParams
 
@@ -228,6 +237,8 @@ class ProgramWriter:
         # a body and written by the host for each batch
         self.admits = self.cf and any(e.kind == "compute" and registry.compute_op(e.name).admits_requests
                                       for seg in self.cls.segments for e in seg.events())
+        self.emits_tokens = any(e.kind == "produce" and e.name == "continuous_batching"
+                                for seg in self.cls.segments for e in seg.events())
         self.has_rdt = self.cf or any(name == "rdt" for fn in self.level.calls.values() if fn is not None
                                       for name, _ in _arrays_of(fn))
         self.moe = "moe_routing" in kinds
@@ -236,7 +247,8 @@ class ProgramWriter:
         self.has_rt = self.moe or any(name in ("rt_expert", "rt_weight") for fn in self.level.calls.values()
                                       if fn is not None for name, _ in _arrays_of(fn))
         self.slots = self.p.slots
-        self.top_k = max(1, int(self.p.hp("top_k", 1)))
+        # the routing table's entries per token: its routed choices, then the shared experts
+        self.choices = route_choices(max(1, int(self.p.hp("top_k", 1))), int(self.p.hp("shared_experts", 0)))
         self.routed_vars: dict[str, str] = {}  # declarations of the routed flows' state
         self._hit_len = 0
         # Loop-carried receives the host primes: per flow, (data, metainfo) words of
@@ -283,7 +295,8 @@ class ProgramWriter:
         n += self.nwq * 2
         n += 4 * (self.meta_in_words + sum(self.meta_in.values()) + sum(self.meta_out_words.values()))
         n += 4 * self.slots * 4 if self.cf else 0
-        n += (4 + 4) * self.b * self.top_k if self.has_rt else 0  # rt_expert (i32), rt_weight
+        n += 4 * self.slots * request_words(self.admits, self.emits_tokens)  # req, live, prm, tok
+        n += (4 + 4) * self.b * self.choices if self.has_rt else 0  # rt_expert (i32), rt_weight
         n += 2 * self.b if self.moe else 0  # mine
         n += eb * self.b * self.attn_rows + 4 * self.b  # sc, scale (f32)
         n += 4 * sum(self.shadows.values()) + eb * sum(self.values.saved.values())
@@ -810,7 +823,7 @@ class ProgramWriter:
                           f"@{flow.name}: the expert region of this core")
         self.routed_vars["routed_data"] = "var routed_data: bool = false; // this region sends on its routed flow"
         return [f"routed_data = {here} >= {rs.routed_regions}; // a shared expert's region: always",
-                f"for (@range(u16, {self.b * self.top_k})) |i| {{",
+                f"for (@range(u16, {self.b * self.choices})) |i| {{",
                 f"  if (rt_expert[i] < {rs.experts}) {{ // (larger ids: the shared experts)",
                 f"    if ({table}[rt_expert[i]] == {here}) {{",
                 "      routed_data = true;",
@@ -850,7 +863,7 @@ class ProgramWriter:
         self.state([f"for (@range(u16, {n})) |r| {{",
                     f"  region_hit[r] = if (r >= {rs.routed_regions}) 1 else 0; // shared experts: always",
                     "}",
-                    f"for (@range(u16, {self.b * self.top_k})) |i| {{",
+                    f"for (@range(u16, {self.b * self.choices})) |i| {{",
                     f"  if (rt_expert[i] < {rs.experts}) {{ // (larger ids: the shared experts)",
                     f"    region_hit[{table}[rt_expert[i]]] = 1;",
                     "  }",
@@ -1072,10 +1085,10 @@ class ProgramWriter:
                                       f"{n} entries of the request descriptor table {name}, which "
                                       f"has {self.slots * 4 if name == 'rdt' else 1}", self.cls.op)
             elif name in ("rt_expert", "rt_weight"):
-                if n > self.b * self.top_k:
+                if n > self.b * self.choices:
                     raise MeshrtError(f"core class @{self.cls.name}: kernel @{sub.kernel}'s body uses "
                                       f"{n} entries of the routing table {name}, which has "
-                                      f"{self.b * self.top_k}", self.cls.op)
+                                      f"{self.b * self.choices}", self.cls.op)
             elif name in self.level.arrays:
                 arr = self.level.arrays[name]
                 size, off = arr.elems, arr.offset
@@ -1116,12 +1129,13 @@ class ProgramWriter:
         return before + body_lines(fn, renames) + after
 
     def admitted_tokens(self, sub) -> list[str]:
-        """Where the first stage admitted a request this step (the resolver), its first
-        token replaces the finished request's sampled one among the ids that arrived."""
+        """Where the first stage fed a request a token of its own this step (the resolver:
+        an admitted request's first, a prompt's next), it replaces the sampled one among
+        the ids that arrived."""
         kind = self.p.kind_of(sub)
         buf = kind.message_buffer(self.p.record(sub), HParams.of(self.p.op), FlowRole.TOKENS, False)
         tokens = self.ident(kernel_array(sub.kernel, buf))
-        return ["// a request admitted this step feeds its first token",
+        return ["// a request admitted or in its prompt this step is fed its token",
                 f"for (@range(u16, {self.b})) |j| {{",
                 "  if (admit_tok[j] >= 0) {",
                 f"    {tokens}[j] = admit_tok[j];",
@@ -1228,22 +1242,28 @@ class ProgramWriter:
             out.extend(self.host_buffer("rdt", self.slots * 4, "i32", "request descriptor table: id, status, length, -"))
             add("var mb = @zeros([1]i32); // micro-batch whose slots the current step serves")
         if self.has_rt:
-            add(f"var rt_expert = @zeros([{self.b * self.top_k}]i32); // routing table: expert per (token, choice)")
+            add(f"var rt_expert = @zeros([{self.b * self.choices}]i32); // routing table: expert per (token, choice)")
         if self.moe:
             for decl in self.routed_vars.values():
                 add(decl)
         if self.has_rt:
-            add(f"var rt_weight = @zeros([{self.b * self.top_k}]f32); // gate weight per (token, choice)")
+            add(f"var rt_weight = @zeros([{self.b * self.choices}]f32); // gate weight per (token, choice)")
         if self.moe:
             add(f"var mine = @zeros([{self.b}]u16); // tokens whose expert lives in this core's region")
-        admits = self.admits
-        emits_tokens = any(e.kind == "produce" and e.name == "continuous_batching"
-                           for seg in cls.segments for e in seg.events())
+        admits, emits_tokens = self.admits, self.emits_tokens
         if admits:
-            out.extend(self.host_buffer("req", self.slots * 2, "u32", "waiting requests the host pushes: id, first token"))
-            add(f"var admit_tok = @zeros([{self.b}]i32); // the first token of a request admitted this step (-1: none)")
+            out.extend(self.host_buffer("req", self.slots * REQ_WORDS, "u32", "waiting requests the host pushes: "
+                                        "handle, prompt length, output budget, first token"))
+            add(f"var live = @zeros([{self.slots * LIVE_WORDS}]i32); // each slot's request: prompt "
+                "length, the position whose sample is its last output")
+            out.extend(self.host_buffer("prm", self.slots * PROMPT_RING, "i32", "each slot's next prompt "
+                                        f"tokens, position p at p mod {PROMPT_RING} (the host refills it)"))
+            out.extend(self.host_buffer("prm_have", self.slots * HAVE_WORDS, "i32", "per slot: prompt "
+                                        "positions below this are in prm, for this request handle"))
+            add(f"var admit_tok = @zeros([{self.b}]i32); // the token fed in place of the sampled one (-1: none)")
         if emits_tokens:
-            out.extend(self.host_buffer("tok", self.slots * 2, "u32", "sampled tokens for the host: request id, token"))
+            out.extend(self.host_buffer("tok", self.slots * TOK_WORDS, "u32", "sampled tokens for the host: "
+                                        "request handle, position fed, token"))
         xw_in, xw_out = self.xw_in, self.xw_out
         for k in xw_in:
             out.extend(self.host_buffer(f"xin_{k}", self.xw_elems[k], self.xw_elem[k],
@@ -1327,7 +1347,7 @@ class ProgramWriter:
                 add("  }")
                 add("}")
             add("")
-        out.extend(MetaCode(self, admits, emits_tokens).lines())
+        out.extend(MetaCode(self).lines())
         add("")
         add("// ---- kernel compute")
         out.extend(self.fns)

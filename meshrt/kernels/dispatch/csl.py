@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 def route(b: ComputeBody) -> list[str]:
     if not b.w.moe:
         return ["// no routing metainfo on this core: tokens go on along the corridor"]
-    k = b.w.top_k
+    k = b.w.choices  # the routing table's entries per token (`route_choices`)
     return [
         "// the resolved routing table picks, per token, whether it turns into the",
         "// expert regions here or goes on along the corridor",

@@ -170,7 +170,7 @@ class ExpertFFN(RoutesTokens):
             if "rt_expert" in bufs:
                 if cd.route is None:
                     raise DataLayoutError(f"{self.where(cd)}: no routing metainfo received")
-                bufs["rt_expert"][:] = cd.route.ids[:, :self.plane.shape.top_k].ravel()
+                bufs["rt_expert"][:] = cd.route.ids.ravel()  # every choice, shared ones too
             self.run_body(cd, bodies, op)
             # the first step after a re-placement waits for the weights that move in
             return self.plane.move_cycles(self.layer, cd.step, t)

@@ -35,7 +35,7 @@ from xdsl.dialects.builtin import IndexType, i32
 from meshrt.kernels.elementwise.pe import add_silu_mul, glu_params
 from meshrt.kernels.expert_reduce.op import expert_passes, group_experts, region_experts
 from meshrt.kernels.pe import Bodies, Body, Buffer
-from meshrt.kernels.topk_gate.pe import ROUTING_TABLE
+from meshrt.kernels.topk_gate.pe import ROUTING_TABLE, route_choices
 from meshrt.shape import HParams
 
 
@@ -84,7 +84,8 @@ def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, i
     n, rows, cols = tile_shape(info, tile)
     routed = bool(info.param("routed", 0))
     k = hp.int("top_k")
-    return expert_bodies(info.kernel_name, micro_batch, n, rows, cols, expert_passes(n, k, routed), k,
+    return expert_bodies(info.kernel_name, micro_batch, n, rows, cols, expert_passes(n, k, routed),
+                         route_choices(k, hp.int("shared_experts")),
                          len(info.param("placement")) if routed else None,
                          bool(hp.int("expert_bias")), glu_params(hp))
 
@@ -94,7 +95,7 @@ def expert_bodies(kernel: str, b: int, n: int, rows: int, cols: int, passes: int
     """The bodies of expert kernel `kernel` on a core: `n` experts of `rows` x `cols`, `b`
     pairs a pass, `passes` passes; `routed`: the number of routed experts, whose slots
     the routing table's `k` choices per slot say (a shared expert, id `routed` on, takes
-    every slot), None in the static build (every slot visits each expert); `act`:
+    every slot; `k`: the table's entries per slot, `route_choices`), None in the static build (every slot visits each expert); `act`:
     `glu_params`."""
     pairs = passes * b
     bufs = expert_buffers(n, b, rows, cols, pairs, bias)

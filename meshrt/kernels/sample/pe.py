@@ -25,10 +25,15 @@ from meshrt.kernels.pe import Bodies, Body, Buffer, activation_elem
 LOWEST = -3.4028234663852886e38  # the lowest float32: any logit beats a core's empty candidate
 
 
+def eos_tokens(hp) -> tuple[int, ...]:
+    """The model's end-of-sequence token ids (none: only a request's length ends it)."""
+    eos = hp.int("eos_token", -1)
+    return () if eos < 0 else (eos, *hp.ints("eos_more"))
+
+
 def bodies_for(info, micro_batch: int, hp, tile: tuple[int, int, int, int]) -> Bodies:
     vocab = info.param("in_widths")[0]
-    eos = hp.int("eos_token", -1)
-    ends = () if eos < 0 else (eos, *hp.ints("eos_more"))
+    ends = eos_tokens(hp)
     return sample_bodies(info.kernel_name, micro_batch, vocab, tile[0], tile[2], ends,
                          activation_elem(hp.act_format))
 

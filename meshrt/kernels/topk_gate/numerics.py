@@ -6,7 +6,6 @@ import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, RoutesTokens, Routing, part
-from meshrt.runtime import reference as ref
 
 
 class TopKGate(RoutesTokens):
@@ -16,10 +15,8 @@ class TopKGate(RoutesTokens):
         super().__init__(info, plane)
         moe = plane.moe(self.layer)
         self.experts = moe.router.shape[1]
-        self.shared = moe.shared_gate.shape[0]
         # the shared experts' gates w_sg ride the router's product as further columns
         self.gated = moe.shared_scale is not None
-        self.shared_ids = np.arange(self.experts, self.experts + self.shared)
         self.router = (np.concatenate([moe.router, moe.shared_scale], axis=1) if self.gated
                        else moe.router)
         self.bias = None if moe.router_bias is None else np.concatenate(
@@ -51,7 +48,6 @@ class TopKGate(RoutesTokens):
         _, _, j, _, h = self.grid_pos(cd)
         bodies = self.bodies_at(cd.pos)
         bufs = self.pe_buffers(cd, bodies)
-        cols = bodies.buffer("y").elems // self.b
         if op == "fmac":
             n_in = self.router.shape[0]
             r0, r1 = part(n_in, h, j)
@@ -76,17 +72,11 @@ class TopKGate(RoutesTokens):
         elif op == "topk":
             if not self.product_in_pe:  # the logits as this core summed them
                 bufs["y"][:] = cd.acc.pop(self.name).astype(F32).ravel()
-            logits = bufs["y"].reshape(self.b, cols)
             self.run_body(cd, bodies, "topk")
-            ids = bufs["rt_expert"].reshape(self.b, self.top_k).astype(np.int64)
-            wts = bufs["rt_weight"].reshape(self.b, self.top_k).copy()
-            self.plane.count_routing(self.layer, ids, cd)
-            e = self.experts
-            if self.shared:  # every token also visits each shared expert (ids e, e + 1, ...)
-                n = len(ids)
-                ids = np.concatenate([ids, np.broadcast_to(self.shared_ids, (n, self.shared))], axis=1)
-                gates = ref.sigmoid(logits[:, e:]) if self.gated else np.ones((n, self.shared), F32)
-                wts = np.concatenate([wts, gates], axis=1)
+            # per token its routed choices, then each shared expert (ids e, e + 1, ...)
+            ids = bufs["rt_expert"].reshape(self.b, -1).astype(np.int64)
+            wts = bufs["rt_weight"].reshape(self.b, -1).copy()
+            self.plane.count_routing(self.layer, ids[:, :self.top_k], cd)
             cd.route = Routing(ids, wts)
 
     def send(self, cd, role):

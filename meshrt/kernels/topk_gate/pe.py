@@ -12,11 +12,15 @@ the first rows' core where the router has one. Per slot (B of them):
          largest remaining probability, the first of equal ones (a strict `>`
          in expert order, as a stable sort of the reference takes them),
          into the routing table (`rt_expert`, `rt_weight`); the K weights
-         renormalised to sum to 1 where the model does (norm_topk).
+         renormalised to sum to 1 where the model does (norm_topk); then one
+         choice per shared expert (ids E, E + 1, ...), weighted by the sigmoid
+         of its gate's logit where the model gates it (1/(1 + exp_f32(-z))),
+         else 1.
 
-The shared experts' gates are not in the routing table (its K choices per
-token are the routed experts' only): the interpreter takes their sigmoid
-beside the body (docs/csl-backend.md, "Compute").
+The routing table holds `route_choices` entries per token, the routing
+metainfo carries them (an i32 id and an f32 weight each: two words), and
+every core that reads the table (experts, dispatch, combine) reads that
+stride.
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ from meshrt.kernels.pe import Bodies, Body, Buffer
 # The program's routing table (`PROGRAM_ARRAYS`): expert id and gate weight per (token,
 # choice); the resolver of moe_routing metainfo fills it on the cores that receive it.
 ROUTING_TABLE = ("rt_expert", "rt_weight")
+
+
+def route_choices(top_k: int, shared: int) -> int:
+    """Entries per token of the routing table (and of the routing metainfo): its top_k
+    routed experts, then each shared expert."""
+    return top_k + shared
 
 
 def logit_columns(experts: int, shared: int, gated: bool) -> int:
@@ -45,13 +55,17 @@ def bodies_for(info, micro_batch: int, hp, tile: tuple[int, int, int, int]) -> B
     # fmac and the chain's adds keep their previous bodies and only the selection is here
     fmac = info.packed_weights is None and hp.dtype_bytes >= 4
     return gate_bodies(info.kernel_name, micro_batch, rows, cols, experts, k, bool(hp.int("norm_topk")),
-                       bool(hp.int("router_bias")), fmac)
+                       bool(hp.int("router_bias")), fmac, hp.int("shared_experts"),
+                       bool(hp.int("shared_expert_gate")))
 
 
 def gate_bodies(kernel: str, b: int, rows: int, cols: int, experts: int, k: int, normalize: bool,
-                bias: bool, fmac: bool = True) -> Bodies:
+                bias: bool, fmac: bool = True, shared: int = 0, gated: bool = False) -> Bodies:
+    """`shared` experts follow the K routed choices of each token in the routing table;
+    `gated`: each is weighted by the sigmoid of its logit column (E + s), else by 1."""
+    n = route_choices(k, shared)
     out = Bodies(kernel, [*gemv_buffers(b, rows, cols, bias), Buffer("p", b * cols), Buffer("prob", experts),
-                          Buffer(ROUTING_TABLE[0], b * k, "i32"), Buffer(ROUTING_TABLE[1], b * k)])
+                          Buffer(ROUTING_TABLE[0], b * n, "i32"), Buffer(ROUTING_TABLE[1], b * n)])
     if fmac:
         add_fmac(out, b, rows, cols, bias)
         body = out.body("add")
@@ -83,7 +97,7 @@ def gate_bodies(kernel: str, b: int, rows: int, cols: int, experts: int, k: int,
                 return [bd3.select(take, v, best), bd3.select(take, bd3.cast(e, i32), at)]
 
             best, at = bd2.fold(experts, [bd2.scalar(-1.0), bd2.const(0, i32)], scan)
-            slot = bd2.add(bd2.mul(t, k), c)
+            slot = bd2.add(bd2.mul(t, n), c)
             bd2.store(at, ROUTING_TABLE[0], slot)
             bd2.store(best, ROUTING_TABLE[1], slot)
             bd2.store(bd2.scalar(-1.0), "prob", bd2.cast(at, IndexType()))  # taken
@@ -91,10 +105,23 @@ def gate_bodies(kernel: str, b: int, rows: int, cols: int, experts: int, k: int,
         bd.each(k, choose)
         if normalize:
             (chosen,) = bd.fold(k, [bd.scalar(0.0)], lambda bd2, c, s: [bd2.addf(
-                s, bd2.load(ROUTING_TABLE[1], bd2.add(bd2.mul(t, k), c)))])
+                s, bd2.load(ROUTING_TABLE[1], bd2.add(bd2.mul(t, n), c)))])
             bd.each(k, lambda bd2, c: bd2.store(
-                bd2.divf(bd2.load(ROUTING_TABLE[1], bd2.add(bd2.mul(t, k), c)), chosen),
-                ROUTING_TABLE[1], bd2.add(bd2.mul(t, k), c)))
+                bd2.divf(bd2.load(ROUTING_TABLE[1], bd2.add(bd2.mul(t, n), c)), chosen),
+                ROUTING_TABLE[1], bd2.add(bd2.mul(t, n), c)))
+
+        def share(bd2: Body, c) -> None:
+            at = bd2.plus(bd2.add(bd2.mul(t, n), c), k)
+            bd2.store(bd2.cast(bd2.plus(c, experts), i32), ROUTING_TABLE[0], at)
+            weight = bd2.scalar(1.0)
+            if gated:
+                z = bd2.widen(bd2.load("y", bd2.plus(bd2.add(row, c), experts)))
+                e = bd2.call("exp_f32", bd2.subf(bd2.scalar(0.0), z))
+                weight = bd2.divf(bd2.scalar(1.0), bd2.addf(bd2.scalar(1.0), e))
+            bd2.store(weight, ROUTING_TABLE[1], at)
+
+        if shared:
+            bd.each(shared, share)
 
     body.each(b, token)
     out.add("topk", body)

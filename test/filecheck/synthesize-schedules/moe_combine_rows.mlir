@@ -25,13 +25,13 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // Each corridor core weights and sums the two messages of its row; its slice
 // of the result stays where the residual add would read it.
 // CHECK:      event.sub @l0.moe.combine "slice" after [@l0.moe.reduce, @l0.gate]
-// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
-// CHECK-NEXT:   event.recv @l0.moe.combine.in0 bytes 128 meta 16
+// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 32
+// CHECK-NEXT:   event.recv @l0.moe.combine.in0 bytes 128 meta 32
 // CHECK-NEXT:   event.compute "combine" work 32
 // CHECK-NEXT: }
 
 // The two root columns of a row send on one colour: their routers take turns
 // (a switch chain), so the roots' sub-schedules need two switch positions;
 // the cores that only stream the reduction along the row need one.
-// CHECK:      event.sub @l0.moe.reduce "root" after [@l0.moe.experts] demand <colors = 2, iq = 1, oq = 1, routes = 2, switches = 2, sram = 144> collective {
+// CHECK:      event.sub @l0.moe.reduce "root" after [@l0.moe.experts] demand <colors = 2, iq = 1, oq = 1, routes = 2, switches = 2, sram = 160> collective {
 // CHECK:      event.sub @l0.moe.reduce "edge_r" after [@l0.moe.experts] demand <colors = 1, oq = 1, routes = 1, switches = 1, sram = 128> collective {

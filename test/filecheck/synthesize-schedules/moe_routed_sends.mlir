@@ -13,7 +13,7 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK:      event.flow @l0.moe.combine.in0 kernel @l0.moe.combine role "input" operand 0 wafer 0 from <(4, 0, 1, 4), (6, 0, 1, 4)> to <(3, 0, 1, 4)> pattern "row" bytes 128 routed{{$}}
 // Nothing else is routed: the tokens go to every region along the rows (one multicast).
 // CHECK-NOT:  routed
-// CHECK:      event.send @l0.moe.combine.in0 bytes 128 meta 16
+// CHECK:      event.send @l0.moe.combine.in0 bytes 128 meta 32
 
 // -----
 

@@ -15,24 +15,24 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // of its row (no relay along the corridor) and resolves the routing riding it.
 // CHECK:      event.core_class @l0.moe.combine.slice wafer 0 cores <(3, 0, 1, 4)> {
 // CHECK-NEXT:   event.sub @l0.moe.dispatch "slice" after [@embed.reduce, @l0.gate]
-// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.dispatch.in0 bytes 16
-// CHECK-NEXT:     event.recv @l0.moe.dispatch.in0 bytes 64 meta 16
+// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.dispatch.in0 bytes 32
+// CHECK-NEXT:     event.recv @l0.moe.dispatch.in0 bytes 64 meta 32
 // CHECK-NEXT:     event.compute "route" work 4
 // The corridor holds the tokens over its four rows and every stacked region gathers
 // them: each corridor core multicasts the slice it holds (8 values x 2 slots x 4 B).
-// CHECK-NEXT:     event.send @l0.moe.experts.in0 bytes 64 meta 16
+// CHECK-NEXT:     event.send @l0.moe.experts.in0 bytes 64 meta 32
 // CHECK:      event.sub @l0.moe.combine "slice" after [@l0.moe.reduce, @l0.gate]
-// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 16
-// CHECK-NEXT:   event.recv @l0.moe.combine.in0 bytes 256 meta 16
+// CHECK-NEXT:   event.meta_resolve "moe_routing" from @l0.moe.combine.in0 bytes 32
+// CHECK-NEXT:   event.recv @l0.moe.combine.in0 bytes 256 meta 32
 // CHECK:      event.core_class @l0.moe.reduce.root wafer 0 cores <(4, 0, 1, 1), (4, 2, 1, 1)> {
 // CHECK-NEXT:   event.sub @l0.moe.experts "edge" after [@l0.moe.dispatch, @l0.gate] demand <{{.*}}> collective {
-// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.experts.in0 bytes 16
+// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.experts.in0 bytes 32
 // The expert outputs leave each region's root column, not every expert core,
 // with the routing metainfo the experts resolved; expert_reduce itself resolves nothing.
 // CHECK:        event.sub @l0.moe.reduce "root" after [@l0.moe.experts] demand <{{.*}}> collective {
 // CHECK-NEXT:     event.recv @l0.moe.reduce.down_r bytes 256 meta 0
 // CHECK-NEXT:     event.compute "add" work 64
-// CHECK-NEXT:     event.send @l0.moe.combine.in0 bytes 256 meta 16
+// CHECK-NEXT:     event.send @l0.moe.combine.in0 bytes 256 meta 32
 // CHECK-NEXT:   }
 // CHECK:      event.core_class @l0.moe.reduce.edge_r wafer 0 cores <(5, 0, 1, 1), (5, 2, 1, 1)> {
 // CHECK:        event.sub @l0.moe.reduce "edge_r" after [@l0.moe.experts]
@@ -40,8 +40,8 @@ graph.model @moe target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2 dy
 // CHECK:      event.sub @l0.gate "root"
 // CHECK:        event.compute "topk" work 8
 // CHECK-NEXT:   event.send @l0.gate.up
-// CHECK-NEXT:   event.meta_produce "moe_routing" onto @l0.moe.dispatch.in0 bytes 16
-// CHECK-NEXT:   event.send @l0.moe.dispatch.in0 bytes {{[0-9]+}} meta 16
+// CHECK-NEXT:   event.meta_produce "moe_routing" onto @l0.moe.dispatch.in0 bytes 32
+// CHECK-NEXT:   event.send @l0.moe.dispatch.in0 bytes {{[0-9]+}} meta 32
 // CHECK-NOT:  event.meta_produce
 
 

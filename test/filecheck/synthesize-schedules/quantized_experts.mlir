@@ -12,9 +12,9 @@ graph.model @packed target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 1
   %e = graph.moe_experts @l0.moe(%x, %g) on <(3, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, weights = "mxfp4", expert_ffn = 32 : i64, shared_experts = 0 : i64, expert_regions = [#mesh.cores<(4, 0, 2, 2)>, #mesh.cores<(4, 2, 2, 2)>], placement = array<i64: 0, 0, 1, 1>} : !graph.act<64>, !graph.routing<4, 2> -> !graph.act<64>
 }
 // CHECK-LABEL: event.schedule @packed
-// CHECK:       event.sub @l0.moe.experts "edge" after [@l0.moe.dispatch, @l0.gate] demand <{{.*}}sram = 1760, ctrl = 8> collective {
+// CHECK:       event.sub @l0.moe.experts "edge" after [@l0.moe.dispatch, @l0.gate] demand <{{.*}}sram = 1760, ctrl = 16> collective {
 // CHECK-NEXT:    event.meta_resolve "moe_routing"
-// CHECK-NEXT:    event.recv @l0.moe.experts.in0 bytes 64 meta 8
+// CHECK-NEXT:    event.recv @l0.moe.experts.in0 bytes 64 meta 16
 // CHECK-NEXT:    event.compute "dequant_mxfp4" work 1024
 // CHECK-NEXT:    event.compute "fmac" work 1024
 // CHECK:         event.recv @l0.moe.experts.up
@@ -38,9 +38,9 @@ graph.model @decoded target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 
   %e = graph.moe_experts @l0.moe(%x, %g) on <(3, 0, 1, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, weights = "mxfp4", decoded, expert_ffn = 32 : i64, shared_experts = 0 : i64, expert_regions = [#mesh.cores<(4, 0, 2, 2)>, #mesh.cores<(4, 2, 2, 2)>], placement = array<i64: 0, 0, 1, 1>} : !graph.act<64>, !graph.routing<4, 2> -> !graph.act<64>
 }
 // CHECK-LABEL: event.schedule @decoded
-// CHECK:       event.sub @l0.moe.experts "edge" after [@l0.moe.dispatch, @l0.gate] demand <{{.*}}sram = 6272, ctrl = 8> collective {
+// CHECK:       event.sub @l0.moe.experts "edge" after [@l0.moe.dispatch, @l0.gate] demand <{{.*}}sram = 6272, ctrl = 16> collective {
 // CHECK-NEXT:    event.meta_resolve "moe_routing"
-// CHECK-NEXT:    event.recv @l0.moe.experts.in0 bytes 64 meta 8
+// CHECK-NEXT:    event.recv @l0.moe.experts.in0 bytes 64 meta 16
 // CHECK-NEXT:    event.compute "fmac" work 1024
 // CHECK-NOT:     dequant
 // CHECK:       event.sub @l0.moe.reduce

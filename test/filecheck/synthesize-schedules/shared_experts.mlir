@@ -16,11 +16,11 @@ graph.model @shared target "test32" mesh 32 x 32 wafers 1 stages 1 micro_batch 2
 // CHECK-NEXT:   event.sub @l0.gate "edge"
 // CHECK-NEXT:     event.recv
 // CHECK-NEXT:     event.compute "fmac" work 80
-// CHECK:          event.send @l0.moe.dispatch.in0 bytes 64 meta 24
+// CHECK:          event.send @l0.moe.dispatch.in0 bytes 64 meta 48
 // CHECK:      event.core_class @l0.moe.combine.slice
-// CHECK:          event.recv @l0.moe.combine.in0 bytes 256 meta 24
+// CHECK:          event.recv @l0.moe.combine.in0 bytes 256 meta 48
 // CHECK:      event.core_class @l0.moe.reduce.root wafer 0 cores <(4, 0, 1, 1), (6, 0, 1, 1), (4, 2, 1, 1)> {
 // CHECK-NEXT:   event.sub @l0.moe.experts "edge"
-// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.experts.in0 bytes 24
+// CHECK-NEXT:     event.meta_resolve "moe_routing" from @l0.moe.experts.in0 bytes 48
 // CHECK:      event.core_class @l0.gate.root wafer 0 cores <(2, 3, 1, 1)> {
 // CHECK:          event.compute "topk" work 10
