@@ -104,7 +104,8 @@ class FakeRuntime:
         _, have, _ = self._array("prm_have")
         if req is None:
             return
-        rw, ring, hw = g["REQ_WORDS"], g["PROMPT_RING"], g["HAVE_WORDS"]
+        rw, hw, done_bit = g["REQ_WORDS"], g["HAVE_WORDS"], g["PROMPT_DONE"]
+        ring = len(prm) // g["SLOTS"]
         if self.tok is None:
             self.tok = np.zeros(g["SLOTS"] * g["TOK_WORDS"], np.uint32)
         tok = self.tok
@@ -115,8 +116,11 @@ class FakeRuntime:
             st = self.slot.get(s)
             if in_prompt_only and (st is None or st["pos"] + 2 >= st["len"]):
                 continue
+            mine = st is not None and have[s * hw + 1] == st["h"]
+            upto = int(have[s * hw]) & (done_bit - 1)
+            ended = mine and bool(int(have[s * hw]) & done_bit)
             if st is not None and st["running"] and (st["pos"] >= st["last"] or (
-                    st["eos"] and st["pos"] + 1 >= st["len"])):
+                    st["eos"] and ended and st["pos"] + 1 >= upto)):
                 st = self.slot[s] = None  # done: the slot is free
                 rdt[4 * s:4 * s + 4] = 0
             if st is None:
@@ -124,20 +128,20 @@ class FakeRuntime:
                     continue
                 h, n, budget, tok0 = (int(v) for v in req[s * rw:(s + 1) * rw])
                 st = self.slot[s] = {"h": h, "len": n, "last": n + budget - 2, "pos": 0, "running": True}
+                self.ring_depth = ring
                 for k in req_keys:
                     first.mem[k][s * rw] = 0
                 fed = tok0
             else:
                 nxt = st["pos"] + 1
                 st["running"] = True
-                if nxt < st["len"]:
-                    if have[s * hw + 1] == st["h"] and have[s * hw] > nxt:
-                        fed = int(prm[s * ring + nxt % ring])
-                    else:
-                        st["running"] = False  # paused
-                        self.pauses += 1
-                else:
+                if mine and nxt < upto:
+                    fed = int(prm[s * ring + nxt % ring])
+                elif ended:
                     fed = st["sampled"]
+                else:
+                    st["running"] = False  # paused
+                    self.pauses += 1
                 if st["running"]:
                     st["pos"] = nxt
             rdt[4 * s:4 * s + 3] = st["h"], 0 if st["running"] else 3, st["pos"]
@@ -290,7 +294,7 @@ def test_prompts_longer_than_the_ring_are_fed_whole_and_requests_end_on_chip(tmp
             {"id": "bad", "prompt": [], "max_new_tokens": 2},
             {"id": "zero", "prompt": [1], "max_new_tokens": 0}]
     runners, results, g = run_driver(files, tmp_path, reqs)
-    assert "EOS = (1014,)" in files["run.py"] and g["PROMPT_RING"] < 20
+    assert "EOS = (1014,)" in files["run.py"]
     by_id = {r["id"]: r for r in results}
     assert by_id["a"]["tokens"] == [1019, 1020, 1021] and by_id["a"]["finished"]
     assert by_id["b"]["tokens"] == [1011, 1012, 1013, 1014] and by_id["b"]["finished"]
@@ -298,7 +302,7 @@ def test_prompts_longer_than_the_ring_are_fed_whole_and_requests_end_on_chip(tmp
     assert by_id["bad"]["rejected"].startswith("prompt must be")
     assert by_id["zero"]["rejected"].startswith("max_new_tokens must be")
     chip = next(r for r in runners if r.fed)
-    assert chip.pauses > 0
+    assert chip.pauses > 0 and chip.ring_depth < 20
     fed = sorted(chip.fed.values(), key=len)
     for prompt in (prompts[0], [7] * 12, prompts[2]):
         assert any(f[:len(prompt)] == prompt for f in fed), prompt

@@ -6,7 +6,7 @@ import inspect
 
 from meshrt.activations import bf16_to_float32, float32_to_bf16
 from meshrt.backend.csl.alloc import ClassAlloc, Limits, format_table
-from meshrt.backend.csl.metainfo import HAVE_WORDS, PROMPT_RING, REQ_WORDS, TOK_WORDS
+from meshrt.backend.csl.metainfo import HAVE_WORDS, PROMPT_DONE, REQ_WORDS, TOK_WORDS
 from meshrt.backend.csl.model import Program
 
 # memcpy adds a halo around the program rectangle: 4 columns west, 3 east,
@@ -90,7 +90,8 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
         f"GROUPS = {program.groups}  # micro-batches in flight: each loop-carried flow is primed once per group",
         f"EOS = {tuple(eos)!r}  # end-of-sequence token ids",
         "# words a slot takes in the request arrays (meshrt.backend.csl.metainfo)",
-        f"REQ_WORDS, PROMPT_RING, HAVE_WORDS, TOK_WORDS = {REQ_WORDS}, {PROMPT_RING}, {HAVE_WORDS}, {TOK_WORDS}",
+        f"REQ_WORDS, HAVE_WORDS, TOK_WORDS = {REQ_WORDS}, {HAVE_WORDS}, {TOK_WORDS}",
+        f"PROMPT_DONE = {PROMPT_DONE}  # in prm_have: the prompt ends where the ring's tokens end",
         "# (wafer, core class, rectangles (x, y, w, h), host-visible arrays: symbol -> (elements per core, CSL type))",
         "CLASSES = [",
         *classes,
@@ -281,26 +282,27 @@ def push_requests(runner, wafer, requests):
 
 
 def feed_prompts(runner, wafer, requests):
-    """Keep the next PROMPT_RING prompt tokens of every live request in the first stage's
-    ring `prm`, from the position its RDT says it fed last: the ring first, then
-    `prm_have` (positions below it are in the ring, for that handle), so the stage never
-    takes a token the ring does not hold yet (it pauses the slot instead)."""
+    """Keep the next prompt tokens of every live request in the first stage's ring `prm`
+    (its depth: the array's words a slot), from the position its RDT says it fed last: the
+    ring first, then `prm_have` (the prompt below that position is in the ring, | PROMPT_DONE
+    where that is the prompt's end; and for which handle), so the stage never takes a token
+    the ring does not hold yet (it pauses the slot instead)."""
     for _, _, rects, sym, n, typ in arrays(wafer, "prm"):
         rdt = next(d2h(runner, s2, r2[0], n2, t2)[0] for w2, _, r2, s2, n2, t2 in arrays(wafer, "rdt")
                    if r2 == rects)
-        slots = n // PROMPT_RING
+        depth = n // SLOTS
         ring = np.zeros(n, dtype=np.int32)
-        have = np.zeros(slots * HAVE_WORDS, dtype=np.int32)
-        for s in range(slots):
+        have = np.zeros(SLOTS * HAVE_WORDS, dtype=np.int32)
+        for s in range(SLOTS):
             h, pos = int(rdt[4 * s]), int(rdt[4 * s + 2])
             r = requests.handle.get(h)
             if r is None:
                 continue
             prompt = r["prompt"]
-            want = min(len(prompt), pos + 1 + PROMPT_RING)
-            for p in range(max(0, want - PROMPT_RING), want):
-                ring[s * PROMPT_RING + p % PROMPT_RING] = prompt[p]
-            have[HAVE_WORDS * s:HAVE_WORDS * (s + 1)] = want, h
+            want = min(len(prompt), pos + 1 + depth)
+            for p in range(max(0, want - depth), want):
+                ring[s * depth + p % depth] = prompt[p]
+            have[HAVE_WORDS * s:HAVE_WORDS * (s + 1)] = want | (PROMPT_DONE if want == len(prompt) else 0), h
         for rect in rects:
             h2d(runner, sym, np.tile(ring, (rect[2] * rect[3], 1)), rect, typ)
         for _, _, rects2, sym2, _, typ2 in arrays(wafer, "prm_have"):

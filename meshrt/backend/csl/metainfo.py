@@ -33,17 +33,19 @@ ROUTE_WORDS_PER_CHOICE = ROUTE_BYTES_PER_CHOICE // 4
 RUNNING, FREE, ADMITTED, PAUSED = 0, 1, 2, 3
 # The first stage's request arrays (the host's side: `meshrt.backend.csl.host`), words a slot:
 REQ_WORDS = 4  # req: a waiting request: handle (0: none), prompt length, output budget, first token
-LIVE_WORDS = 2  # live: the slot's request: prompt length, the position of its last output's step
-HAVE_WORDS = 2  # prm_have: prompt tokens the ring holds up to (positions below), whose handle
-PROMPT_RING = 8  # prm: prompt token p of the slot's request at p mod PROMPT_RING
+HAVE_WORDS = 2  # prm_have: the ring holds the prompt below this position (| PROMPT_DONE), whose handle
+PROMPT_DONE = 1 << 30  # in prm_have: the prompt ends at that position (no later prompt token)
+PROMPT_RING = 8  # prm: prompt token p of the slot's request at p mod the ring's depth: at most
+# this deep, less where the first stage's SRAM does not leave room (`ProgramWriter.prompt_ring`)
+# The RDT's fourth word, on the first stage: the position whose sample is the request's last
+# output (prompt length + max_new_tokens - 2).
 TOK_WORDS = 3  # tok (the sampler's, for the host): request handle, position fed, token sampled
 
 
-def request_words(admits: bool, emits_tokens: bool) -> int:
+def request_words(admits: bool, emits_tokens: bool, ring: int) -> int:
     """32-bit words a request slot takes in a class's request arrays: the first stage's
-    (`admits`: req, live, prm, prm_have), the sampler's (`emits_tokens`: tok)."""
-    return (REQ_WORDS + LIVE_WORDS + PROMPT_RING + HAVE_WORDS if admits else 0) + \
-        (TOK_WORDS if emits_tokens else 0)
+    (`admits`: req, prm of depth `ring`, prm_have), the sampler's (`emits_tokens`: tok)."""
+    return (REQ_WORDS + ring + HAVE_WORDS if admits else 0) + (TOK_WORDS if emits_tokens else 0)
 
 
 class MetaCode:
@@ -66,20 +68,24 @@ class MetaCode:
 
     def first_stage(self, b: int) -> list[str]:
         """The first stage's resolver: it owns the request lifecycle (see the module)."""
-        c, p = CF_WORDS_PER_SLOT, PROMPT_RING
+        c, p, hw = CF_WORDS_PER_SLOT, self.w.prompt_ring, HAVE_WORDS
         return [
             "// The sampler's (request id, EOS?) per slot of the micro-batch: the request that",
-            "// step served is done on an EOS once its prompt is fed, or after its last output;",
-            "// a free slot admits a waiting request; a live one is fed its next prompt token",
-            "// (or the sampled one's ids arrive), or pauses while the host has not written it.",
+            "// step served is done on an EOS past its prompt, or after its last output; a free",
+            "// slot admits a waiting request; a live one is fed its next prompt token (or the",
+            "// sampled one's ids arrive), or pauses while the host has not written it.",
             "fn resolve_continuous_batching() void {",
             *self._head(b),
             f"    const eos = meta_in_continuous_batching[j * {c} + 1];",
             "    var status = rdt[slot * 4 + 1];",
             "    var pos = rdt[slot * 4 + 2];",
+            "    // the host's ring holds this request's prompt below `have` (and says where it ends)",
+            f"    const mine = prm_have[slot * {hw} + 1] == rdt[slot * 4];",
+            f"    const have = prm_have[slot * {hw}] & {PROMPT_DONE - 1};",
+            f"    const ended = mine and (prm_have[slot * {hw}] & {PROMPT_DONE}) != 0;",
             "    admit_tok[j] = -1;",
             f"    if (rdt[slot * 4] != 0 and status == {RUNNING}) {{",
-            f"      if ((eos == 1 and pos + 1 >= live[slot * {LIVE_WORDS}]) or pos >= live[slot * {LIVE_WORDS} + 1]) {{",
+            "      if ((eos == 1 and ended and pos + 1 >= have) or pos >= rdt[slot * 4 + 3]) {",
             "        rdt[slot * 4] = 0; // done: the slot is free",
             "      }",
             "    }",
@@ -91,8 +97,7 @@ class MetaCode:
             "        // finished one's, and the stages after this one learn of it from the",
             "        // payload this stage forwards (admitted: context 0)",
             f"        rdt[slot * 4] = @as(i32, req[slot * {REQ_WORDS}]);",
-            f"        live[slot * {LIVE_WORDS}] = @as(i32, req[slot * {REQ_WORDS} + 1]);",
-            f"        live[slot * {LIVE_WORDS} + 1] = @as(i32, req[slot * {REQ_WORDS} + 1] + req[slot * {REQ_WORDS} + 2]) - 2;",
+            f"        rdt[slot * 4 + 3] = @as(i32, req[slot * {REQ_WORDS} + 1] + req[slot * {REQ_WORDS} + 2]) - 2;",
             f"        admit_tok[j] = @as(i32, req[slot * {REQ_WORDS} + 3]);",
             f"        status = {ADMITTED};",
             f"        req[slot * {REQ_WORDS}] = 0;",
@@ -100,12 +105,10 @@ class MetaCode:
             "    } else {",
             "      const next = pos + 1;",
             f"      status = {RUNNING};",
-            f"      if (next < live[slot * {LIVE_WORDS}]) {{ // in its prompt: the host's ring holds it?",
-            f"        if (prm_have[slot * {HAVE_WORDS} + 1] == rdt[slot * 4] and prm_have[slot * {HAVE_WORDS}] > next) {{",
-            f"          admit_tok[j] = prm[slot * {p} + @as(u16, next) % {p}];",
-            "        } else {",
-            f"          status = {PAUSED}; // not yet: the slot idles this step",
-            "        }",
+            "      if (mine and next < have) { // a prompt token: from the ring",
+            f"        admit_tok[j] = prm[slot * {p} + @as(u16, next) % {p}];",
+            "      } else if (!ended) {",
+            f"        status = {PAUSED}; // the host has not written it yet: the slot idles this step",
             "      }",
             f"      if (status == {RUNNING}) {{",
             "        pos = next;",

@@ -50,7 +50,6 @@ from meshrt.backend.csl.alloc import ClassAlloc, Limits, format_table, report_ro
 from meshrt.backend.csl.kernels import ComputeBody
 from meshrt.backend.csl.metainfo import (
     HAVE_WORDS,
-    LIVE_WORDS,
     PROMPT_RING,
     REQ_WORDS,
     TOK_WORDS,
@@ -239,6 +238,7 @@ class ProgramWriter:
                                       for seg in self.cls.segments for e in seg.events())
         self.emits_tokens = any(e.kind == "produce" and e.name == "continuous_batching"
                                 for seg in self.cls.segments for e in seg.events())
+        self.prompt_ring = PROMPT_RING  # the first stage's prompt ring depth (`emit` fits it)
         self.has_rdt = self.cf or any(name == "rdt" for fn in self.level.calls.values() if fn is not None
                                       for name, _ in _arrays_of(fn))
         self.moe = "moe_routing" in kinds
@@ -295,7 +295,7 @@ class ProgramWriter:
         n += self.nwq * 2
         n += 4 * (self.meta_in_words + sum(self.meta_in.values()) + sum(self.meta_out_words.values()))
         n += 4 * self.slots * 4 if self.cf else 0
-        n += 4 * self.slots * request_words(self.admits, self.emits_tokens)  # req, live, prm, tok
+        n += 4 * self.slots * request_words(self.admits, self.emits_tokens, self.prompt_ring)
         n += (4 + 4) * self.b * self.choices if self.has_rt else 0  # rt_expert (i32), rt_weight
         n += 2 * self.b if self.moe else 0  # mine
         n += eb * self.b * self.attn_rows + 4 * self.b  # sc, scale (f32)
@@ -490,6 +490,11 @@ class ProgramWriter:
             for b in self.cls.boundaries:
                 if b.source == seg.index:
                     self.emit_boundary(b)
+        if self.admits:
+            # the prompt ring as deep as the IR's per-core budget leaves (at least one token)
+            self.prompt_ring = 0
+            room = self.sh.lim.target.usable_sram_bytes - self.sram_bytes()
+            self.prompt_ring = max(1, min(PROMPT_RING, room // (4 * self.slots)))
         self.a.sram_bytes = self.sram_bytes()
         return self.render()
 
@@ -1254,10 +1259,9 @@ class ProgramWriter:
         if admits:
             out.extend(self.host_buffer("req", self.slots * REQ_WORDS, "u32", "waiting requests the host pushes: "
                                         "handle, prompt length, output budget, first token"))
-            add(f"var live = @zeros([{self.slots * LIVE_WORDS}]i32); // each slot's request: prompt "
-                "length, the position whose sample is its last output")
-            out.extend(self.host_buffer("prm", self.slots * PROMPT_RING, "i32", "each slot's next prompt "
-                                        f"tokens, position p at p mod {PROMPT_RING} (the host refills it)"))
+            out.extend(self.host_buffer("prm", self.slots * self.prompt_ring, "i32", "each slot's next "
+                                        f"prompt tokens, position p at p mod {self.prompt_ring} (the host "
+                                        "refills it)"))
             out.extend(self.host_buffer("prm_have", self.slots * HAVE_WORDS, "i32", "per slot: prompt "
                                         "positions below this are in prm, for this request handle"))
             add(f"var admit_tok = @zeros([{self.b}]i32); // the token fed in place of the sampled one (-1: none)")
