@@ -183,15 +183,23 @@ def load_weights(runner, wafer, weights_dir):
 
 
 class Requests:
-    """Waiting requests, the handles the programs see (0 = no request) and each one's
-    outputs by the position whose step sampled them."""
+    """The workload's requests: those waiting, those refused (with why), the handles the
+    programs see (0 = no request) and each one's outputs by the position whose step
+    sampled them."""
 
-    def __init__(self, requests):
+    def __init__(self, lines):
         self.waiting, self.rejected = [], []
-        for r in requests:
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                self.rejected.append((f"line {i + 1}", "not valid JSON"))
+                continue
             why = _invalid(r)
             if why:
-                self.rejected.append((r.get("id") if isinstance(r, dict) else None, why))
+                self.rejected.append((r.get("id") if isinstance(r, dict) else f"line {i + 1}", why))
             else:
                 self.waiting.append(r)
         self.handle = {}  # handle -> request
@@ -206,13 +214,17 @@ class Requests:
         h = len(self.handle) + 1
         self.handle[h] = r
         self.outputs[h] = {}
-        return h, len(r["prompt"]), int(r.get("max_new_tokens", 1)), int(r["prompt"][0])
+        return h, len(r["prompt"]), _budget(r), int(r["prompt"][0])
+
+    def first_output(self, h):
+        """The position whose step samples handle h's first output: its last prompt token's."""
+        return len(self.handle[h]["prompt"]) - 1
 
     def tokens(self, h):
         """Handle h's outputs in order, up to the first EOS."""
-        r, got = self.handle[h], self.outputs[h]
+        got, first = self.outputs[h], self.first_output(h)
         out = []
-        for pos in range(len(r["prompt"]) - 1, len(r["prompt"]) - 1 + int(r.get("max_new_tokens", 1))):
+        for pos in range(first, first + _budget(self.handle[h])):
             if pos not in got:
                 break
             out.append(got[pos])
@@ -222,19 +234,26 @@ class Requests:
 
     def finished(self, h):
         out = self.tokens(h)
-        return len(out) >= int(self.handle[h].get("max_new_tokens", 1)) or bool(out and out[-1] in EOS)
+        return len(out) >= _budget(self.handle[h]) or bool(out and out[-1] in EOS)
+
+    def missed(self, h):
+        """Positions below the latest one read whose token was overwritten in `tok` first."""
+        got = self.outputs[h]
+        return [p for p in range(self.first_output(h), max(got, default=0)) if p not in got]
 
     def done(self):
         return not self.waiting and all(self.finished(h) for h in self.handle)
 
 
+def _budget(r):
+    return int(r.get("max_new_tokens", 1))
+
+
 def _invalid(r):
-    """Why request line r cannot be served, or None."""
+    """Why request r (a parsed line) cannot be served, or None."""
     if not isinstance(r, dict):
         return "not a JSON object"
     p = r.get("prompt")
-    if p is None and "prompt" in r:
-        return "not valid JSON"
     if not isinstance(p, list) or not p or not all(isinstance(t, int) and 0 <= t < 2 ** 31 for t in p):
         return "prompt must be a non-empty list of token ids"
     n = r.get("max_new_tokens", 1)
@@ -287,11 +306,12 @@ def feed_prompts(runner, wafer, requests):
     ring first, then `prm_have` (the prompt below that position is in the ring, | PROMPT_DONE
     where that is the prompt's end; and for which handle), so the stage never takes a token
     the ring does not hold yet (it pauses the slot instead)."""
-    for _, _, rects, sym, n, typ in arrays(wafer, "prm"):
-        rdt = next(d2h(runner, s2, r2[0], n2, t2)[0] for w2, _, r2, s2, n2, t2 in arrays(wafer, "rdt")
-                   if r2 == rects)
-        depth = n // SLOTS
-        ring = np.zeros(n, dtype=np.int32)
+    for w, _, rects, symbols in CLASSES:
+        if w != wafer or "prm" not in symbols:
+            continue
+        rdt = d2h(runner, "rdt", rects[0], *symbols["rdt"])[0]
+        depth = symbols["prm"][0] // SLOTS
+        ring = np.zeros(SLOTS * depth, dtype=np.int32)
         have = np.zeros(SLOTS * HAVE_WORDS, dtype=np.int32)
         for s in range(SLOTS):
             h, pos = int(rdt[4 * s]), int(rdt[4 * s + 2])
@@ -303,12 +323,9 @@ def feed_prompts(runner, wafer, requests):
             for p in range(max(0, want - depth), want):
                 ring[s * depth + p % depth] = prompt[p]
             have[HAVE_WORDS * s:HAVE_WORDS * (s + 1)] = want | (PROMPT_DONE if want == len(prompt) else 0), h
-        for rect in rects:
-            h2d(runner, sym, np.tile(ring, (rect[2] * rect[3], 1)), rect, typ)
-        for _, _, rects2, sym2, _, typ2 in arrays(wafer, "prm_have"):
-            if rects2 == rects:
-                for rect in rects2:
-                    h2d(runner, sym2, np.tile(have, (rect[2] * rect[3], 1)), rect, typ2)
+        for sym, data in (("prm", ring), ("prm_have", have)):  # in this order: see above
+            for rect in rects:
+                h2d(runner, sym, np.tile(data, (rect[2] * rect[3], 1)), rect, symbols[sym][1])
 
 
 def read_tokens(runner, wafer, requests):
@@ -319,8 +336,7 @@ def read_tokens(runner, wafer, requests):
         cur = d2h(runner, sym, rects[0], n, typ)[0]
         for s in range(n // TOK_WORDS):
             h, pos, t = (int(v) for v in cur[TOK_WORDS * s:TOK_WORDS * (s + 1)])
-            r = requests.handle.get(h)
-            if r is not None and pos >= len(r["prompt"]) - 1:
+            if h in requests.handle and pos >= requests.first_output(h):
                 requests.outputs[h].setdefault(pos, t)
 
 
@@ -360,15 +376,7 @@ def main():
     parser.add_argument("--workload", help="JSONL: one request per line with prompt (token ids) and max_new_tokens")
     parser.add_argument("--polls", type=int, default=1000, help="serving-loop iterations at most")
     args = parser.parse_args()
-    lines = open(args.workload).read().splitlines() if args.workload else []
-    parsed = []
-    for i, x in enumerate(lines):
-        if x.strip():
-            try:
-                parsed.append(json.loads(x))
-            except ValueError:
-                parsed.append({"id": f"line {i + 1}", "prompt": None})  # rejected, with its reason
-    requests = Requests(parsed)
+    requests = Requests(open(args.workload).read().splitlines() if args.workload else [])
     req, tokens, meta = first_step(requests)
     runners = []
     for wafer in range(WAFERS):
@@ -395,10 +403,8 @@ def main():
             read_tokens(runner, wafer, requests)
     for h, r in requests.handle.items():
         line = {"id": r.get("id", h), "tokens": requests.tokens(h), "finished": requests.finished(h)}
-        seen = requests.outputs[h]
-        missed = [p for p in range(len(r["prompt"]) - 1, max(seen, default=0)) if p not in seen]
-        if missed:  # overwritten in `tok` before a poll read them
-            line["missed_positions"] = missed
+        if requests.missed(h):
+            line["missed_positions"] = requests.missed(h)
         print(json.dumps(line))
     for rid, why in requests.rejected:
         print(json.dumps({"id": rid, "rejected": why}))

@@ -1,18 +1,18 @@
 """Metainfo resolvers and producers of a class's program (Algorithm 1's injected code).
 
 Continuous batching: the sampler produces (request id, EOS?) per slot; the
-first stage, which holds each live request's prompt length and output budget,
-decides from it whether the request is done (an EOS once its prompt is fed, or
-its last output), frees the slot and admits a waiting request (pushed by the
-host into `req`) into it: it feeds the request's tokens in place of the sampled
-ones while its prompt lasts (the first from `req`, the rest from the ring `prm`
-the host keeps filled; a slot whose next prompt token the host has not written
-yet pauses a step) and forwards the payload rewritten to (the request's id,
-its status this step), so every later stage keeps the slot's context with it. MoE routing: the gate produces, per
-(token, choice), the expert id (i32) and its gate weight (f32 bits): two words,
-the routing table's entries as the gate's body computed them; relays and expert
-cores resolve it into their routing table and mark the tokens of their expert
-region.
+first stage decides whether the request is done (an EOS once its prompt is fed,
+which the host's `prm_have` says, or the position of its last output, which the
+stage keeps in its RDT's fourth word), frees the slot and admits a waiting
+request (pushed by the host into `req`) into it: it feeds the request's tokens
+in place of the sampled ones while its prompt lasts (the first from `req`, the
+rest from the ring `prm` the host keeps filled; a slot whose next prompt token
+the host has not written yet pauses a step) and forwards the payload rewritten
+to (the request's id, its status this step), so every later stage keeps the
+slot's context with it. MoE routing: the gate produces, per (token, choice),
+the expert id (i32) and its gate weight (f32 bits): two words, the routing
+table's entries as the gate's body computed them; relays and expert cores
+resolve it into their routing table and mark the tokens of their expert region.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ HAVE_WORDS = 2  # prm_have: the ring holds the prompt below this position (| PRO
 PROMPT_DONE = 1 << 30  # in prm_have: the prompt ends at that position (no later prompt token)
 PROMPT_RING = 8  # prm: prompt token p of the slot's request at p mod the ring's depth: at most
 # this deep, less where the first stage's SRAM does not leave room (`ProgramWriter.prompt_ring`)
-# The RDT's fourth word, on the first stage: the position whose sample is the request's last
-# output (prompt length + max_new_tokens - 2).
 TOK_WORDS = 3  # tok (the sampler's, for the host): request handle, position fed, token sampled
 
 

@@ -491,10 +491,11 @@ class ProgramWriter:
                 if b.source == seg.index:
                     self.emit_boundary(b)
         if self.admits:
-            # the prompt ring as deep as the IR's per-core budget leaves (at least one token)
-            self.prompt_ring = 0
-            room = self.sh.lim.target.usable_sram_bytes - self.sram_bytes()
-            self.prompt_ring = max(1, min(PROMPT_RING, room // (4 * self.slots)))
+            # the prompt ring as deep as the IR's per-core budget leaves (at least one token):
+            # the arrays less the ring at its current depth, a word a slot per token of depth
+            ring = 4 * self.slots
+            room = self.sh.lim.target.usable_sram_bytes - (self.sram_bytes() - ring * self.prompt_ring)
+            self.prompt_ring = max(1, min(PROMPT_RING, room // ring))
         self.a.sram_bytes = self.sram_bytes()
         return self.render()
 

@@ -94,9 +94,9 @@ def expert_bodies(kernel: str, b: int, n: int, rows: int, cols: int, passes: int
                   routed: int | None, bias: bool, act: tuple[float, float, float] = (1.0, 0.0, 0.0)) -> Bodies:
     """The bodies of expert kernel `kernel` on a core: `n` experts of `rows` x `cols`, `b`
     pairs a pass, `passes` passes; `routed`: the number of routed experts, whose slots
-    the routing table's `k` choices per slot say (a shared expert, id `routed` on, takes
-    every slot; `k`: the table's entries per slot, `route_choices`), None in the static build (every slot visits each expert); `act`:
-    `glu_params`."""
+    the routing table's `k` entries per slot say (`route_choices`; a shared expert, id
+    `routed` on, takes every slot), None in the static build (every slot visits each
+    expert); `act`: `glu_params`."""
     pairs = passes * b
     bufs = expert_buffers(n, b, rows, cols, pairs, bias)
     if routed is not None:
