@@ -72,7 +72,7 @@ def _build(job: tuple) -> dict:
     from meshrt.diagnostics import MeshrtError
     from meshrt.frontend.errors import FrontendError
     from meshrt.frontend.mapper import map_model
-    from meshrt.kernels.interface import ceil_div
+    from meshrt.kernels.attention.op import kv_rows
     from meshrt.runtime.cost_model import CostModelError, estimate, kernels_where
 
     model, target_arg, context, wafers = job
@@ -92,7 +92,8 @@ def _build(job: tuple) -> dict:
     for k in program.kernels():
         if k.kernel_name in attention and not shape.window(k.param("layer", -1)):
             full.append(k.kernel_name)
-            rows = max(rows, ceil_div(context, k.region.rects.data[0].tuple[3]))
+            _, _, w, h = k.region.rects.data[0].tuple[:4]
+            rows = max(rows, kv_rows(context, shape.kv_heads, w, h))
     path = est.latency.kernel_path
     attn = sum(path.get(k, 0.0) for k in attention)
     return {"context": context, "wafers": est.wafers, "stages": est.stages,

@@ -73,6 +73,27 @@ def test_a_head_split_partitions_every_vector_into_aligned_units(sp, gated):
     assert max(b - a for a, b in ranges) == qkv_share(sp.heads, sp.kv_heads, d, sp.cols, gated)
 
 
+@settings(max_examples=150, deadline=None)
+@given(head_splits(), st.integers(1, 300), st.integers(1, 40))
+def test_a_groups_columns_split_its_rows_positions(sp, max_seq, h):
+    """Inside the attention a group splits the sequence: its columns' ring entries on a
+    row partition the row's block, the columns past the groups hold none, and the
+    fullest core holds `kv_rows` entries (the footprint's and the roles' count)."""
+    from meshrt.kernels.attention.op import kv_rows
+    from meshrt.kernels.numerics import part
+
+    most = 0
+    for j in range(h):
+        r0, r1 = part(max_seq, h, j)
+        for lo, c in sp.group_columns():
+            held = [sp.entries(i, r0, r1).tolist() for i in range(lo, lo + c)]
+            assert sorted(e for es in held for e in es) == list(range(r0, r1))
+            most = max([most] + [len(es) for es in held])
+        for i in range(sp.group_width * sp.kv_heads, sp.cols):
+            assert len(sp.entries(i, r0, r1)) == 0
+    assert most == kv_rows(max_seq, sp.kv_heads, sp.cols, h)
+
+
 def test_groups_share_one_width_and_the_columns_past_them_hold_nothing():
     sp = HeadSplit(4, 2, 4, 4, 7)  # 2 units a head; groups of 3 columns, column 6 idle
     assert sp.group_columns() == [(0, 3), (3, 3)]
@@ -128,7 +149,7 @@ def test_a_head_split_computes_every_attention_feature(tmp_path):
     program = _split_program(dataclasses.replace(spec, shape=shape), 5, "test32")
     (attn,) = [k for k in program.kernels() if k.kernel_name == "l0_attn"]
     assert attn.region.rects.data[0].tuple[2] == 5
-    assert "l0_attn.scores.down" in {f.flow_name for f in program.flows()}
+    assert "l0_attn.group.gather.down" in {f.flow_name for f in program.flows()}
     rng = np.random.default_rng(3)
     reqs = [Request(i, 0.0, rng.integers(0, 256, 2 + i % 4).tolist(), 2 + i % 4, 6, 6)
             for i in range(6)]

@@ -100,9 +100,14 @@ def softmax_merge(b: ComputeBody) -> list[str]:
     ]
 
 
-def score_add(b: ComputeBody) -> list[str]:
+def group_merge(b: ComputeBody) -> list[str]:
+    return ["// a head split's merge along its KV head group's row: the neighbour's partial",
+            *softmax_merge(b)]
+
+
+def qkv_gather(b: ComputeBody) -> list[str]:
     n = b.reduce_n()
     src = b.src or "x"
-    return ["// a row neighbour's partial scores (and sums of squares) added: head_dim is",
-            "// split over this KV head's columns",
-            f"@fadd{b.s}({b.w.mem('sc', n)}, {b.w.mem('sc', n)}, {b.w.mem(src, n)});"]
+    return ["// a row neighbour's units of the group's q | k | v added into the whole head's",
+            "// (disjoint units: their union); head_dim is split over this KV head's columns",
+            f"@fadd{b.s}({b.w.mem('y', n)}, {b.w.mem('y', n)}, {b.w.mem(src, n)});"]

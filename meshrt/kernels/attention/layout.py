@@ -5,16 +5,27 @@ Columns that hold whole KV heads (the width divides kv_heads) need nothing from 
 other until the merge down the column. A region wider than kv_heads splits head_dim:
 KV head k takes a group of c = w // kv_heads columns (`HeadSplit.group`; the last
 w mod kv_heads columns hold no heads, so every group has one shape and the row
-reductions one chain's flows), and each column of the group holds some *units* of
-the head's features (balanced over the group), a unit being two
-features that RoPE rotates together (feature m and m + rotary/2) or two features past
-the rotary part. Every column holds its units of the KV head's k and v and of all
-g = heads / kv_heads query heads of the group, so its partial q . k dot products are
-local; the partials (and, with q/k norm, the partial sums of squares) are summed
-along the row within the group before the softmax: one chain along the whole row
-into its end and back, segmented (a core adds its left neighbour's partial only if
-it is of its group, and keeps the relayed sums only from its group's columns). The output o of a column is its
-units of the g heads.
+reductions one chain's flows), and each column of the group receives some *units* of
+the head's features (balanced over the group) from the qkv projection and gives
+the same units of the output to the o projection, a unit being two features that
+RoPE rotates together (feature m and m + rotary/2) or two features past the rotary
+part.
+
+Inside the attention the group splits the sequence, not the features: each core
+holds whole K and V rows of its KV head, for every c-th ring entry of its row's
+block of positions (`HeadSplit.entries`). So the columns first gather their units
+into the whole head's q, k and v (every column of the group then holds all g query
+heads and the new key and value: one chain along the row into its end and back,
+segmented: a core adds its left neighbour's vector only if it is of its group, and
+keeps the relayed vector only from its group's columns). Each core then computes
+whole dot products, the softmax and the weighted sum of its rows by itself (q/k norm
+and RoPE on whole heads, no sums crossing columns), the partials (out, max, sum) merge
+down each column as in any attention, then along the column root's row within each
+group (the same segmented chain) so every column of the group holds the group's
+result, and a column keeps its units of o. Splitting the rows c ways divides the
+exponentials, the part of attention that grows with the context, by c; splitting
+the features (every column of a group computing the same exponentials of its rows)
+did not.
 
 Vectors are then stored in orders that make each column's share contiguous:
 q and the output gate [kv][unit feature][j] (j: query head within the group), k
@@ -55,7 +66,7 @@ def lays_out(kv_heads: int, w: int) -> bool:
 
 
 def kv_share(kv_heads: int, head_dim: int, w: int) -> int:
-    """Features of K (and of V) the fullest column of a w-column attention holds per
+    """Features of K (and of V) the fullest column of a w-column attention receives per
     position: whole heads, or its units of one head's (two features a unit)."""
     if splits_heads(kv_heads, w):
         return 2 * -(-(head_dim // 2) // (w // kv_heads))
@@ -147,6 +158,12 @@ class HeadSplit:
         q0, q1 = self.q_range(i)
         base = k * self.head_dim
         return k, k0, k1, q0, q1, self.unit_features[k0 - base:k1 - base]
+
+    def entries(self, i: int, r0: int, r1: int) -> np.ndarray:
+        """The ring entries of block r0..r1 (a row's) column i holds: every c-th, from its
+        place in the group (none past the groups)."""
+        _, s, c = self.group(i)
+        return np.arange(r0 + s, r1, c) if self.group_id(i) >= 0 else np.arange(0)
 
     def unit_range(self, i: int) -> tuple[int, int]:
         """The units of its head column i holds (none past the groups)."""

@@ -24,7 +24,7 @@ def qkv_blocks(heads: int, kv_heads: int, head_dim: int, gated: bool = False) ->
 class Attention(KernelExec):
     """Heads split over the columns, the sequence over the rows (flash-decoding merge)."""
 
-    OPS = frozenset({"qk", "score_add", "exp", "av", "softmax_merge", "normalize"})
+    OPS = frozenset({"qk", "qkv_gather", "exp", "av", "softmax_merge", "group_merge", "normalize"})
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
@@ -73,44 +73,50 @@ class Attention(KernelExec):
                                   f"table, holds {got}")
         return cb
 
-    def _rows(self, p: int, r0: int, r1: int) -> tuple[np.ndarray, int | None]:
-        """(the rows of this core, from r0, a query at position p attends; the row its own
-        key goes to, or None). The cache is a ring of max_seq entries (the op's capacity:
-        the window on a sliding-window layer): entry e holds the latest position <= p with
-        remainder e, which is seen where one was written (its age (p - e) mod max_seq is
-        at most p) within the window."""
-        age = (p - np.arange(r0, r1)) % self.max_seq
+    def _rows(self, p: int, entries: np.ndarray) -> tuple[np.ndarray, int | None]:
+        """(the indices of this core's ring `entries` a query at position p attends; the
+        index its own key goes to, or None). The cache is a ring of max_seq entries (the
+        op's capacity: the window on a sliding-window layer): entry e holds the latest
+        position <= p with remainder e, which is seen where one was written (its age
+        (p - e) mod max_seq is at most p) within the window."""
+        age = (p - entries) % self.max_seq
         seen = age <= p
         if self.window:
             seen &= age < self.window
-        own = p % self.max_seq
-        return np.flatnonzero(seen), (own - r0 if r0 <= own < r1 else None)
+        own = np.flatnonzero(entries == p % self.max_seq)
+        return np.flatnonzero(seen), (int(own[0]) if len(own) else None)
+
+    def _entries(self, i: int, j: int, h: int) -> np.ndarray:
+        """The ring entries core (i, j) holds, in its cache's order: its row's block, every
+        c-th of them in a head split's group (`layout.HeadSplit.entries`)."""
+        r0, r1 = part(self.max_seq, h, j)
+        return self.split.entries(i, r0, r1) if self.split is not None else np.arange(r0, r1)
 
     def load_pushed(self, cd, kv, state):
         """Slot kv's K and V rows this core holds from a pushed cache, in each layout's
-        order: the PE bodies' `kv` buffer, or the numerics' cache (whole heads a column,
-        or a head split's features)."""
+        order: the PE bodies' `kv` buffer, or the numerics' cache (whole heads: of the
+        column's heads, or a head split's one)."""
         _, i, j, w, h = self.grid_pos(cd)
-        r0, r1 = part(self.max_seq, h, j)
+        entries = self._entries(i, j, h)
         # the positions of its ring entries: the last max_seq of the cache's (`_rows`)
         pos = np.arange(max(0, state.length - self.max_seq), state.length)
-        pos = pos[(pos % self.max_seq >= r0) & (pos % self.max_seq < r1)]
+        pos = pos[np.isin(pos % self.max_seq, entries)]
         if not len(pos):
             return
-        rows = pos % self.max_seq - r0
+        rows = np.searchsorted(entries, pos % self.max_seq)
         keys, vals = state.keys(self.layer)[pos], state.values(self.layer)[pos]
         if self.split is not None:
-            kv_head, k0, k1, _, _, feats = self.split.column(i)
-            cache = self._cache(cd, r1 - r0, k1 - k0)
-            cache[0, kv, rows] = keys[:, kv_head, feats]
-            cache[1, kv, rows] = vals.reshape(len(pos), -1)[:, k0:k1]
+            kv_head = self.split.group(i)[0]
+            cache = self._cache(cd, len(entries), 1, self.d)
+            cache[0, kv, rows] = keys[:, kv_head:kv_head + 1]
+            cache[1, kv, rows] = vals[:, kv_head:kv_head + 1]
             return
         hk = self.kvh // w
         if self.bodies is not None:
             per = -(-self.max_seq // h)  # the bodies' rows a core (`pe.attention_bodies`)
             cache = self.pe_buffers(cd, self.bodies_at(cd.pos))["kv"].reshape(2, self.slots, per, hk, self.d)
         else:
-            cache = self._cache(cd, r1 - r0, hk, self.d)
+            cache = self._cache(cd, len(entries), hk, self.d)
         cache[0, kv, rows] = keys[:, i * hk:(i + 1) * hk]
         cache[1, kv, rows] = vals[:, i * hk:(i + 1) * hk]
 
@@ -183,34 +189,7 @@ class Attention(KernelExec):
                 cd.acc[self.name, "gate"] = ref.sigmoid(gate)
             q = q.reshape(self.b, hq, self.d)
             k, v = k.reshape(self.b, hk, self.d), v.reshape(self.b, hk, self.d)
-            r0, r1 = part(self.max_seq, h, j)
-            cache = self._cache(cd, r1 - r0, hk, self.d)
-            o = np.zeros((self.b, hq, self.d), F64)
-            m = np.full((self.b, hq), -np.inf)
-            s = np.zeros((self.b, hq), F64)
-            g = self.heads // self.kvh
-            for b, slot in enumerate(cb.slots):
-                if slot.rid < 0:
-                    continue
-                p = slot.pos
-                pos = np.asarray([p])
-                qr = ref.apply_rope(ref.qk_norm(q[b][None], self.q_gain, self.eps), pos, self.rope)[0]
-                kr = ref.apply_rope(ref.qk_norm(k[b][None], self.k_gain, self.eps), pos, self.rope)[0]
-                rows, own = self._rows(p, r0, r1)
-                if own is not None:
-                    cache[0, slot.kv, own] = kr
-                    cache[1, slot.kv, own] = v[b]
-                if not len(rows):
-                    continue
-                keys, vals = cache[0, slot.kv, rows], cache[1, slot.kv, rows]
-                for hh in range(hq):
-                    kv_i = hh // g
-                    sc = (keys[:, kv_i].astype(F64) @ qr[hh].astype(F64) / math.sqrt(self.d)).astype(F32)
-                    mx = float(np.max(sc))
-                    e = np.exp(sc.astype(F64) - mx)
-                    m[b, hh], s[b, hh] = mx, e.sum()
-                    o[b, hh] = e @ vals[:, kv_i].astype(F64)
-            cd.acc[self.name] = (o, m, s)
+            cd.acc[self.name] = self._attend(cd, cb, q, k, v, self._entries(i, j, h))
         elif op == "softmax_merge":
             (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
@@ -223,6 +202,40 @@ class Attention(KernelExec):
             if self.gated:
                 flat = (flat * cd.acc.pop((self.name, "gate"))).astype(F32)
             cd.values[self.name] = Vec.of(flat, c0, n)
+
+    def _attend(self, cd, cb, q, k, v, entries):
+        """Whole-head attention of the slots of `cb` over this core's ring `entries`:
+        q (b, query heads, d), the new key and value k, v (b, KV heads, d), g query heads
+        a KV head; the new key (q/k-normed and rotated) and value go to the cache where
+        this core holds their entry. (out, max, sum) per slot and query head."""
+        hq = q.shape[1]
+        cache = self._cache(cd, len(entries), k.shape[1], self.d)
+        o = np.zeros((self.b, hq, self.d), F64)
+        m = np.full((self.b, hq), -np.inf)
+        s = np.zeros((self.b, hq), F64)
+        g = self.heads // self.kvh
+        for b, slot in enumerate(cb.slots):
+            if slot.rid < 0:
+                continue
+            p = slot.pos
+            pos = np.asarray([p])
+            qr = ref.apply_rope(ref.qk_norm(q[b][None], self.q_gain, self.eps), pos, self.rope)[0]
+            kr = ref.apply_rope(ref.qk_norm(k[b][None], self.k_gain, self.eps), pos, self.rope)[0]
+            rows, own = self._rows(p, entries)
+            if own is not None:
+                cache[0, slot.kv, own] = kr
+                cache[1, slot.kv, own] = v[b]
+            if not len(rows):
+                continue
+            keys, vals = cache[0, slot.kv, rows], cache[1, slot.kv, rows]
+            for hh in range(hq):
+                kv_i = hh // g
+                sc = (keys[:, kv_i].astype(F64) @ qr[hh].astype(F64) / math.sqrt(self.d)).astype(F32)
+                mx = float(np.max(sc))
+                e = np.exp(sc.astype(F64) - mx)
+                m[b, hh], s[b, hh] = mx, e.sum()
+                o[b, hh] = e @ vals[:, kv_i].astype(F64)
+        return o, m, s
 
     def _normalized(self, cd, h0: int) -> np.ndarray:
         """The merged (out, max, sum) of heads h0.. divided by the softmax sum (and the
@@ -238,130 +251,108 @@ class Attention(KernelExec):
         return out
 
     # -- head_dim split over a group of columns (`layout.HeadSplit`) ------------------
-    def _compute_split(self, cd, op):
+    def _own_qkv(self, cd) -> np.ndarray:
+        """This column's units of its group's q | k | v at their places in the whole
+        head's (g query heads, the key, the value: (b, (g + 2) d), zeros elsewhere), the
+        vector the group's gather sums; keeps the output gate of its units."""
         where = self.where(cd)
-        _, i, j, w, h = self.grid_pos(cd)
-        sp, g = self.split, self.split.g
+        _, i, _, _, _ = self.grid_pos(cd)
+        sp, g, d = self.split, self.split.g, self.d
         kv_head, k0, k1, q0, q1, feats = sp.column(i)
         nf = k1 - k0
-        r0, r1 = part(self.max_seq, h, j)
-        if op == "qk":
-            cb = self._table(cd, where)
-            self.apply_pushes(cd, cb)
-            if self.blocks:  # the column's q | k | v (| gate) where the qkv reduction left them
-                lo, hi = sp.qkv_range(i, self.gated)
-                x = self.input(cd).need(lo, hi, where)
-                q, k = x[:, :g * nf], x[:, g * nf:g * nf + nf]
-                v, gate = x[:, g * nf + nf:g * nf + 2 * nf], x[:, g * nf + 2 * nf:]
-            else:
-                hd, kvd = self.heads * self.d, self.kvh * self.d
-                x = self.input(cd)
-                q = x.need_at(sp.q_order[q0:q1], where)
-                k = x.need_at(hd + sp.k_order[k0:k1], where)
-                v = x.need_at(np.arange(hd + kvd + k0, hd + kvd + k1), where)
-                gate = x.need_at(hd + 2 * kvd + sp.o_order[q0:q1], where) if self.gated else None
-            if self.gated:
-                cd.acc[self.name, "gate"] = ref.sigmoid(gate)
-            q = q.reshape(self.b, nf, g).transpose(0, 2, 1)  # (b, g heads, its features)
-            cache = self._cache(cd, r1 - r0, nf)
-            scores = np.zeros((self.b, g, r1 - r0), F64)
-            ssq = np.zeros((self.b, g + 1), F64)  # partial sums of squares: q heads, then k
-            prep = {}
-            for b, slot in enumerate(cb.slots):
-                if slot.rid < 0:
-                    continue
-                p = slot.pos
-                qb, kb = q[b].astype(F64), k[b].astype(F64)
-                ssq[b, :g], ssq[b, g] = (qb * qb).sum(axis=1), (kb * kb).sum()
-                # the query heads and the key rotated at once: (g + 1, nf)
-                qkr = self._rope(np.concatenate([qb * self._gain(self.q_gain, feats),
-                                                 kb[None] * self._gain(self.k_gain, feats)]), p, feats)
-                qr, kr = qkr[:g], qkr[g]
-                rows, own = self._rows(p, r0, r1)
-                if len(rows):
-                    keys = cache[0, slot.kv, rows].astype(F64)
-                    if own is not None:  # its own key, not yet normalized nor cached
-                        keys[rows == own] = kr
-                    scores[b][:, rows] = qr @ keys.T
-                prep[b] = (slot, rows, own, kr, v[b])
-            cd.acc[self.name, "prep"] = prep
-            cd.acc[self.name, "scores"] = (scores, ssq)
-        elif op == "score_add":  # the left neighbour's running sum, if of this group
+        if self.blocks:  # the column's q | k | v (| gate) where the qkv reduction left them
+            lo, hi = sp.qkv_range(i, self.gated)
+            x = self.input(cd).need(lo, hi, where)
+            q, k = x[:, :g * nf], x[:, g * nf:g * nf + nf]
+            v, gate = x[:, g * nf + nf:g * nf + 2 * nf], x[:, g * nf + 2 * nf:]
+        else:
+            hd, kvd = self.heads * d, self.kvh * d
+            x = self.input(cd)
+            q = x.need_at(sp.q_order[q0:q1], where)
+            k = x.need_at(hd + sp.k_order[k0:k1], where)
+            v = x.need_at(np.arange(hd + kvd + k0, hd + kvd + k1), where)
+            gate = x.need_at(hd + 2 * kvd + sp.o_order[q0:q1], where) if self.gated else None
+        if self.gated:
+            cd.acc[self.name, "gate"] = ref.sigmoid(gate)
+        out = np.zeros((self.b, (g + 2) * d), F64)
+        heads = np.arange(g)[None, :] * d + feats[:, None]  # q is [its feature][j]
+        out[:, heads.ravel()] = q
+        out[:, g * d + feats] = k
+        out[:, (g + 1) * d + k0 - kv_head * d + np.arange(nf)] = v  # v keeps features in order
+        return out
+
+    def _gathers(self, cd) -> bool:
+        """Whether the core is in this step's gather (its qk not run yet)."""
+        return cd.acc.get((self.name, "at")) != cd.step
+
+    def _gathered(self, cd) -> np.ndarray:
+        """The group's q | k | v as this core has it so far (its own units at first)."""
+        got = cd.acc.get((self.name, "qkv"))
+        if got is None:
+            got = cd.acc[self.name, "qkv"] = self._own_qkv(cd)
+        return got
+
+    def _of_group(self, i: int, other: int) -> bool:
+        """Whether column `other` is of column i's KV head group: the row chains run into
+        the row's (or the group's) end, so a core combines what its left neighbour sends
+        and keeps what its right one relays only from its own group (`layout`)."""
+        return self.split.group_id(other) == self.split.group_id(i) >= 0
+
+    def _compute_split(self, cd, op):
+        _, i, j, w, h = self.grid_pos(cd)
+        sp, g, d = self.split, self.split.g, self.d
+        if op == "qkv_gather":  # the left neighbour's running union, if of this group
             (got,) = self.take(cd, FlowRole.DOWN)
-            if sp.group_id(i - 1) == sp.group_id(i) >= 0:
-                sc, ssq = cd.acc[self.name, "scores"]
-                cd.acc[self.name, "scores"] = (sc + got[0], ssq + got[1])  # new arrays
-        elif op == "exp":
-            scores, ssq = cd.acc.pop((self.name, "scores"))
-            cache = self._cache(cd, r1 - r0, nf)
-            o = np.zeros((self.b, g, nf), F64)
-            m = np.full((self.b, g), -np.inf)
-            s = np.zeros((self.b, g), F64)
-            for b, (slot, rows, own, kr, vb) in cd.acc.pop((self.name, "prep")).items():
-                rq = self._inv_rms(ssq[b, :g], self.q_gain)
-                rk = self._inv_rms(ssq[b, g], self.k_gain)
-                sc = scores[b] * rq[:, None]
-                if own is not None:
-                    sc[:, own] *= rk
-                    cache[0, slot.kv, own] = kr * rk
-                    cache[1, slot.kv, own] = vb
-                if not len(rows):
-                    continue
-                sc = (sc[:, rows] / math.sqrt(self.d)).astype(F32)
-                mx = sc.max(axis=1)
-                e = np.exp(sc.astype(F64) - mx[:, None])
-                m[b], s[b] = mx, e.sum(axis=1)
-                o[b] = e @ cache[1, slot.kv, rows].astype(F64)
-            cd.acc[self.name] = (o, m, s)
-        elif op == "softmax_merge":
+            own = self._gathered(cd)
+            if self._of_group(i, i - 1):  # disjoint units: the sum is their union
+                cd.acc[self.name, "qkv"] = own + got
+        elif op == "qk":  # every core: whole heads over its rows, as in any attention
+            cb = self._table(cd, self.where(cd))
+            self.apply_pushes(cd, cb)
+            x = self._gathered(cd)
+            del cd.acc[self.name, "qkv"]
+            cd.acc[self.name, "at"] = cd.step
+            q = x[:, :g * d].reshape(self.b, g, d)
+            k, v = x[:, g * d:(g + 1) * d][:, None], x[:, (g + 1) * d:][:, None]
+            cd.acc[self.name] = self._attend(cd, cb, q, k, v, self._entries(i, j, h))
+        elif op == "group_merge":  # along the row: the left neighbour's, if of this group
+            (got,) = self.take(cd, FlowRole.DOWN)
+            if self._of_group(i, i - 1):
+                cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
+        elif op == "softmax_merge":  # down the column
             (got,) = self.take(cd, FlowRole.DOWN)
             cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
-        elif op == "normalize":
-            out = self._normalized(cd, kv_head * g).transpose(0, 2, 1)  # (b, features, g heads)
-            if self.gated:
-                out = (out * cd.acc.pop((self.name, "gate")).reshape(self.b, nf, g)).astype(F32)
-            cd.values[self.name] = Vec.of(out.reshape(self.b, nf * g), q0, self.heads * self.d)
-
-    @staticmethod
-    def _gain(gain, feats):
-        return 1.0 if gain is None else gain[feats].astype(F64)
-
-    def _inv_rms(self, ssq, gain):
-        """1 / rms of a head from its summed squares (1: no q/k norm)."""
-        if gain is None:
-            return np.ones_like(ssq) if np.ndim(ssq) else 1.0
-        return 1.0 / np.sqrt(ssq / self.d + self.eps)
-
-    def _rope(self, x: np.ndarray, p: int, feats: np.ndarray) -> np.ndarray:
-        """RoPE at position p of heads x (n, its features) holding features `feats` of
-        their heads: every feature's partner is among them (a unit), so the rotation
-        of the whole head, zeros elsewhere, gives their values."""
-        full = np.zeros((1, x.shape[0], self.d), F64)
-        full[0][:, feats] = x
-        return ref.apply_rope(full, np.asarray([p]), self.rope)[0][:, feats].astype(F64)
-
-    def _scoring(self, cd) -> bool:
-        """Whether the core is inside the row's score reduction (between qk and exp)."""
-        return (self.name, "prep") in cd.acc
+        elif op == "normalize":  # this column's units of the group's heads
+            kv_head, k0, k1, q0, _, _ = sp.column(i)
+            f0 = k0 - kv_head * d
+            out = self._normalized(cd, kv_head * g)[:, :, f0:f0 + k1 - k0].transpose(0, 2, 1)
+            if self.gated:  # (b, features, g heads), as o is ordered
+                out = (out * cd.acc.pop((self.name, "gate")).reshape(self.b, k1 - k0, g)).astype(F32)
+            cd.values[self.name] = Vec.of(out.reshape(self.b, -1), q0, self.heads * d)
 
     def send(self, cd, role):
         if self.bodies is not None and role is FlowRole.DOWN:
             return cd.buffers[self.name]["acc"].copy()
-        if self.split is not None and self._scoring(cd):  # partial or summed scores
-            return cd.acc[self.name, "scores"]
+        if self.split is not None:
+            if self._gathers(cd):  # the group's q | k | v so far, or as gathered
+                return self._gathered(cd)
+            if self.name in cd.acc:  # a partial along the group's row or down the column
+                return cd.acc[self.name]
+            return cd.values[self.name]
         if role is FlowRole.DOWN:
             return cd.acc.pop(self.name)
         return cd.values[self.name]
 
     def recv(self, cd, role, items):
-        if role is FlowRole.UP and self.split is not None and self._scoring(cd):
-            # the sums relayed from the right: this group's, unless this column ends it
+        if role is FlowRole.UP and self.split is not None and (
+                self._gathers(cd) or isinstance(items[0], tuple)):
+            # relayed from the right along the row: the group's whole q | k | v, or its
+            # merged partial; this group's unless this column ends it
             _, i, _, _, _ = self.grid_pos(cd)
-            if self.split.group_id(i + 1) == self.split.group_id(i) >= 0:
-                cd.acc[self.name, "scores"] = items[0]
+            if self._of_group(i, i + 1):
+                cd.acc[(self.name, "qkv") if self._gathers(cd) else self.name] = items[0]
         else:
             super().recv(cd, role, items)
-
 
 
 def _merge_softmax(a, b):
