@@ -93,7 +93,8 @@ def _build(job: tuple) -> dict:
         if k.kernel_name in attention and not shape.window(k.param("layer", -1)):
             full.append(k.kernel_name)
             _, _, w, h = k.region.rects.data[0].tuple[:4]
-            rows = max(rows, kv_rows(context, shape.kv_heads, w, h))
+            rows = max(rows, kv_rows(shape.heads, shape.kv_heads, shape.head_dim, context,
+                                     k.param("slots"), shape.kv_bytes, 1, w, h))
     path = est.latency.kernel_path
     attn = sum(path.get(k, 0.0) for k in attention)
     return {"context": context, "wafers": est.wafers, "stages": est.stages,

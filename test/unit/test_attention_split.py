@@ -76,10 +76,10 @@ def test_a_head_split_partitions_every_vector_into_aligned_units(sp, gated):
 @settings(max_examples=150, deadline=None)
 @given(head_splits(), st.integers(1, 300), st.integers(1, 40))
 def test_a_groups_columns_split_its_rows_positions(sp, max_seq, h):
-    """Inside the attention a group splits the sequence: its columns' ring entries on a
-    row partition the row's block, the columns past the groups hold none, and the
-    fullest core holds `kv_rows` entries (the footprint's and the roles' count)."""
-    from meshrt.kernels.attention.op import kv_rows
+    """Split by rows, a group's columns' ring entries on a row partition the row's
+    block, the columns past the groups hold none, and the fullest core holds the
+    layout's `kv_rows` (the footprint's and the roles' count)."""
+    from meshrt.kernels.attention.layout import split_layout
     from meshrt.kernels.numerics import part
 
     most = 0
@@ -91,7 +91,8 @@ def test_a_groups_columns_split_its_rows_positions(sp, max_seq, h):
             most = max([most] + [len(es) for es in held])
         for i in range(sp.group_width * sp.kv_heads, sp.cols):
             assert len(sp.entries(i, r0, r1)) == 0
-    assert most == kv_rows(max_seq, sp.kv_heads, sp.cols, h)
+    lay = split_layout(sp.heads, sp.kv_heads, sp.head_dim, max_seq, 1, 4, 1, sp.cols, h)
+    assert most == (lay.kv_rows if lay.rows else -(-(-(-max_seq // h)) // sp.group_width))
 
 
 def test_groups_share_one_width_and_the_columns_past_them_hold_nothing():
@@ -127,11 +128,11 @@ def _roomier_test32(tmp_path) -> Path:
     return target
 
 
-def _split_program(spec, width: int, target):
-    """`spec` with explicit regions: every layer `width` columns, 8 rows."""
+def _split_program(spec, width: int, target, height: int = 8):
+    """`spec` with explicit regions: every layer `width` columns, `height` rows."""
     n = spec.shape.layers
-    m = MappingSpec(layers={i: RectChoice(4 + i * width, 0, width, 8) for i in range(n)},
-                    embed=RectChoice(0, 0, 4, 8), lm_head=RectChoice(4 + n * width, 0, 4, 8))
+    m = MappingSpec(layers={i: RectChoice(4 + i * width, 0, width, height) for i in range(n)},
+                    embed=RectChoice(0, 0, 4, height), lm_head=RectChoice(4 + n * width, 0, 4, height))
     spec = dataclasses.replace(spec, mapping=m)
     return driver.segment_program(map_model(spec, driver.load_target(target), None, None, None),
                                   target)
@@ -149,12 +150,53 @@ def test_a_head_split_computes_every_attention_feature(tmp_path):
     program = _split_program(dataclasses.replace(spec, shape=shape), 5, "test32")
     (attn,) = [k for k in program.kernels() if k.kernel_name == "l0_attn"]
     assert attn.region.rects.data[0].tuple[2] == 5
-    assert "l0_attn.group.gather.down" in {f.flow_name for f in program.flows()}
+    assert "l0_attn.scores.down" in {f.flow_name for f in program.flows()}
     rng = np.random.default_rng(3)
     reqs = [Request(i, 0.0, rng.integers(0, 256, 2 + i % 4).tolist(), 2 + i % 4, 6, 6)
             for i in range(6)]
     for seed in range(2):
         res = serve(program, driver.load_target("test32"), reqs, seed=seed)
+        assert len(res.records) == 6 and not res.sim.reports
+        assert res.outputs_match_reference, seed
+
+
+def test_a_head_split_by_rows_computes_every_attention_feature(tmp_path):
+    """The same attention with a context of 256 on regions two rows high: layer 0's group
+    splits its rows (128 entries a row's block: its scores outweigh whole heads'
+    vectors, `layout.split_layout`), layer 1's sliding window of 5 keeps the features
+    layout. q/k norm, partial rotary, biases, sinks, on test32 with room for the caches,
+    two asynchrony seeds, half the requests arriving with a pushed cache: the
+    reference's tokens."""
+    import importlib.util
+
+    from meshrt.runtime.serving import reference_shape
+
+    spec_ = importlib.util.spec_from_file_location("kv_push", Path(__file__).parent / "test_kv_push.py")
+    kv_push = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(kv_push)
+    toml = (REPO / "meshrt" / "targets" / "test32.toml").read_text()
+    for a, b in (('name = "test32"', 'name = "test32big"'), ("sram_bytes = 12288", "sram_bytes = 131072")):
+        assert a in toml
+        toml = toml.replace(a, b)
+    target = tmp_path / "test32big.toml"
+    target.write_text(toml)
+    (tmp_path / "m.mrt").write_text((REPO / "examples" / "tiny_dense.mrt").read_text()
+                                    .replace("kv_heads    = 4", "kv_heads    = 2")
+                                    .replace("max_seq     = 12", "max_seq     = 256"))
+    spec = driver.load_spec(tmp_path / "m.mrt")
+    shape = dataclasses.replace(spec.shape, attn_sinks=True, sliding_window=5, window_layers=(1,),
+                                qk_norm=True, rope_partial=0.5, qkv_bias=True, o_bias=True)
+    program = _split_program(dataclasses.replace(spec, shape=shape), 5, target, height=2)
+    flows = {f.flow_name for f in program.flows()}
+    assert "l0_attn.group.gather.down" in flows and "l1_attn.scores.down" in flows
+    rshape = reference_shape(program)
+    rng = np.random.default_rng(5)
+    reqs = [Request(i, 0.0, rng.integers(0, 256, 3 + i % 4).tolist(), 3 + i % 4, 6, 6)
+            for i in range(6)]
+    for r in reqs[::2]:
+        r.kv = kv_push.random_cache(rshape, r.prompt_len - 1, 20 + r.id)
+    for seed in range(2):
+        res = serve(program, driver.load_target(target), reqs, seed=seed)
         assert len(res.records) == 6 and not res.sim.reports
         assert res.outputs_match_reference, seed
 

@@ -155,23 +155,31 @@ class MetaCode:
             out += self.first_stage(b) if self.admits else self.later_stage(b)
         if "moe_routing" in resolves:
             n = ROUTE_WORDS_PER_CHOICE
+            held = w.experts_held()
             out += [
                 "// (expert id, gate weight) per (token, choice), 32 bits each: fill the routing",
-                "// table and mark the tokens whose expert is this core's region.",
+                "// table" + (" and mark the tokens that chose an expert this core's region holds" if held
+                              else "") + ".",
                 "fn resolve_moe_routing() void {",
                 f"  for (@range(u16, {b})) |t| {{",
-                "    mine[t] = 0;",
+                *(["    mine[t] = 0;"] if held else []),
                 f"    for (@range(u16, {k})) |c| {{",
                 f"      const i = t * {k} + c;",
                 f"      rt_expert[i] = @bitcast(i32, meta_in_moe_routing[i * {n}]);",
                 f"      rt_weight[i] = @bitcast(f32, meta_in_moe_routing[i * {n} + 1]);",
-                "      if (rt_expert[i] == @as(i32, region)) {",
-                "        mine[t] = 1;",
-                "      }",
-                "    }",
-                "  }",
-                "}",
             ]
+            if held:  # a shared expert's region (ids past the routed experts) takes every token
+                rs, table, here = held
+                out += [
+                    f"      if (rt_expert[i] >= {rs.experts}) {{",
+                    f"        if (rt_expert[i] - {rs.experts} == @as(i32, {here} - {rs.routed_regions})) {{",
+                    "          mine[t] = 1;",
+                    "        }",
+                    f"      }} else if ({table}[@as(u16, rt_expert[i])] == {here}) {{",
+                    "        mine[t] = 1;",
+                    "      }",
+                ]
+            out += ["    }", "  }", "}"]
         if "continuous_batching" in produces:
             n = w.meta_out_words.get("continuous_batching", b * CF_WORDS_PER_SLOT)
             tokens, done = w.token_arrays()

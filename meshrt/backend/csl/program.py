@@ -811,10 +811,38 @@ class ProgramWriter:
         from meshrt.kernels.expert_reduce.routed import RoutedSenders
 
         rs = RoutedSenders.of(self.p.op, flow.op)
-        table = self.const(f"placement_{flow.ident}", f"[{rs.experts}]i16",
-                           f"[{rs.experts}]i16 {{ " + ", ".join(map(str, rs.placement)) + " }",
-                           f"@{flow.name}: expert -> region, as compiled")
-        return rs, table
+        return rs, self.placement_table(rs)
+
+    def placement_table(self, rs) -> str:
+        """The comptime constant of `rs`'s placement (expert -> region, as compiled)."""
+        return self.const(f"placement_{plain_identifier(rs.kernel)}", f"[{rs.experts}]i16",
+                          f"[{rs.experts}]i16 {{ " + ", ".join(map(str, rs.placement)) + " }",
+                          f"@{rs.kernel}: expert -> region, as compiled")
+
+    def expert_region(self, rs) -> str:
+        """The comptime constant saying which of `rs`'s expert regions holds this core
+        (-1: none)."""
+        pieces = percore.clip_to([(b, i) for i, r in enumerate(rs.regions) for b in r.boxes],
+                                 self.cls.boxes)
+        return self.const(f"expert_region_{plain_identifier(rs.kernel)}", "i16",
+                          percore.expr(pieces, self.cls.boxes, -1),
+                          f"@{rs.kernel}: the expert region of this core")
+
+    def experts_held(self):
+        """(regions, placement table, this core's region) of the expert kernel this class
+        runs with the kind's legacy CSL bodies, or None: which tokens those compute (`mine`,
+        set by the routing resolver: a token chose an expert its region holds; the PE
+        bodies read the routing table themselves)."""
+        from meshrt.backend.csl.pe_level import class_bodies
+        from meshrt.kernels.expert_reduce.routed import RoutedSenders
+
+        for seg in self.cls.segments:
+            for sub in seg.subs:
+                if (sub.kernel in self.p.records and self.p.kind_of(sub).PLACES_EXPERTS
+                        and class_bodies(self.p, self.cls, sub) is None):
+                    rs = RoutedSenders.of_experts(self.p.op, self.p.record(sub))
+                    return rs, self.placement_table(rs), self.expert_region(rs)
+        return None
 
     def routed_flag(self, flow: Flow) -> list[str]:
         """Whether this core's expert region sends on routed `flow` this step
@@ -822,11 +850,7 @@ class ProgramWriter:
         the resolved routing table names an expert the region holds. A region that
         sends nothing still advances its switch chain (after_send)."""
         rs, table = self.routed_regions(flow)
-        pieces = percore.clip_to([(b, i) for i, r in enumerate(rs.regions) for b in r.boxes],
-                                 self.cls.boxes)
-        here = self.const(f"expert_region_{flow.ident}", "i16",
-                          percore.expr(pieces, self.cls.boxes, -1),
-                          f"@{flow.name}: the expert region of this core")
+        here = self.expert_region(rs)
         self.routed_vars["routed_data"] = "var routed_data: bool = false; // this region sends on its routed flow"
         return [f"routed_data = {here} >= {rs.routed_regions}; // a shared expert's region: always",
                 f"for (@range(u16, {self.b * self.choices})) |i| {{",
@@ -1297,6 +1321,7 @@ class ProgramWriter:
         add("var steps: u32 = 0; // decode steps completed")
         if self.lp_used:
             add("var lp_i: u32 = 0; // message counter of a multi-message transfer")
+        meta = MetaCode(self).lines()  # before the constants: it may declare some
         if self.consts:
             add("")
             add("// ---- per-core constants (comptime: px, py are params)")
@@ -1352,7 +1377,7 @@ class ProgramWriter:
                 add("  }")
                 add("}")
             add("")
-        out.extend(MetaCode(self).lines())
+        out.extend(meta)
         add("")
         add("// ---- kernel compute")
         out.extend(self.fns)

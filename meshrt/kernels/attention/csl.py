@@ -105,9 +105,18 @@ def group_merge(b: ComputeBody) -> list[str]:
             *softmax_merge(b)]
 
 
-def qkv_gather(b: ComputeBody) -> list[str]:
+def _row_add(b: ComputeBody, buf: str, what: list[str]) -> list[str]:
+    """A row neighbour's values (in the chain's partner buffer) added into `buf`."""
     n = b.reduce_n()
     src = b.src or "x"
-    return ["// a row neighbour's units of the group's q | k | v added into the whole head's",
-            "// (disjoint units: their union); head_dim is split over this KV head's columns",
-            f"@fadd{b.s}({b.w.mem('y', n)}, {b.w.mem('y', n)}, {b.w.mem(src, n)});"]
+    return [*what, f"@fadd{b.s}({b.w.mem(buf, n)}, {b.w.mem(buf, n)}, {b.w.mem(src, n)});"]
+
+
+def qkv_gather(b: ComputeBody) -> list[str]:
+    return _row_add(b, "y", ["// a row neighbour's units of the group's q | k | v added into the whole head's",
+                             "// (disjoint units: their union); head_dim is split over this KV head's columns"])
+
+
+def score_add(b: ComputeBody) -> list[str]:
+    return _row_add(b, "sc", ["// a row neighbour's partial scores (and sums of squares) added: head_dim is",
+                              "// split over this KV head's columns"])

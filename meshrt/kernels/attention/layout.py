@@ -11,21 +11,27 @@ the same units of the output to the o projection, a unit being two features that
 RoPE rotates together (feature m and m + rotary/2) or two features past the rotary
 part.
 
-Inside the attention the group splits the sequence, not the features: each core
-holds whole K and V rows of its KV head, for every c-th ring entry of its row's
-block of positions (`HeadSplit.entries`). So the columns first gather their units
-into the whole head's q, k and v (every column of the group then holds all g query
-heads and the new key and value: one chain along the row into its end and back,
-segmented: a core adds its left neighbour's vector only if it is of its group, and
-keeps the relayed vector only from its group's columns). Each core then computes
-whole dot products, the softmax and the weighted sum of its rows by itself (q/k norm
-and RoPE on whole heads, no sums crossing columns), the partials (out, max, sum) merge
-down each column as in any attention, then along the column root's row within each
-group (the same segmented chain) so every column of the group holds the group's
-result, and a column keeps its units of o. Splitting the rows c ways divides the
-exponentials, the part of attention that grows with the context, by c; splitting
-the features (every column of a group computing the same exponentials of its rows)
-did not.
+Inside the attention the group splits either the features or the sequence,
+whichever needs fewer bytes a core (`split_layout`):
+
+- *features*: each column keeps its units of K and V for every ring entry of its
+  row's block; its partial q . k dot products (and, with q/k norm, the partial sums
+  of squares) are summed along the row within the group before the softmax, so every
+  column of the group computes the same exponentials of its rows;
+- *rows*: each core keeps whole K and V rows of its KV head for every c-th entry of
+  its row's block (`HeadSplit.entries`). The columns first gather their units into
+  the whole head's q, k and v, each core then computes whole dot products, the
+  softmax and the weighted sum of its rows by itself (q/k norm and RoPE on whole
+  heads), and the partials (out, max, sum) merge along the row within the group, so
+  every column of the group holds the group's; a column keeps its units of o. It
+  divides the exponentials, the part of attention that grows with the context, by c,
+  at the price of whole heads' q | k | v and partial on every core; it needs fewer
+  bytes once a core's rows outnumber those whole-head vectors (long contexts).
+
+Either way the row's exchanges are one chain along the whole row into its end and
+back, segmented (a core combines its left neighbour's value only if it is of its
+group, and keeps the relayed value only from its group's columns); then the partials
+merge down each column as in any attention.
 
 Vectors are then stored in orders that make each column's share contiguous:
 q and the output gate [kv][unit feature][j] (j: query head within the group), k
@@ -42,6 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshrt.kernels.interface import ACT_BYTES
 from meshrt.rope import rotary_dim
 
 
@@ -89,6 +96,38 @@ def q_share(heads: int, kv_heads: int, head_dim: int, w: int) -> int:
 def qkv_share(heads: int, kv_heads: int, head_dim: int, w: int, gated: bool) -> int:
     """Entries of the blocked q | k | v (| gate) the fullest column holds."""
     return 2 * kv_share(kv_heads, head_dim, w) + (2 if gated else 1) * q_share(heads, kv_heads, head_dim, w)
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """How a head split's group shares its work (module docstring): by `rows` (the
+    sequence) or by features; the fullest core's KV rows of a slot and the bytes of its
+    cache and working values."""
+
+    rows: bool
+    kv_rows: int
+    kv_bytes: float
+    work_bytes: float
+
+
+def split_layout(heads: int, kv_heads: int, d: int, max_seq: int, slots: int, kv_bytes: float,
+                 micro_batch: int, w: int, h: int) -> SplitLayout:
+    """The layout of a w x h attention splitting head_dim (`splits_heads`) whose group
+    needs fewer bytes a core (features on a tie): its KV (`slots` slots of `max_seq`
+    entries over the h rows) and its working values for `micro_batch` slots."""
+    g, c = heads // kv_heads, w // kv_heads
+    block = -(-max_seq // h)  # a row's entries of the ring
+    qs = g * kv_share(kv_heads, d, w)  # its units of q (and of o)
+    b = micro_batch
+    by_features = SplitLayout(False, block, slots * block * kv_share(kv_heads, d, w) * 2 * kv_bytes,
+                              ACT_BYTES * b * (2 * qs + g * block))  # q, o; the scores
+    rows = -(-block // c)
+    # the gathered q | k | v, the partial (out, max, sum), its units of o, the scores
+    by_rows = SplitLayout(True, rows, slots * rows * d * 2 * kv_bytes,
+                          ACT_BYTES * b * ((g + 2) * d + g * (d + 2) + qs + g * rows))
+    if by_rows.kv_bytes + by_rows.work_bytes < by_features.kv_bytes + by_features.work_bytes:
+        return by_rows
+    return by_features
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
-from meshrt.kernels.attention.layout import HeadSplit, lays_out, splits_heads
+from meshrt.kernels.attention.layout import HeadSplit, lays_out, split_layout, splits_heads
 from meshrt.kernels.attention.pe import in_pe
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, block_range, inverse, part
 from meshrt.rope import rotary_dim, turn_parts
@@ -24,7 +24,7 @@ def qkv_blocks(heads: int, kv_heads: int, head_dim: int, gated: bool = False) ->
 class Attention(KernelExec):
     """Heads split over the columns, the sequence over the rows (flash-decoding merge)."""
 
-    OPS = frozenset({"qk", "qkv_gather", "exp", "av", "softmax_merge", "group_merge", "normalize"})
+    OPS = frozenset({"qk", "score_add", "qkv_gather", "exp", "av", "softmax_merge", "group_merge", "normalize"})
 
     def __init__(self, info, plane):
         super().__init__(info, plane)
@@ -43,11 +43,13 @@ class Attention(KernelExec):
         # whole KV heads a column, q | k | v in place, float32: its PE bodies (`pe.py`)
         self.bodies = self.tile_bodies() if in_pe(info, plane.hp) else None
         # wider than its KV heads: head_dim split over groups of columns (`layout`)
-        self.split = None
+        self.split, self.by_rows = None, False
         if splits_heads(self.kvh, w):
             self.split = HeadSplit.of(self.heads, self.kvh, self.d, w, self.rope)
             if self.split.problem():
                 raise DataLayoutError(f"kernel @{self.name}: {self.split.problem()}")
+            self.by_rows = split_layout(self.heads, self.kvh, self.d, self.max_seq, self.slots,
+                                        plane.hp.kv_bytes, self.b, w, self.tiles[0][3]).rows
             # where the output holds each entry of o in its natural order (`positions`)
             self.positions = inverse(self.split.o_order)
         elif not lays_out(self.kvh, w):
@@ -88,9 +90,9 @@ class Attention(KernelExec):
 
     def _entries(self, i: int, j: int, h: int) -> np.ndarray:
         """The ring entries core (i, j) holds, in its cache's order: its row's block, every
-        c-th of them in a head split's group (`layout.HeadSplit.entries`)."""
+        c-th of them in a head split by rows (`layout.HeadSplit.entries`)."""
         r0, r1 = part(self.max_seq, h, j)
-        return self.split.entries(i, r0, r1) if self.split is not None else np.arange(r0, r1)
+        return self.split.entries(i, r0, r1) if self.split is not None and self.by_rows else np.arange(r0, r1)
 
     def load_pushed(self, cd, kv, state):
         """Slot kv's K and V rows this core holds from a pushed cache, in each layout's
@@ -105,11 +107,17 @@ class Attention(KernelExec):
             return
         rows = np.searchsorted(entries, pos % self.max_seq)
         keys, vals = state.keys(self.layer)[pos], state.values(self.layer)[pos]
-        if self.split is not None:
+        if self.split is not None and self.by_rows:  # whole rows of its KV head
             kv_head = self.split.group(i)[0]
             cache = self._cache(cd, len(entries), 1, self.d)
             cache[0, kv, rows] = keys[:, kv_head:kv_head + 1]
             cache[1, kv, rows] = vals[:, kv_head:kv_head + 1]
+            return
+        if self.split is not None:  # its units of its KV head's features
+            kv_head, k0, k1, _, _, feats = self.split.column(i)
+            cache = self._cache(cd, len(entries), k1 - k0)
+            cache[0, kv, rows] = keys[:, kv_head, feats]
+            cache[1, kv, rows] = vals.reshape(len(pos), -1)[:, k0:k1]
             return
         hk = self.kvh // w
         if self.bodies is not None:
@@ -165,7 +173,7 @@ class Attention(KernelExec):
         if self.bodies is not None:
             return self._compute_pe(cd, op)
         if self.split is not None:
-            return self._compute_split(cd, op)
+            return self._compute_rows(cd, op) if self.by_rows else self._compute_features(cd, op)
         where = self.where(cd)
         _, i, j, w, h = self.grid_pos(cd)
         if op == "qk":
@@ -251,14 +259,108 @@ class Attention(KernelExec):
         return out
 
     # -- head_dim split over a group of columns (`layout.HeadSplit`) ------------------
-    def _own_qkv(self, cd) -> np.ndarray:
-        """This column's units of its group's q | k | v at their places in the whole
-        head's (g query heads, the key, the value: (b, (g + 2) d), zeros elsewhere), the
-        vector the group's gather sums; keeps the output gate of its units."""
+    def _compute_features(self, cd, op):
+        """A head split by features (`layout`): partial scores summed along the row."""
+        where = self.where(cd)
+        _, i, j, w, h = self.grid_pos(cd)
+        sp, g = self.split, self.split.g
+        kv_head, k0, k1, q0, q1, feats = sp.column(i)
+        nf = k1 - k0
+        r0, r1 = part(self.max_seq, h, j)
+        if op == "qk":
+            cb = self._table(cd, where)
+            self.apply_pushes(cd, cb)
+            q, k, v = self._column_qkv(cd)
+            q = q.reshape(self.b, nf, g).transpose(0, 2, 1)  # (b, g heads, its features)
+            cache = self._cache(cd, r1 - r0, nf)
+            scores = np.zeros((self.b, g, r1 - r0), F64)
+            ssq = np.zeros((self.b, g + 1), F64)  # partial sums of squares: q heads, then k
+            prep = {}
+            for b, slot in enumerate(cb.slots):
+                if slot.rid < 0:
+                    continue
+                p = slot.pos
+                qb, kb = q[b].astype(F64), k[b].astype(F64)
+                ssq[b, :g], ssq[b, g] = (qb * qb).sum(axis=1), (kb * kb).sum()
+                # the query heads and the key rotated at once: (g + 1, nf)
+                qkr = self._rope(np.concatenate([qb * self._gain(self.q_gain, feats),
+                                                 kb[None] * self._gain(self.k_gain, feats)]), p, feats)
+                qr, kr = qkr[:g], qkr[g]
+                rows, own = self._rows(p, np.arange(r0, r1))
+                if len(rows):
+                    keys = cache[0, slot.kv, rows].astype(F64)
+                    if own is not None:  # its own key, not yet normalized nor cached
+                        keys[rows == own] = kr
+                    scores[b][:, rows] = qr @ keys.T
+                prep[b] = (slot, rows, own, kr, v[b])
+            cd.acc[self.name, "prep"] = prep
+            cd.acc[self.name, "scores"] = (scores, ssq)
+        elif op == "score_add":  # the left neighbour's running sum, if of this group
+            (got,) = self.take(cd, FlowRole.DOWN)
+            if sp.group_id(i - 1) == sp.group_id(i) >= 0:
+                sc, ssq = cd.acc[self.name, "scores"]
+                cd.acc[self.name, "scores"] = (sc + got[0], ssq + got[1])  # new arrays
+        elif op == "exp":
+            scores, ssq = cd.acc.pop((self.name, "scores"))
+            cache = self._cache(cd, r1 - r0, nf)
+            o = np.zeros((self.b, g, nf), F64)
+            m = np.full((self.b, g), -np.inf)
+            s = np.zeros((self.b, g), F64)
+            for b, (slot, rows, own, kr, vb) in cd.acc.pop((self.name, "prep")).items():
+                rq = self._inv_rms(ssq[b, :g], self.q_gain)
+                rk = self._inv_rms(ssq[b, g], self.k_gain)
+                sc = scores[b] * rq[:, None]
+                if own is not None:
+                    sc[:, own] *= rk
+                    cache[0, slot.kv, own] = kr * rk
+                    cache[1, slot.kv, own] = vb
+                if not len(rows):
+                    continue
+                sc = (sc[:, rows] / math.sqrt(self.d)).astype(F32)
+                mx = sc.max(axis=1)
+                e = np.exp(sc.astype(F64) - mx[:, None])
+                m[b], s[b] = mx, e.sum(axis=1)
+                o[b] = e @ cache[1, slot.kv, rows].astype(F64)
+            cd.acc[self.name] = (o, m, s)
+        elif op == "softmax_merge":
+            (got,) = self.take(cd, FlowRole.DOWN)
+            cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
+        elif op == "normalize":
+            out = self._normalized(cd, kv_head * g).transpose(0, 2, 1)  # (b, features, g heads)
+            if self.gated:
+                out = (out * cd.acc.pop((self.name, "gate")).reshape(self.b, nf, g)).astype(F32)
+            cd.values[self.name] = Vec.of(out.reshape(self.b, nf * g), q0, self.heads * self.d)
+
+    @staticmethod
+    def _gain(gain, feats):
+        return 1.0 if gain is None else gain[feats].astype(F64)
+
+    def _inv_rms(self, ssq, gain):
+        """1 / rms of a head from its summed squares (1: no q/k norm)."""
+        if gain is None:
+            return np.ones_like(ssq) if np.ndim(ssq) else 1.0
+        return 1.0 / np.sqrt(ssq / self.d + self.eps)
+
+    def _rope(self, x: np.ndarray, p: int, feats: np.ndarray) -> np.ndarray:
+        """RoPE at position p of heads x (n, its features) holding features `feats` of
+        their heads: every feature's partner is among them (a unit), so the rotation
+        of the whole head, zeros elsewhere, gives their values."""
+        full = np.zeros((1, x.shape[0], self.d), F64)
+        full[0][:, feats] = x
+        return ref.apply_rope(full, np.asarray([p]), self.rope)[0][:, feats].astype(F64)
+
+    def _scoring(self, cd) -> bool:
+        """Whether a by-features core is inside the row's score reduction (qk to exp)."""
+        return (self.name, "prep") in cd.acc
+
+    def _column_qkv(self, cd):
+        """This column's units of q ([its feature][j]), k and v for the micro-batch, as the
+        qkv reduction left them (blocked) or picked from the whole vector; keeps the
+        sigmoid of its units of the output gate for normalize."""
         where = self.where(cd)
         _, i, _, _, _ = self.grid_pos(cd)
-        sp, g, d = self.split, self.split.g, self.d
-        kv_head, k0, k1, q0, q1, feats = sp.column(i)
+        sp, g = self.split, self.split.g
+        _, k0, k1, q0, q1, _ = sp.column(i)
         nf = k1 - k0
         if self.blocks:  # the column's q | k | v (| gate) where the qkv reduction left them
             lo, hi = sp.qkv_range(i, self.gated)
@@ -266,7 +368,7 @@ class Attention(KernelExec):
             q, k = x[:, :g * nf], x[:, g * nf:g * nf + nf]
             v, gate = x[:, g * nf + nf:g * nf + 2 * nf], x[:, g * nf + 2 * nf:]
         else:
-            hd, kvd = self.heads * d, self.kvh * d
+            hd, kvd = self.heads * self.d, self.kvh * self.d
             x = self.input(cd)
             q = x.need_at(sp.q_order[q0:q1], where)
             k = x.need_at(hd + sp.k_order[k0:k1], where)
@@ -274,6 +376,17 @@ class Attention(KernelExec):
             gate = x.need_at(hd + 2 * kvd + sp.o_order[q0:q1], where) if self.gated else None
         if self.gated:
             cd.acc[self.name, "gate"] = ref.sigmoid(gate)
+        return q, k, v
+
+    def _own_qkv(self, cd) -> np.ndarray:
+        """This column's units of its group's q | k | v at their places in the whole
+        head's (g query heads, the key, the value: (b, (g + 2) d), zeros elsewhere), the
+        vector the group's gather sums."""
+        _, i, _, _, _ = self.grid_pos(cd)
+        g, d = self.split.g, self.d
+        kv_head, k0, k1, _, _, feats = self.split.column(i)
+        nf = k1 - k0
+        q, k, v = self._column_qkv(cd)
         out = np.zeros((self.b, (g + 2) * d), F64)
         heads = np.arange(g)[None, :] * d + feats[:, None]  # q is [its feature][j]
         out[:, heads.ravel()] = q
@@ -298,7 +411,8 @@ class Attention(KernelExec):
         and keeps what its right one relays only from its own group (`layout`)."""
         return self.split.group_id(other) == self.split.group_id(i) >= 0
 
-    def _compute_split(self, cd, op):
+    def _compute_rows(self, cd, op):
+        """A head split by rows (`layout`): whole heads over every c-th KV row."""
         _, i, j, w, h = self.grid_pos(cd)
         sp, g, d = self.split, self.split.g, self.d
         if op == "qkv_gather":  # the left neighbour's running union, if of this group
@@ -333,24 +447,28 @@ class Attention(KernelExec):
     def send(self, cd, role):
         if self.bodies is not None and role is FlowRole.DOWN:
             return cd.buffers[self.name]["acc"].copy()
-        if self.split is not None:
+        if self.split is not None and self.by_rows:
             if self._gathers(cd):  # the group's q | k | v so far, or as gathered
                 return self._gathered(cd)
             if self.name in cd.acc:  # a partial along the group's row or down the column
                 return cd.acc[self.name]
             return cd.values[self.name]
+        if self.split is not None and self._scoring(cd):  # partial or summed scores
+            return cd.acc[self.name, "scores"]
         if role is FlowRole.DOWN:
             return cd.acc.pop(self.name)
         return cd.values[self.name]
 
     def recv(self, cd, role, items):
         if role is FlowRole.UP and self.split is not None and (
-                self._gathers(cd) or isinstance(items[0], tuple)):
-            # relayed from the right along the row: the group's whole q | k | v, or its
-            # merged partial; this group's unless this column ends it
+                self._scoring(cd) if not self.by_rows else self._gathers(cd) or isinstance(items[0], tuple)):
+            # relayed from the right along the row (summed scores; the group's whole
+            # q | k | v or merged partial): this group's, unless this column ends it
             _, i, _, _, _ = self.grid_pos(cd)
             if self._of_group(i, i + 1):
-                cd.acc[(self.name, "qkv") if self._gathers(cd) else self.name] = items[0]
+                key = (self.name, "scores") if not self.by_rows else (
+                    (self.name, "qkv") if self._gathers(cd) else self.name)
+                cd.acc[key] = items[0]
         else:
             super().recv(cd, role, items)
 

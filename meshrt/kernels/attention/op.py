@@ -14,11 +14,11 @@ from meshrt.dialects.mesh import CoreSetAttr, FlowRole, RectAttr
 from meshrt.kernels.attention import csl, pe
 from meshrt.kernels.attention.layout import (
     heads_share,
+    split_layout,
     kv_share,
     lays_out,
     q_share,
     splits_heads,
-    whole_heads,
 )
 from meshrt.kernels.attention.numerics import Attention, qkv_blocks
 from meshrt.kernels.compute import ComputeOp
@@ -40,9 +40,10 @@ from meshrt.rope import Rope, rotary_dim
 from meshrt.shape import HParams, request_state
 
 ROW_QUEUES = 4
-"""Input queues a core inside a head split's row chain binds: its row's gathered q | k | v
-and partials going and coming back (the gather and the merge take the same flows), its
-column's partials and result (and its input, where it does not read its q | k | v in place)."""
+"""Input queues a core inside a head split's row chain binds: its row's values going and
+coming back (partial scores and their sums; or the gathered q | k | v and then the merged
+partials, on the same flows), its column's partials and result (and its input, where it
+does not read its q | k | v in place)."""
 
 QK = ComputeOp("qk", "fmac", csl.qk, reads_input=True)
 """Scores of this core's KV rows: q . K[r]."""
@@ -50,9 +51,11 @@ EXP = ComputeOp("exp", "exp", csl.exp)
 """exp(s - max) of the scores and their sum."""
 AV = ComputeOp("av", "fmac", csl.av)
 """The scores' weighted sum of this core's V rows."""
+SCORE_ADD = ComputeOp("score_add", "add", csl.score_add)
+"""A row neighbour's partial scores added (a head split by features, `layout`)."""
 QKV_GATHER = ComputeOp("qkv_gather", "add", csl.qkv_gather)
-"""A row neighbour's units of the group's q | k | v added into the whole head's (head_dim
-split over columns, `layout`: disjoint units, so the sum is their union)."""
+"""A row neighbour's units of the group's q | k | v added into the whole head's (a head
+split by rows, `layout`: disjoint units, so the sum is their union)."""
 
 
 def merge_cycles(costs, work: int, param) -> float:
@@ -82,13 +85,14 @@ NORMALIZE = ComputeOp("normalize", "mul", csl.normalize)
 """Divide by the softmax sum at the root."""
 
 
-def kv_rows(max_seq: int, kv_heads: int, w: int, h: int) -> int:
-    """KV rows of a slot the fullest core holds: its row's block of the ring's max_seq
-    entries (`numerics.part`), every c-th of them in a head split's group of c columns."""
-    rows = ceil_div(max_seq, h)
+def kv_rows(heads: int, kv_heads: int, d: int, max_seq: int, slots: int, kv_bytes: float,
+            micro_batch: int, w: int, h: int) -> int:
+    """KV rows of a slot the fullest core of a w x h attention holds: its row's block of
+    the ring's max_seq entries (`numerics.part`), or a head split's share of it
+    (`layout.split_layout`)."""
     if splits_heads(kv_heads, w):
-        return ceil_div(rows, w // kv_heads)
-    return rows
+        return split_layout(heads, kv_heads, d, max_seq, slots, kv_bytes, micro_batch, w, h).kv_rows
+    return ceil_div(max_seq, h)
 
 
 def reads_qkv_in_place(attn: graph.AttentionOp, qkv_region) -> bool:
@@ -119,7 +123,7 @@ class AttentionOp(KernelOp):
 
     VIZ_COLOR: ClassVar[str] = "#ff7f00"
     VIZ_RANK: ClassVar[int] = 1
-    COMPUTE: ClassVar[tuple] = (QK, EXP, AV, QKV_GATHER, SOFTMAX_MERGE, GROUP_MERGE, NORMALIZE)
+    COMPUTE: ClassVar[tuple] = (QK, EXP, AV, SCORE_ADD, QKV_GATHER, SOFTMAX_MERGE, GROUP_MERGE, NORMALIZE)
     NUMERICS: ClassVar[type] = Attention
     LOWERS: ClassVar[tuple] = (graph.AttentionOp,)
     RESOLVES: ClassVar[frozenset[str]] = frozenset({"continuous_batching"})  # per-slot KV lengths
@@ -152,22 +156,19 @@ class AttentionOp(KernelOp):
     def footprint(slots: int, max_seq: int, heads: int, kv_heads: int, head_dim: int,
                   kv_bytes: float, micro_batch: int, w: int, h: int, *, rot: int = 0,
                   qk_norm: bool = False, sinks: bool = False, gated: bool = False) -> Footprint:
-        """K and V rows of each slot's cache (max_seq/h a core; a head split's every c-th
-        of them, whole heads) and the model's values beside it (RoPE's turns of `rot`
-        rotated features, q/k norm gains, sinks), and the PE bodies' working arrays
+        """K and V rows max_seq/h of each slot's cache (a head split: as its layout keeps
+        them, `layout.split_layout`) and the model's values beside it (RoPE's turns of
+        `rot` rotated features, q/k norm gains, sinks), and the PE bodies' working arrays
         (`pe.py`), of the fullest column (`layout`)."""
-        rows = kv_rows(max_seq, kv_heads, w, h)
         hq = heads_share(heads, kv_heads, w)
         params = pe.param_buffers(head_dim, rot, qk_norm, hq if sinks else 0)
-        if whole_heads(kv_heads, w):
-            kv = slots * rows * kv_share(kv_heads, head_dim, w) * 2 * kv_bytes
-            work = sum(b.elems for b in pe.working_buffers(micro_batch, hq, kv_heads // w, head_dim,
-                                                           rows, rot, gated))
-        else:  # head_dim split: whole rows of its KV head; the gathered head's q | k | v, the
-            # partial (out, max, sum), its units of the output, the scores (its CSL bodies)
-            kv = slots * rows * head_dim * 2 * kv_bytes
-            work = micro_batch * ((hq + 2) * head_dim + hq * (head_dim + 2)
-                                  + q_share(heads, kv_heads, head_dim, w) + hq * rows)
+        if splits_heads(kv_heads, w):  # the group's layout: by features or by rows
+            lay = split_layout(heads, kv_heads, head_dim, max_seq, slots, kv_bytes, micro_batch, w, h)
+            return Footprint(lay.kv_bytes + 4 * sum(b.elems for b in params), lay.work_bytes)
+        rows = ceil_div(max_seq, h)
+        kv = slots * rows * kv_share(kv_heads, head_dim, w) * 2 * kv_bytes
+        work = sum(b.elems for b in pe.working_buffers(micro_batch, hq, kv_heads // w, head_dim,
+                                                       rows, rot, gated))
         return Footprint(kv + 4 * sum(b.elems for b in params), ACT_BYTES * work)
 
     @staticmethod
@@ -181,57 +182,68 @@ class AttentionOp(KernelOp):
         heads, kv = int_value(self.heads), int_value(self.kv_heads)
         d, seq = int_value(self.head_dim), int_value(self.max_seq)
         b = kctx.micro_batch
-        rows = kv_rows(seq, kv, w, h)
         state = int(self.footprint(kctx.slots, seq, heads, kv, d, kctx.kv_bytes, b, w, h,
                                    **self.model_features()).state)
-        hs = heads_share(heads, kv, w)
-        feats = q_share(heads, kv, d, w)  # of q and of the output
-        if not splits_heads(kv, w):
+        if splits_heads(kv, w):
+            roles, flows = self._split_roles(kctx, split_layout(heads, kv, d, seq, kctx.slots, kctx.kv_bytes,
+                                                                b, w, h), state)
+        else:
+            rows, hs, feats = ceil_div(seq, h), heads_share(heads, kv, w), q_share(heads, kv, d, w)
             local = [("compute", "qk", b * rows * feats), ("compute", "exp", b * rows * hs),
                      ("compute", "av", b * rows * feats)]
             msg = b * (feats + 2 * hs) * ACT_BYTES  # partial out + max/sum
             roles, flows = chain(self, local, "softmax_merge", msg,
                                  [("compute", "normalize", b * feats)], state, kctx=kctx)
-        else:
-            roles, flows = self._split_roles(kctx, rows, state)
         for r in roles:
             r.ctrl = self.control(b, kctx.slots)
         return roles, flows
 
-    def _split_roles(self, kctx: KernelContext, rows: int, state: int):
-        """A head split (`layout`), along each row within each KV head's group of columns:
-        the units gathered into the whole head's q | k | v, every core's whole-head
-        attention over its rows, the partials merged (so every column of a group holds
-        the group's); then the merge down each column as in any attention."""
+    def _split_roles(self, kctx: KernelContext, lay, state: int):
+        """A head split (`layout`): its group's exchanges along each row (by features:
+        the partial scores summed; by rows: the units gathered into whole heads, then the
+        partials merged), the merge down each column as in any attention."""
         x, y, w, h = self.grid()
         heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
-        b, g = kctx.micro_batch, heads // kv
-        c = w // kv
-        local = [("compute", "qk", b * rows * g * d), ("compute", "exp", b * rows * g),
-                 ("compute", "av", b * rows * g * d)]
-        partial = b * g * (d + 2) * ACT_BYTES  # whole heads' out + max/sum
+        b, g, c, rows = kctx.micro_batch, heads // kv, w // kv, lay.kv_rows
+        feats = q_share(heads, kv, d, w)  # its units of q and of the output
+        normalize = [("compute", "normalize", b * feats)]
         stream = kctx.stream if kctx is not None else None
-        gather = Gather([], "qkv_gather", b * (g + 2) * d * ACT_BYTES)
         # an input that arrives on a flow (not read in place) takes one queue more
-        if stream is None or stream.queues >= ROW_QUEUES + (self.qkv_in_place is None):
-            # one segmented chain along each whole row into its end, relayed back: each
-            # core combines only its own group's values and keeps only its group's result
-            # (`layout`); it takes the route of the o projection's reduction along the same
-            # rows where that is a chain into the end, so the two share a colour and a queue
-            roles, flows = chain(self, local, "group_merge", partial, [], 0, axis="row", kctx=kctx,
-                                 root=w - 1, part="group", relay=True, gather=gather)
-        else:
-            # a target whose roles bind fewer queues: a chain per group into its end (a
-            # group of one or two columns has no core that receives on both row flows)
-            roles, flows = chain(self, local, "group_merge", partial, [], 0, axis="row", kctx=kctx,
-                                 tiles=[(x + k * c, y, c, h) for k in range(kv)],
-                                 root=c - 1 if c > 1 else None, part="group", relay=True, gather=gather)
-            if kv * c < w:  # columns past the groups: no heads (no rows), nothing along the row
-                roles.append(Role("group_idle", CoreSetAttr([RectAttr(x + kv * c, y, w - kv * c, h)]),
-                                  [INPUTS, *local, OUTPUTS]))
-        col, col_flows = chain(self, [], "softmax_merge", partial,
-                               [("compute", "normalize", b * q_share(heads, kv, d, w))], state, kctx=kctx)
-        return in_sequence(roles, col, []), flows + col_flows
+        whole_rows = stream is None or stream.queues >= ROW_QUEUES + (self.qkv_in_place is None)
+
+        def along_rows(local, op: str, msg: int, part: str, gather: Gather | None, idle: str):
+            """The segmented chain along each whole row into its end, relayed back (it
+            takes the route of the o projection's reduction along the same rows where
+            that is a chain into the end, so the two share a colour and a queue); on a
+            target whose roles bind fewer queues, a chain per group into its end (a group
+            of one or two columns has no core that receives on both row flows)."""
+            if whole_rows:
+                return chain(self, local, op, msg, [], 0, axis="row", kctx=kctx, root=w - 1,
+                             part=part, relay=True, gather=gather)
+            out, flows = chain(self, local, op, msg, [], 0, axis="row", kctx=kctx,
+                               tiles=[(x + k * c, y, c, h) for k in range(kv)],
+                               root=c - 1 if c > 1 else None, part=part, relay=True, gather=gather)
+            if kv * c < w:  # columns past the groups: no heads, nothing along the row
+                out.append(Role(idle, CoreSetAttr([RectAttr(x + kv * c, y, w - kv * c, h)]),
+                                [INPUTS, *local, OUTPUTS]))
+            return out, flows
+
+        if lay.rows:  # whole heads over every c-th row: gather, attend, merge in the group
+            partial = b * g * (d + 2) * ACT_BYTES
+            local = [("compute", "qk", b * rows * g * d), ("compute", "exp", b * rows * g),
+                     ("compute", "av", b * rows * g * d)]
+            row, flows = along_rows(local, "group_merge", partial, "group",
+                                    Gather([], "qkv_gather", b * (g + 2) * d * ACT_BYTES), "group_idle")
+            col, col_flows = chain(self, [], "softmax_merge", partial, normalize, state, kctx=kctx)
+            return in_sequence(row, col, []), flows + col_flows
+        # by features: each row's partial scores (and sums of squares for q/k norm) summed
+        # within the group first, then the softmax of its rows and the usual merge
+        softmax = [("compute", "exp", b * rows * g), ("compute", "av", b * rows * feats)]
+        col, flows = chain(self, softmax, "softmax_merge", b * (feats + 2 * g) * ACT_BYTES, normalize,
+                           state, kctx=kctx)
+        row, row_flows = along_rows([], "score_add", b * (g * rows + g + 1) * ACT_BYTES, "scores", None,
+                                    "idle")
+        return in_sequence(row, col, [("compute", "qk", b * rows * feats)]), flows + row_flows
 
     def model_features(self) -> dict:
         """What of the model (the program's hparams) sizes the footprint beyond the op's

@@ -11,16 +11,8 @@ if TYPE_CHECKING:
 def route(b: ComputeBody) -> list[str]:
     if not b.w.moe:
         return ["// no routing metainfo on this core: tokens go on along the corridor"]
-    k = b.w.choices  # the routing table's entries per token (`route_choices`)
-    return [
-        "// the resolved routing table picks, per token, whether it turns into the",
-        "// expert regions here or goes on along the corridor",
-        f"for (@range(u16, {b.b})) |t| {{",
-        "  mine[t] = 0;",
-        f"  for (@range(u16, {k})) |c| {{",
-        f"    if (@as(i16, rt_expert[t * {k} + c]) == region) {{",
-        "      mine[t] = 1;",
-        "    }",
-        "  }",
-        "}",
-    ]
+    # the resolver filled rt_expert / rt_weight; every region on the corridor's row gets
+    # each token's slice, and an expert region computes the tokens routed to it (`mine`,
+    # which the routing resolver sets on the expert cores from the placement)
+    return ["// the routing table is resolved (resolve_moe_routing): each token's slice goes",
+            "// on to the expert regions, which compute only the tokens routed to them"]

@@ -73,6 +73,7 @@ class RoutedSenders:
     placement: tuple[int, ...]  # expert -> region, as compiled
     regions: tuple[RectSet, ...]  # every expert region, routed ones first, then shared ones
     routed_regions: int  # how many of them hold routed experts (the mapper's order)
+    kernel: str = ""  # the expert kernel whose regions these are
 
     @staticmethod
     def of(program, flow) -> "RoutedSenders":
@@ -82,12 +83,19 @@ class RoutedSenders:
         infos = {k.kernel_name: k for k in program.kernels()}
         consumer = infos[flow.kernel.root_reference.data]
         reduce = next(infos[n] for n in consumer.input_names if infos[n].kind.data == "expert_reduce")
-        ffn = infos[reduce.input_names[0]]
+        return RoutedSenders.of_experts(program, infos[reduce.input_names[0]])
+
+    @staticmethod
+    def of_experts(program, ffn) -> "RoutedSenders":
+        """From expert kernel record `ffn` (an `expert_ffn`'s): its regions and placement,
+        and top_k from the gate it reads."""
+        infos = {k.kernel_name: k for k in program.kernels()}
         gate = next(infos[n] for n in ffn.input_names if infos[n].param("top_k") is not None)
         placement = tuple(int(r) for r in ffn.param("placement"))
         regions = tuple(RectSet.from_cores(cs) for cs in ffn.params.data["expert_regions"].data)
         return RoutedSenders(len(placement), int(gate.param("top_k")), int(ffn.param("layer", 0)),
-                             placement, regions, len(regions) - int(ffn.param("shared_experts", 0)))
+                             placement, regions, len(regions) - int(ffn.param("shared_experts", 0)),
+                             ffn.kernel_name)
 
     def region_at(self, x: int, y: int) -> int:
         """The expert region a sender core lies in."""
