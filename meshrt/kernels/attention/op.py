@@ -14,10 +14,10 @@ from meshrt.dialects.mesh import CoreSetAttr, FlowRole, RectAttr
 from meshrt.kernels.attention import csl, pe
 from meshrt.kernels.attention.layout import (
     heads_share,
-    split_layout,
     kv_share,
     lays_out,
     q_share,
+    split_layout,
     splits_heads,
 )
 from meshrt.kernels.attention.numerics import Attention, qkv_blocks
@@ -26,6 +26,7 @@ from meshrt.kernels.interface import (
     ACT_BYTES,
     UNARY_FORMAT,
     Footprint,
+    Gather,
     KernelContext,
     KernelOp,
     INPUTS,
@@ -33,7 +34,6 @@ from meshrt.kernels.interface import (
     Role,
     ceil_div,
     chain,
-    Gather,
     in_sequence,
 )
 from meshrt.rope import Rope, rotary_dim
