@@ -234,8 +234,10 @@ def context_section(name: str, res: dict) -> list[str]:
                     "the FFN cores; issue 18 asks for TPOT at 128K within 1.5x of 4K. Here it is "
                     f"{last['tpot_vs_first']:.2f}x at {last['context']:,}: every context is a "
                     "mapping of its own (no spill yet), whose attention regions grow with the "
-                    "caches up to the block height, and each core's exponentials of its KV "
-                    "rows are the growing part.",
+                    "caches up to the block height; each core's exponentials of its KV rows are "
+                    "the growing part, which a head split's group divides among its columns "
+                    "once it splits the rows (docs/kernels.md, \"Attention over any width\"); "
+                    "the KV rows column counts a core's share.",
                 "", f"![context](../bench/results/{name}/{context_bench.PLOT})"]
     return out
 
