@@ -65,13 +65,14 @@ def test_primed_receives_take_host_messages_first(model, target):
 class FakeRuntime:
     """Per-core memory of the exported arrays and, once started, a model of the chip's
     request protocol (the emitted first-stage resolver, `meshrt.backend.csl.metainfo`, and
-    the sampler's `tok`), written here as the test's oracle: every read of `tok` runs
-    a decode step of every slot (and `steps_per_read` - 1 more of the slots still feeding
-    their prompts), each slot's sampled token 1000 + the position it fed (a token in `eos`
-    ends its request)."""
+    the sampler's `tok` ring), written here as the test's oracle: every read of `tok`
+    runs a decode step of every slot (and `steps_per_read` - 1 more of the slots still
+    feeding their prompts, or of every slot with `outrun`), each slot's sampled token
+    1000 + the position it fed (a token in `eos` ends its request)."""
 
     instances: list[FakeRuntime] = []
     steps_per_read = 1
+    outrun = False  # the extra steps run every slot (the host polls slower than the chip)
     eos: tuple[int, ...] = ()
 
     def __init__(self, name, cmaddr=None):
@@ -106,9 +107,11 @@ class FakeRuntime:
             return
         rw, hw, done_bit = g["REQ_WORDS"], g["HAVE_WORDS"], g["PROMPT_DONE"]
         ring = len(prm) // g["SLOTS"]
-        if self.tok is None:
-            self.tok = np.zeros(g["SLOTS"] * g["TOK_WORDS"], np.uint32)
+        if self.tok is None:  # as long as the program declares it: a ring a slot
+            self.tok = np.zeros(len(next(v for k, v in self.mem.items() if k[0] == "tok")), np.uint32)
         tok = self.tok
+        depth = len(tok) // (g["SLOTS"] * g["TOK_WORDS"])
+        self.tok_depth = depth
         if self.rdt is None:
             self.rdt = np.zeros(g["SLOTS"] * 4, np.int32)
         rdt = self.rdt
@@ -149,7 +152,8 @@ class FakeRuntime:
                 self.fed.setdefault(st["h"], []).append(fed)
                 st["sampled"] = 1000 + st["pos"]
                 st["eos"] = st["sampled"] in self.eos
-                tok[s * 3:s * 3 + 3] = st["h"], st["pos"], st["sampled"]
+                e = (s * depth + st["pos"] % depth) * 3
+                tok[e:e + 3] = st["h"], st["pos"], st["sampled"]
         for _, x, y in prm_keys:  # the first stage's RDT, which the host reads
             first.mem[("rdt", x, y)] = rdt.view(np.uint32).copy()
         for k in [k for k in self.mem if k[0] == "tok"]:
@@ -189,7 +193,7 @@ class FakeRuntime:
                     self.mem[(sym, cx, cy)] = np.zeros(n, np.uint32)
             self._step(self.globals)
             for _ in range(self.steps_per_read - 1):
-                self._step(self.globals, in_prompt_only=True)
+                self._step(self.globals, in_prompt_only=not self.outrun)
         if sym.startswith("xout_seq_") and self.started:
             self.mem[(sym, x, y)] = np.array([1], np.uint32)
         for i, (cx, cy) in enumerate(self._cores(x, y, w, h)):
@@ -305,6 +309,28 @@ def test_prompts_longer_than_the_ring_are_fed_whole_and_requests_end_on_chip(tmp
     assert chip.pauses > 0 and chip.ring_depth < 20
     for prompt in (prompts[0], [7] * 12, prompts[2]):
         assert any(f[:len(prompt)] == prompt for f in chip.fed.values()), prompt
+
+
+@pytest.mark.parametrize("steps, complete", [(3, True), (12, False)])
+def test_a_host_polling_slower_than_the_chip_reads_the_token_ring(tmp_path, monkeypatch, steps, complete):
+    """The sampler keeps each slot's last samples in a ring (`tok`, position p at p mod its
+    depth, 8 on tiny_moe's test32 sampler root): a host reading every 3 steps gets every
+    output (with one entry a slot, it read only every third); one reading every 12 steps
+    misses some and reports them, the request unfinished."""
+    out = emit_csl(lowered("examples/tiny_moe.mrt", "test32"))
+    monkeypatch.setattr(FakeRuntime, "steps_per_read", steps)
+    monkeypatch.setattr(FakeRuntime, "outrun", True)
+    reqs = [{"id": f"r{i}", "prompt": [10 + i, 3], "max_new_tokens": 20} for i in range(2)]
+    runners, results, g = run_driver(out.files, tmp_path, reqs)
+    chip = next(r for r in runners if r.fed)
+    assert chip.tok_depth == 8 and "p mod 8" in out.files["c_sample_root.csl"]
+    for r in results:
+        if complete:
+            assert r["finished"] and r["tokens"] == [1000 + p for p in range(1, 21)], r
+        else:
+            assert not r["finished"] and r["missed_positions"], r
+            got = set(r["tokens"])
+            assert all(1000 + p not in got for p in r["missed_positions"])
 
 
 @pytest.mark.parametrize("name, fabric", [("wse3", (762, 1172)), ("wse2", (757, 996))])

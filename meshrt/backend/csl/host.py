@@ -66,9 +66,10 @@ def run_py(program: Program, allocs: list[ClassAlloc], elem: str, rects: dict[in
         "stage pauses a slot whose next token is not there yet), read sampled tokens from",
         "`tok` (those of a request's outputs: fed at its last prompt position or later), relay",
         "cross-wafer messages (`xout_*` -> `xin_*`). The chip ends a request on an EOS or",
-        "after its max_new_tokens. `tok` holds each slot's last step: a poll slower than a",
-        "step misses tokens (the request is then reported unfinished, with the positions",
-        "missed); a production driver would stream them.",
+        "after its max_new_tokens. `tok` holds each slot's last few samples (position p at",
+        "p mod the ring's depth): a poll slower than that many steps misses tokens (the",
+        "request is then reported unfinished, with the positions missed); a production",
+        "driver would stream them.",
         '"""',
         "",
         "import argparse",
@@ -329,9 +330,9 @@ def feed_prompts(runner, wafer, requests):
 
 
 def read_tokens(runner, wafer, requests):
-    """New (handle, position fed, token) entries in `tok` of the sampler root (one a slot:
-    a step between two reads is missed): a request's outputs are the tokens sampled at its
-    last prompt position and after."""
+    """New (handle, position fed, token) entries in `tok` of the sampler root (a ring of
+    each slot's last samples: more steps than its depth between two reads miss some): a
+    request's outputs are the tokens sampled at its last prompt position and after."""
     for _, _, rects, sym, n, typ in arrays(wafer, "tok"):
         cur = d2h(runner, sym, rects[0], n, typ)[0]
         for s in range(n // TOK_WORDS):

@@ -38,12 +38,16 @@ PROMPT_DONE = 1 << 30  # in prm_have: the prompt ends at that position (no later
 PROMPT_RING = 8  # prm: prompt token p of the slot's request at p mod the ring's depth: at most
 # this deep, less where the first stage's SRAM does not leave room (`ProgramWriter.prompt_ring`)
 TOK_WORDS = 3  # tok (the sampler's, for the host): request handle, position fed, token sampled
+TOKEN_RING = 8  # tok: a slot's sample at position p in entry p mod the ring's depth, so a host
+# reading every few steps misses none: at most this deep, less where the sampler's SRAM does
+# not leave room (`ProgramWriter.fit_rings`)
 
 
-def request_words(admits: bool, emits_tokens: bool, ring: int) -> int:
+def request_words(admits: bool, emits_tokens: bool, ring: int, tok_ring: int) -> int:
     """32-bit words a request slot takes in a class's request arrays: the first stage's
-    (`admits`: req, prm of depth `ring`, prm_have), the sampler's (`emits_tokens`: tok)."""
-    return (REQ_WORDS + ring + HAVE_WORDS if admits else 0) + (TOK_WORDS if emits_tokens else 0)
+    (`admits`: req, prm of depth `ring`, prm_have), the sampler's (`emits_tokens`: tok of
+    depth `tok_ring`)."""
+    return (REQ_WORDS + ring + HAVE_WORDS if admits else 0) + (TOK_WORDS * tok_ring if emits_tokens else 0)
 
 
 class MetaCode:
@@ -194,11 +198,14 @@ class MetaCode:
                 f"    meta_out_continuous_batching[j * {CF_WORDS_PER_SLOT} + 1] = @as(u32, {done}[j]);",
             ]
             if self.emits_tokens:
+                d = w.token_ring
                 out += [
                     f"    if (rdt[slot * 4 + 1] == {RUNNING}) {{ // (a paused or free slot sampled nothing)",
-                    f"      tok[slot * {TOK_WORDS}] = @as(u32, rdt[slot * 4]);",
-                    f"      tok[slot * {TOK_WORDS} + 1] = @as(u32, rdt[slot * 4 + 2]);",
-                    f"      tok[slot * {TOK_WORDS} + 2] = @as(u32, {tokens}[j]);",
+                    f"      // the sample at position p in the slot's entry p mod {d}",
+                    f"      const e = (@as(u32, slot) * {d} + @as(u32, rdt[slot * 4 + 2]) % {d}) * {TOK_WORDS};",
+                    "      tok[e] = @as(u32, rdt[slot * 4]);",
+                    "      tok[e + 1] = @as(u32, rdt[slot * 4 + 2]);",
+                    f"      tok[e + 2] = @as(u32, {tokens}[j]);",
                     "    }",
                 ]
             out += ["  }", "}"]

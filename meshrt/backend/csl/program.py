@@ -53,6 +53,7 @@ from meshrt.backend.csl.metainfo import (
     PROMPT_RING,
     REQ_WORDS,
     TOK_WORDS,
+    TOKEN_RING,
     MetaCode,
     request_words,
 )
@@ -238,7 +239,8 @@ class ProgramWriter:
                                       for seg in self.cls.segments for e in seg.events())
         self.emits_tokens = any(e.kind == "produce" and e.name == "continuous_batching"
                                 for seg in self.cls.segments for e in seg.events())
-        self.prompt_ring = PROMPT_RING  # the first stage's prompt ring depth (`emit` fits it)
+        self.prompt_ring = PROMPT_RING  # the first stage's prompt ring depth (`fit_rings`)
+        self.token_ring = TOKEN_RING  # the sampler's token ring depth (`fit_rings`)
         self.has_rdt = self.cf or any(name == "rdt" for fn in self.level.calls.values() if fn is not None
                                       for name, _ in _arrays_of(fn))
         self.moe = "moe_routing" in kinds
@@ -295,7 +297,7 @@ class ProgramWriter:
         n += self.nwq * 2
         n += 4 * (self.meta_in_words + sum(self.meta_in.values()) + sum(self.meta_out_words.values()))
         n += 4 * self.slots * 4 if self.cf else 0
-        n += 4 * self.slots * request_words(self.admits, self.emits_tokens, self.prompt_ring)
+        n += 4 * self.slots * request_words(self.admits, self.emits_tokens, self.prompt_ring, self.token_ring)
         n += (4 + 4) * self.b * self.choices if self.has_rt else 0  # rt_expert (i32), rt_weight
         n += 2 * self.b if self.moe else 0  # mine
         n += eb * self.b * self.attn_rows + 4 * self.b  # sc, scale (f32)
@@ -490,14 +492,22 @@ class ProgramWriter:
             for b in self.cls.boundaries:
                 if b.source == seg.index:
                     self.emit_boundary(b)
-        if self.admits:
-            # the prompt ring as deep as the IR's per-core budget leaves (at least one token):
-            # the arrays less the ring at its current depth, a word a slot per token of depth
-            ring = 4 * self.slots
-            room = self.sh.lim.target.usable_sram_bytes - (self.sram_bytes() - ring * self.prompt_ring)
-            self.prompt_ring = max(1, min(PROMPT_RING, room // ring))
+        self.fit_rings()
         self.a.sram_bytes = self.sram_bytes()
         return self.render()
+
+    def fit_rings(self) -> None:
+        """The host's rings as deep as the IR's per-core budget leaves (at least one entry
+        each): the first stage's prompt ring, then the sampler's token ring in what the
+        arrays less both rings and the prompt ring leave (a class may be both)."""
+        usable = self.sh.lim.target.usable_sram_bytes
+        prompt, token = 4 * self.slots, 4 * self.slots * TOK_WORDS  # bytes a unit of depth
+        if self.admits:
+            rings = prompt * self.prompt_ring + (token * self.token_ring if self.emits_tokens else 0)
+            self.prompt_ring = max(1, min(PROMPT_RING, (usable - (self.sram_bytes() - rings)) // prompt))
+        if self.emits_tokens:
+            room = usable - (self.sram_bytes() - token * self.token_ring)
+            self.token_ring = max(1, min(TOKEN_RING, room // token))
 
     def emit_segment(self, s: int, seg: Segment) -> None:
         label = f"segment {seg.index} ({len(seg.subs)} sub-schedule(s))"
@@ -1291,8 +1301,9 @@ class ProgramWriter:
                                         "positions below this are in prm, for this request handle"))
             add(f"var admit_tok = @zeros([{self.b}]i32); // the token fed in place of the sampled one (-1: none)")
         if emits_tokens:
-            out.extend(self.host_buffer("tok", self.slots * TOK_WORDS, "u32", "sampled tokens for the host: "
-                                        "request handle, position fed, token"))
+            out.extend(self.host_buffer("tok", self.slots * self.token_ring * TOK_WORDS, "u32",
+                                        "sampled tokens for the host: request handle, position fed, "
+                                        f"token; position p at p mod {self.token_ring} of its slot's"))
         xw_in, xw_out = self.xw_in, self.xw_out
         for k in xw_in:
             out.extend(self.host_buffer(f"xin_{k}", self.xw_elems[k], self.xw_elem[k],
