@@ -404,8 +404,9 @@ def main():
             read_tokens(runner, wafer, requests)
     for h, r in requests.handle.items():
         line = {"id": r.get("id", h), "tokens": requests.tokens(h), "finished": requests.finished(h)}
-        if requests.missed(h):
-            line["missed_positions"] = requests.missed(h)
+        missed = requests.missed(h)
+        if missed:
+            line["missed_positions"] = missed
         print(json.dumps(line))
     for rid, why in requests.rejected:
         print(json.dumps({"id": rid, "rejected": why}))

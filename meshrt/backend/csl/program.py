@@ -498,15 +498,16 @@ class ProgramWriter:
 
     def fit_rings(self) -> None:
         """The host's rings as deep as the IR's per-core budget leaves (at least one entry
-        each): the first stage's prompt ring, then the sampler's token ring in what the
-        arrays less both rings and the prompt ring leave (a class may be both)."""
-        usable = self.sh.lim.target.usable_sram_bytes
+        each): the first stage's prompt ring first, then the sampler's token ring in what
+        is left (a class may hold both)."""
         prompt, token = 4 * self.slots, 4 * self.slots * TOK_WORDS  # bytes a unit of depth
+        room = self.sh.lim.target.usable_sram_bytes - (self.sram_bytes()  # the arrays less the rings
+                                                       - prompt * self.prompt_ring * self.admits
+                                                       - token * self.token_ring * self.emits_tokens)
         if self.admits:
-            rings = prompt * self.prompt_ring + (token * self.token_ring if self.emits_tokens else 0)
-            self.prompt_ring = max(1, min(PROMPT_RING, (usable - (self.sram_bytes() - rings)) // prompt))
+            self.prompt_ring = max(1, min(PROMPT_RING, room // prompt))
+            room -= prompt * self.prompt_ring
         if self.emits_tokens:
-            room = usable - (self.sram_bytes() - token * self.token_ring)
             self.token_ring = max(1, min(TOKEN_RING, room // token))
 
     def emit_segment(self, s: int, seg: Segment) -> None:

@@ -117,9 +117,10 @@ def split_layout(heads: int, kv_heads: int, d: int, max_seq: int, slots: int, kv
     entries over the h rows) and its working values for `micro_batch` slots."""
     g, c = heads // kv_heads, w // kv_heads
     block = -(-max_seq // h)  # a row's entries of the ring
-    qs = g * kv_share(kv_heads, d, w)  # its units of q (and of o)
+    ks = kv_share(kv_heads, d, w)  # its features of k (and of v)
+    qs = g * ks  # of q (and of o)
     b = micro_batch
-    by_features = SplitLayout(False, block, slots * block * kv_share(kv_heads, d, w) * 2 * kv_bytes,
+    by_features = SplitLayout(False, block, slots * block * ks * 2 * kv_bytes,
                               ACT_BYTES * b * (2 * qs + g * block))  # q, o; the scores
     rows = -(-block // c)
     # the gathered q | k | v, the partial (out, max, sum), its units of o, the scores

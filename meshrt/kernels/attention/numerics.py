@@ -44,6 +44,7 @@ class Attention(KernelExec):
         self.bodies = self.tile_bodies() if in_pe(info, plane.hp) else None
         # wider than its KV heads: head_dim split over groups of columns (`layout`)
         self.split, self.by_rows = None, False
+        self._held: dict[tuple[int, int], np.ndarray] = {}  # (i, j) -> its ring entries
         if splits_heads(self.kvh, w):
             self.split = HeadSplit.of(self.heads, self.kvh, self.d, w, self.rope)
             if self.split.problem():
@@ -85,14 +86,20 @@ class Attention(KernelExec):
         seen = age <= p
         if self.window:
             seen &= age < self.window
-        own = np.flatnonzero(entries == p % self.max_seq)
-        return np.flatnonzero(seen), (int(own[0]) if len(own) else None)
+        own = int(np.searchsorted(entries, p % self.max_seq))  # entries ascend
+        held = own < len(entries) and entries[own] == p % self.max_seq
+        return np.flatnonzero(seen), (own if held else None)
 
     def _entries(self, i: int, j: int, h: int) -> np.ndarray:
-        """The ring entries core (i, j) holds, in its cache's order: its row's block, every
-        c-th of them in a head split by rows (`layout.HeadSplit.entries`)."""
-        r0, r1 = part(self.max_seq, h, j)
-        return self.split.entries(i, r0, r1) if self.split is not None and self.by_rows else np.arange(r0, r1)
+        """The ring entries core (i, j) holds, ascending, in its cache's order: its row's
+        block, every c-th of them in a head split by rows (`layout.HeadSplit.entries`);
+        worked out once per core."""
+        got = self._held.get((i, j))
+        if got is None:
+            r0, r1 = part(self.max_seq, h, j)
+            got = self._held[i, j] = (self.split.entries(i, r0, r1) if self.split is not None and self.by_rows
+                                      else np.arange(r0, r1))
+        return got
 
     def load_pushed(self, cd, kv, state):
         """Slot kv's K and V rows this core holds from a pushed cache, in each layout's
@@ -172,6 +179,10 @@ class Attention(KernelExec):
     def compute(self, cd, op):
         if self.bodies is not None:
             return self._compute_pe(cd, op)
+        if op == "softmax_merge":  # down the column, in every layout the numerics compute
+            (got,) = self.take(cd, FlowRole.DOWN)
+            cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
+            return None
         if self.split is not None:
             return self._compute_rows(cd, op) if self.by_rows else self._compute_features(cd, op)
         where = self.where(cd)
@@ -198,9 +209,6 @@ class Attention(KernelExec):
             q = q.reshape(self.b, hq, self.d)
             k, v = k.reshape(self.b, hk, self.d), v.reshape(self.b, hk, self.d)
             cd.acc[self.name] = self._attend(cd, cb, q, k, v, self._entries(i, j, h))
-        elif op == "softmax_merge":
-            (got,) = self.take(cd, FlowRole.DOWN)
-            cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
         elif op == "normalize":
             hq = self.heads // w
             out = self._normalized(cd, i * hq)
@@ -286,7 +294,7 @@ class Attention(KernelExec):
                 qkr = self._rope(np.concatenate([qb * self._gain(self.q_gain, feats),
                                                  kb[None] * self._gain(self.k_gain, feats)]), p, feats)
                 qr, kr = qkr[:g], qkr[g]
-                rows, own = self._rows(p, np.arange(r0, r1))
+                rows, own = self._rows(p, self._entries(i, j, h))
                 if len(rows):
                     keys = cache[0, slot.kv, rows].astype(F64)
                     if own is not None:  # its own key, not yet normalized nor cached
@@ -297,7 +305,7 @@ class Attention(KernelExec):
             cd.acc[self.name, "scores"] = (scores, ssq)
         elif op == "score_add":  # the left neighbour's running sum, if of this group
             (got,) = self.take(cd, FlowRole.DOWN)
-            if sp.group_id(i - 1) == sp.group_id(i) >= 0:
+            if self._of_group(i, i - 1):
                 sc, ssq = cd.acc[self.name, "scores"]
                 cd.acc[self.name, "scores"] = (sc + got[0], ssq + got[1])  # new arrays
         elif op == "exp":
@@ -322,9 +330,6 @@ class Attention(KernelExec):
                 m[b], s[b] = mx, e.sum(axis=1)
                 o[b] = e @ cache[1, slot.kv, rows].astype(F64)
             cd.acc[self.name] = (o, m, s)
-        elif op == "softmax_merge":
-            (got,) = self.take(cd, FlowRole.DOWN)
-            cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
         elif op == "normalize":
             out = self._normalized(cd, kv_head * g).transpose(0, 2, 1)  # (b, features, g heads)
             if self.gated:
@@ -433,9 +438,6 @@ class Attention(KernelExec):
             (got,) = self.take(cd, FlowRole.DOWN)
             if self._of_group(i, i - 1):
                 cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
-        elif op == "softmax_merge":  # down the column
-            (got,) = self.take(cd, FlowRole.DOWN)
-            cd.acc[self.name] = _merge_softmax(got, cd.acc[self.name])
         elif op == "normalize":  # this column's units of the group's heads
             kv_head, k0, k1, q0, _, _ = sp.column(i)
             f0 = k0 - kv_head * d
@@ -459,18 +461,25 @@ class Attention(KernelExec):
             return cd.acc.pop(self.name)
         return cd.values[self.name]
 
+    def _row_relay(self, cd, item):
+        """Where a value relayed back along a head split's row is kept (the summed scores;
+        the group's whole q | k | v or merged partial), or None: not such a relay."""
+        if self.split is None:
+            return None
+        if not self.by_rows:
+            return (self.name, "scores") if self._scoring(cd) else None
+        if self._gathers(cd):
+            return self.name, "qkv"
+        return self.name if isinstance(item, tuple) else None  # not the column's result
+
     def recv(self, cd, role, items):
-        if role is FlowRole.UP and self.split is not None and (
-                self._scoring(cd) if not self.by_rows else self._gathers(cd) or isinstance(items[0], tuple)):
-            # relayed from the right along the row (summed scores; the group's whole
-            # q | k | v or merged partial): this group's, unless this column ends it
-            _, i, _, _, _ = self.grid_pos(cd)
-            if self._of_group(i, i + 1):
-                key = (self.name, "scores") if not self.by_rows else (
-                    (self.name, "qkv") if self._gathers(cd) else self.name)
-                cd.acc[key] = items[0]
-        else:
+        key = self._row_relay(cd, items[0]) if role is FlowRole.UP else None
+        if key is None:
             super().recv(cd, role, items)
+            return
+        _, i, _, _, _ = self.grid_pos(cd)
+        if self._of_group(i, i + 1):  # this group's, unless this column ends it
+            cd.acc[key] = items[0]
 
 
 def _merge_softmax(a, b):

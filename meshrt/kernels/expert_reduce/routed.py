@@ -73,7 +73,7 @@ class RoutedSenders:
     placement: tuple[int, ...]  # expert -> region, as compiled
     regions: tuple[RectSet, ...]  # every expert region, routed ones first, then shared ones
     routed_regions: int  # how many of them hold routed experts (the mapper's order)
-    kernel: str = ""  # the expert kernel whose regions these are
+    kernel: str  # the expert kernel whose regions these are
 
     @staticmethod
     def of(program, flow) -> "RoutedSenders":
@@ -83,13 +83,14 @@ class RoutedSenders:
         infos = {k.kernel_name: k for k in program.kernels()}
         consumer = infos[flow.kernel.root_reference.data]
         reduce = next(infos[n] for n in consumer.input_names if infos[n].kind.data == "expert_reduce")
-        return RoutedSenders.of_experts(program, infos[reduce.input_names[0]])
+        return RoutedSenders.of_experts(program, infos[reduce.input_names[0]], infos)
 
     @staticmethod
-    def of_experts(program, ffn) -> "RoutedSenders":
+    def of_experts(program, ffn, infos: dict | None = None) -> "RoutedSenders":
         """From expert kernel record `ffn` (an `expert_ffn`'s): its regions and placement,
-        and top_k from the gate it reads."""
-        infos = {k.kernel_name: k for k in program.kernels()}
+        and top_k from the gate it reads (`infos`: the program's records by name, if at
+        hand)."""
+        infos = infos or {k.kernel_name: k for k in program.kernels()}
         gate = next(infos[n] for n in ffn.input_names if infos[n].param("top_k") is not None)
         placement = tuple(int(r) for r in ffn.param("placement"))
         regions = tuple(RectSet.from_cores(cs) for cs in ffn.params.data["expert_regions"].data)

@@ -77,6 +77,10 @@ def gate_bodies(kernel: str, b: int, rows: int, cols: int, experts: int, k: int,
     def token(bd: Body, t) -> None:
         row = bd.mul(t, cols)
 
+        def entry(bd2: Body, c):
+            """Token t's choice c in the routing table."""
+            return bd2.add(bd2.mul(t, n), c)
+
         def logit(bd2: Body, e):
             return bd2.widen(bd2.load("y", bd2.add(row, e)))
 
@@ -97,7 +101,7 @@ def gate_bodies(kernel: str, b: int, rows: int, cols: int, experts: int, k: int,
                 return [bd3.select(take, v, best), bd3.select(take, bd3.cast(e, i32), at)]
 
             best, at = bd2.fold(experts, [bd2.scalar(-1.0), bd2.const(0, i32)], scan)
-            slot = bd2.add(bd2.mul(t, n), c)
+            slot = entry(bd2, c)
             bd2.store(at, ROUTING_TABLE[0], slot)
             bd2.store(best, ROUTING_TABLE[1], slot)
             bd2.store(bd2.scalar(-1.0), "prob", bd2.cast(at, IndexType()))  # taken
@@ -105,13 +109,12 @@ def gate_bodies(kernel: str, b: int, rows: int, cols: int, experts: int, k: int,
         bd.each(k, choose)
         if normalize:
             (chosen,) = bd.fold(k, [bd.scalar(0.0)], lambda bd2, c, s: [bd2.addf(
-                s, bd2.load(ROUTING_TABLE[1], bd2.add(bd2.mul(t, n), c)))])
+                s, bd2.load(ROUTING_TABLE[1], entry(bd2, c)))])
             bd.each(k, lambda bd2, c: bd2.store(
-                bd2.divf(bd2.load(ROUTING_TABLE[1], bd2.add(bd2.mul(t, n), c)), chosen),
-                ROUTING_TABLE[1], bd2.add(bd2.mul(t, n), c)))
+                bd2.divf(bd2.load(ROUTING_TABLE[1], entry(bd2, c)), chosen), ROUTING_TABLE[1], entry(bd2, c)))
 
         def share(bd2: Body, c) -> None:
-            at = bd2.plus(bd2.add(bd2.mul(t, n), c), k)
+            at = bd2.plus(entry(bd2, c), k)
             bd2.store(bd2.cast(bd2.plus(c, experts), i32), ROUTING_TABLE[0], at)
             weight = bd2.scalar(1.0)
             if gated:
