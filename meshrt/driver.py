@@ -81,16 +81,17 @@ def load_spec(path: str | Path) -> ModelSpec:
 
 
 def load_model(path: str | Path, target: Target | str | Path, *, micro_batch: int | None = None,
-               wafers: int | None = None, dynamism: Sequence[str] | None = None) -> ModuleOp:
+               wafers: int | None = None, dynamism: Sequence[str] | None = None,
+               chunk: int = 1) -> ModuleOp:
     """A model file (.mrt spec or config.json) mapped on `target`: graph IR.
 
     `micro_batch`, `wafers` and `dynamism` (`()` is the static build)
-    override the spec's; FrontendError on bad input (the model is read
-    before the target)."""
+    override the spec's; `chunk`: prompt tokens a prefilling slot feeds a step;
+    FrontendError on bad input (the model is read before the target)."""
     from meshrt.frontend.mapper import map_model
 
     spec = load_spec(path)
-    return map_model(spec, load_target(target), micro_batch, wafers, dynamism)
+    return map_model(spec, load_target(target), micro_batch, wafers, dynamism, chunk)
 
 
 def parse_ir(text: str, filename: str = "<input>") -> ModuleOp:
@@ -154,32 +155,34 @@ def lower(module: ModuleOp, to: str, target: Target | str | Path | None = None) 
 
 def compile(source: Source, target: Target | str | Path | None = None, to: str = "segments", *,
             micro_batch: int | None = None, wafers: int | None = None,
-            dynamism: Sequence[str] | None = None) -> ModuleOp:
+            dynamism: Sequence[str] | None = None, chunk: int | None = None) -> ModuleOp:
     """`source` (a model file, a printed IR file or a module) compiled to level `to`.
 
     A model needs `target`; IR defaults to the target it names. The mapping
-    options (`micro_batch`, `wafers`, `dynamism`) apply to models only."""
+    options (`micro_batch`, `wafers`, `dynamism`, the prefill `chunk`) apply to
+    models only."""
     tgt = None if target is None else load_target(target)
     if isinstance(source, ModuleOp) or is_ir(source):
-        if (micro_batch, wafers, dynamism) != (None, None, None):
+        if (micro_batch, wafers, dynamism, chunk) != (None, None, None, None):
             where = source if not isinstance(source, ModuleOp) else "<module>"
-            raise MeshrtError.located(f"{where}: error: micro-batch, wafers and dynamism are "
-                                      "chosen when a model is compiled, not on IR")
+            raise MeshrtError.located(f"{where}: error: micro-batch, wafers, dynamism and the "
+                                      "prefill chunk are chosen when a model is compiled, not on IR")
         module = source if isinstance(source, ModuleOp) else read_ir(source)
     else:
         if tgt is None:
             raise FrontendError("compiling a model needs a target", str(source))
-        module = load_model(source, tgt, micro_batch=micro_batch, wafers=wafers, dynamism=dynamism)
+        module = load_model(source, tgt, micro_batch=micro_batch, wafers=wafers, dynamism=dynamism,
+                            chunk=chunk or 1)
     return lower(module, to, tgt)
 
 
 def segment_program(source: Source, target: Target | str | Path | None = None, *,
                     micro_batch: int | None = None, wafers: int | None = None,
-                    dynamism: Sequence[str] | None = None) -> sg.ProgramOp:
+                    dynamism: Sequence[str] | None = None, chunk: int | None = None) -> sg.ProgramOp:
     """The checked, coloured segment program of `source`: what the interpreter,
     the serving loop and the cost model run (`dynamism=()`: the static build)."""
     module = compile(source, target, "segments", micro_batch=micro_batch, wafers=wafers,
-                     dynamism=dynamism)
+                     dynamism=dynamism, chunk=chunk)
     program = program_of(module)
     assert isinstance(program, sg.ProgramOp)
     return program

@@ -61,6 +61,7 @@ MATH_STRS = ("rope_type", "linear_quant", "expert_quant", "act_format")
 MAX_LAYERS = 1 << 16
 MAX_EXPERTS = 1 << 16
 MAX_DIM = 1 << 24
+MAX_CHUNK = 4096  # the most prompt tokens a slot prefills a step (a 4K context at once)
 INT_RANGES: dict[str, tuple[int, int]] = {
     "layers": (1, MAX_LAYERS), "hidden": (1, MAX_DIM), "heads": (1, MAX_DIM),
     "kv_heads": (1, MAX_DIM), "head_dim": (1, MAX_DIM), "vocab": (1, MAX_DIM),
@@ -70,6 +71,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "sliding_window": (0, MAX_DIM), "rope_original_max": (0, MAX_DIM),
     **{k: (0, MAX_DIM) for k in LINEAR_INTS},
     "quant_block_in": (0, MAX_DIM), "quant_block_out": (0, MAX_DIM),
+    "prefill_chunk": (1, MAX_CHUNK),
     **{k: (0, 1) for k in MATH_FLAGS},
 }
 
@@ -293,11 +295,13 @@ class ModelShape:
         """The sliding window layer `layer` attends over (0: every earlier key)."""
         return self.sliding_window if layer in self._window_set else 0
 
-    def kv_capacity(self, layer: int) -> int:
+    def kv_capacity(self, layer: int, chunk: int = 1) -> int:
         """Positions a request slot's KV cache holds in attention layer `layer`: max_seq,
-        or its window on a sliding-window layer (a ring of the last ones)."""
+        or on a sliding-window layer a ring of the last ones: its window, and the chunk's
+        other rows (a prefill chunk of `chunk` rows writes its keys before the first row
+        has read the oldest of its window)."""
         w = self.window(layer)
-        return min(w, self.max_seq) if w else self.max_seq
+        return min(w + chunk - 1, self.max_seq) if w else self.max_seq
 
     @functools.cached_property
     def _window_set(self) -> frozenset[int]:

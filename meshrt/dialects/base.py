@@ -161,6 +161,16 @@ class MappedProgramOp(IRDLOperation):
         return int_value(self.micro_batch)
 
     @property
+    def chunk(self) -> int:
+        """Prompt tokens a prefilling slot feeds a step (hparam `prefill_chunk`, absent: 1)."""
+        return self.hparam("prefill_chunk", 1)
+
+    @property
+    def rows(self) -> int:
+        """Token rows a micro-batch carries: every kernel's values are this many vectors."""
+        return self.micro_batch_size * self.chunk
+
+    @property
     def dynamism_kinds(self) -> tuple[str, ...]:
         return tuple(d.kind.data for d in self.dynamism)
 

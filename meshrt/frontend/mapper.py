@@ -71,7 +71,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 from xdsl.ir import Block, Region, SSAValue
 
 from meshrt.dialects import graph as g
@@ -92,7 +92,7 @@ from meshrt.kernels.topk_gate.op import TopKGateOp
 from meshrt.rope import rotary_dim
 from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div, held_share
 from meshrt.limits import format_bytes as _fmt_bytes
-from meshrt.shape import kv_slots
+from meshrt.shape import MAX_CHUNK, kv_slots
 from meshrt.targets import Target
 
 MIN_EXPERT_CORES = 4  # below this an expert region has no room for distinct roles
@@ -620,9 +620,13 @@ def _heights(target: Target, shape: ModelShape, fixed: int | None = None) -> lis
 
 
 class _Mapper:
-    def __init__(self, spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None):
+    def __init__(self, spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None,
+                 chunk: int = 1):
         self.spec, self.target, self.shape = spec, target, spec.shape
         self.mb, self.wafers = micro_batch, wafers
+        # a prefilling slot feeds `chunk` prompt tokens a step: every kernel's values are
+        # `rows` vectors, while the request slots (KV, descriptors) follow the micro-batch
+        self.chunk, self.rows = chunk, micro_batch * chunk
         # Blame the spec's `wafers = N` when the budget came from there.
         from_spec = wafers is not None and wafers == spec.wafers
         self.budget_loc = spec.locs.get("wafers") if from_spec else None
@@ -676,7 +680,7 @@ class _Mapper:
 
     def sizer(self, kv_slots: int) -> Sizer:
         """Bytes per core of this model's kernels at this micro-batch, `kv_slots` request slots."""
-        return Sizer(self.shape, self.mb, kv_slots, self.usable)
+        return Sizer(self.shape, self.rows, kv_slots, self.usable)
 
     def planner(self, stages: int) -> Planner:
         return Planner(self.sizer(self.kv_slots(stages)), self.group, self.target.width,
@@ -715,7 +719,7 @@ class _Mapper:
         whether or not the build carries one, so a build and its static counterpart get one
         mapping)."""
         share = held_share(self.shape.hidden, "rows", 1, h)
-        return self.mb * (share * ACT_BYTES + CF_BYTES_PER_SLOT)
+        return self.rows * (share * ACT_BYTES + CF_BYTES_PER_SLOT)
 
     def shapes(self, stages: int, h: int, scale: float = 1.0,
                merge: bool = True) -> list[UnitShape] | None:
@@ -1200,7 +1204,7 @@ class _Emitter:
         if s.is_linear_layer(i):  # Gated DeltaNet on the region's first columns
             qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.linear_in_width, **kw))
             x0, y0, x1, y1 = b["attn"].extent
-            w, _ = delta_shape(s, x1 - x0, self.m.mb)
+            w, _ = delta_shape(s, x1 - x0, self.m.rows)
             # its inner rows where there are three or more: the qkv reduction's end row
             # sends the DeltaNet its input and is not among the receivers (the CSL
             # backend routes no gather whose receivers are partly its senders)
@@ -1215,7 +1219,7 @@ class _Emitter:
                                       bias=s.qkv_bias, **kw))
             a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
                                        kv_heads=s.kv_heads, head_dim=s.head_dim,
-                                       max_seq=s.kv_capacity(i), gated=s.attn_gate, **kw))
+                                       max_seq=s.kv_capacity(i, self.m.chunk), gated=s.attn_gate, **kw))
         o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden,
                                 weights=None if s.is_linear_layer(i) else q,
                                 bias=s.o_bias and not s.is_linear_layer(i), **kw))
@@ -1260,6 +1264,8 @@ class _Emitter:
         s, m, t, lay = self.s, self.m, self.m.target, self.lay
         group = next((p.shape.grid.group for p in lay.placed if p.shape.grid), m.group)
         hparams = s.to_hparams(lay.kv_slots, group if s.is_moe else 0)
+        if m.chunk > 1:
+            hparams["prefill_chunk"] = IntegerAttr(m.chunk, i64)
         op = g.ModelOp(
             symbol_name(s.name), target=t.name, width=t.width, height=t.height,
             wafers=lay.wafers, stages=max(lay.stages) + 1, micro_batch=m.mb,
@@ -1269,18 +1275,26 @@ class _Emitter:
 
 
 def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
-              wafers: int | None = None, dynamism: Sequence[str] | None = None) -> ModuleOp:
+              wafers: int | None = None, dynamism: Sequence[str] | None = None,
+              chunk: int = 1) -> ModuleOp:
     """Graph IR for `spec` mapped on `target` (overrides: micro-batch, wafer
-    budget, dynamism kinds; `dynamism=()` is the static build)."""
+    budget, dynamism kinds; `dynamism=()` is the static build), a prefilling slot
+    feeding `chunk` prompt tokens a step."""
     if dynamism is not None:
         spec = dataclasses.replace(spec, dynamism=tuple(dynamism))  # re-validated
     mb = micro_batch if micro_batch is not None else spec.micro_batch
     budget = wafers if wafers is not None else spec.wafers
     if mb < 1:
         raise FrontendError(f"micro-batch must be at least 1, got {mb}")
+    if not 1 <= chunk <= MAX_CHUNK:
+        raise FrontendError(f"prefill chunk must be 1..{MAX_CHUNK} tokens, got {chunk}", Loc(spec.source))
+    if chunk > 1 and spec.shape.linear_layers:
+        raise FrontendError(f"prefill chunk {chunk}: the model's Gated DeltaNet layers take one "
+                            "token of a request a step (chunked linear attention is not built)",
+                            Loc(spec.source))
     if budget is not None and budget < 1:
         raise FrontendError(f"wafers must be at least 1, got {budget}")
-    mapper = _Mapper(spec, target, mb, budget)
+    mapper = _Mapper(spec, target, mb, budget, chunk)
     lay = mapper.explicit_layout() if spec.mapping.explicit else mapper.default_layout()
     return _Emitter(mapper, lay).emit()
 

@@ -70,7 +70,7 @@ def ceil_div(a: float, b: int) -> int:
 class KernelContext:
     """What kernels need to know about the program and the model."""
 
-    micro_batch: int
+    micro_batch: int  # token rows a micro-batch carries: its slots x the prefill chunk
     slots: int  # request slots a stage holds state for (micro-batch x stages)
     weight_bytes: float
     expert_weight_bytes: float

@@ -78,7 +78,7 @@ class MoESite:
 
     @property
     def micro_batch(self) -> int:
-        return self.program.micro_batch_size
+        return self.program.rows
 
     @property
     def wafer(self) -> int:

@@ -76,7 +76,7 @@ def kernel_context(program: mk.ProgramOp, target: Target | None = None,
     `reduce_tree` says which trees the plan may choose (see `SynthesizeSchedules`)."""
     hp = HParams.of(program)
     return kr.KernelContext(
-        micro_batch=program.micro_batch_size,
+        micro_batch=program.rows,
         # The mapper records the KV slots it sized for; without it, one
         # micro-batch in flight per stage.
         slots=hp.kv_slots(program),

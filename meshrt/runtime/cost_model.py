@@ -329,7 +329,7 @@ class CostModel:
         self.target = target
         self.kernel_scale = dict(kernel_scale or {})
         self.costs = dict(target.costs)
-        self.slots = program.micro_batch_size
+        self.slots = program.rows
         self.wafers = program.num_wafers
         self.stages = program.num_stages
         j = target.speed_spread if jitter is None else jitter

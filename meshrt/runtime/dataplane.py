@@ -58,7 +58,7 @@ class DataPlane:
         self.weights = weights
         self.shape = weights.shape
         self.act = ref.Act.of(self.shape)  # the FFNs' activation (`reference.glu`)
-        self.b = program.micro_batch_size
+        self.b = program.rows
         self.moe_routing = "moe_routing" in program.dynamism_kinds
         self.cb = "continuous_batching" in program.dynamism_kinds
         self.host = host

@@ -518,7 +518,7 @@ class MeshSim:
         self.W, self.H = program.mesh_size
         self.wafers = program.num_wafers
         self.costs = dict(target.costs)
-        self.slots = program.micro_batch_size
+        self.slots = program.rows
         self._build()
 
     # -- construction ----------------------------------------------------

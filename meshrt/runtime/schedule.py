@@ -255,7 +255,7 @@ def flatten(program: sg.ProgramOp, target, *, handshakes: bool = True,
     """
 
     costs = target.costs
-    slots = program.micro_batch_size
+    slots = program.rows
     names = tuple(f.flow_name for f in program.flows())
     fidx = {n: i for i, n in enumerate(names)}
     via = {r.flow_name: RectSet.from_cores(r.via) for r in program.routes()}

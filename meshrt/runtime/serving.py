@@ -8,10 +8,15 @@ sampler root (the core that produces the continuous-batching payload) reads
 the waiting queue when a slot frees, and its table rides with the tokens
 back to the first stage and on to every attention.
 
-Prompts are prefilled on chip, one token per slot per step (chunked prefill
-with a chunk of one token): while a slot's prompt lasts, the sampler feeds
-the next prompt token instead of the sampled one. Time to first token is
-therefore arrival -> admission -> prompt length decode steps.
+Prompts are prefilled on chip in chunks (`prefill_chunk` C, 1 by default):
+a micro-batch carries b x C token rows, and each step every slot of the
+micro-batch feeds its next C prompt tokens while its prompt lasts, else the
+token it sampled last (one row). In a chunked program (C > 1) the rows a slot
+does not use go to prompts of requests in other micro-batches' slots (the
+oldest first, C rows each at most), so one request's chunks flow through the
+pipeline in consecutive micro-batches, each row naming its KV slot and
+position (docs/prefill.md). Time to first token is arrival -> admission ->
+the prompt's chunks.
 
 A request may instead arrive with the KV cache of its prompt but the last
 token (prefill done elsewhere; or of a shorter prefix: `kv_cache`). Once the
@@ -60,6 +65,9 @@ class _Live:
     req: Request
     arrival: int  # cycles
     admitted: int
+    group: int  # the micro-batch and slot it is admitted to (its KV slot)
+    slot: int
+    kv: int
     fed: int = 0
     out: list[int] = field(default_factory=list)
     sampled_at: list[tuple[int, int]] = field(default_factory=list)  # (step, slot) per output
@@ -95,8 +103,9 @@ class Host:
 
     def __init__(self, requests: list[Request], *, micro_batch: int, groups: int, max_seq: int,
                  clock_hz: float, static: bool, queue_capacity: int, refill_cycles: int,
-                 push_cycles: Callable[[int], int] = lambda positions: 0):
+                 push_cycles: Callable[[int], int] = lambda positions: 0, chunk: int = 1):
         self.b, self.groups, self.max_seq = micro_batch, groups, max_seq
+        self.chunk, self.rows = chunk, micro_batch * chunk
         self.static = static
         self.capacity = queue_capacity
         self.refill_cycles = refill_cycles
@@ -109,6 +118,8 @@ class Host:
         self.slots: list[list[_Live | None]] = [[None] * micro_batch for _ in range(groups)]
         self.tables: dict[int, SlotTable] = {}
         self.tokens: dict[int, list[int]] = {}
+        self.owners: dict[int, list[_Live | None]] = {}  # step -> the request of each row
+        self.admitted: list[_Live] = []  # live requests in admission order (lent rows go there first)
         self.slot_steps = 0
         self.busy_slot_steps = 0
         self.now = lambda: 0
@@ -143,7 +154,8 @@ class Host:
         for s in range(self.b):
             if row[s] is None and self.waiting:
                 t, r = self.waiting.popleft()
-                live = row[s] = _Live(r, t, now)
+                live = row[s] = _Live(r, t, now, g, s, g * self.b + s)
+                self.admitted.append(live)
                 if self.plane is not None:
                     self.plane.push_kv(g * self.b + s, r.kv)
                 if r.kv is not None:
@@ -153,22 +165,58 @@ class Host:
                     writes += cycles
         return writes
 
+    def _feed(self, live: _Live | None, now: int, most: int) -> list[tuple[int, int]]:
+        """(position, token) of the rows `live` feeds next, at most `most`: its prompt's
+        next tokens, or the token it sampled last once that is out; none while its cache
+        is being written or its last sample is not back."""
+        if live is None or live.done or live.ready > now:
+            return []
+        p = live.req.prompt
+        if live.fed < len(p):
+            n = min(most, len(p) - live.fed)
+            out = [(live.fed + k, p[live.fed + k]) for k in range(n)]
+        elif len(live.out) > live.fed - len(p):  # its token at position `fed` is sampled
+            out = [(live.fed, live.out[live.fed - len(p)])] if most else []
+        else:
+            out = []
+        live.fed += len(out)
+        return out
+
     def _table(self, seq: int) -> None:
+        """The rows step `seq` runs: each slot of its micro-batch its own (a slot of a
+        program of one token a step keeps its row, idle or not), then, in a chunked
+        program, the spare rows to the prompts of the oldest requests, C each at most."""
         g = seq % self.groups
         now = self.now()
-        slots, toks = [], []
+        slots, toks, owners = [], [], []
+
+        def add(live: _Live, fed: list[tuple[int, int]]) -> None:
+            for pos, tok in fed:
+                slots.append(Slot(_rid(live), pos, live.kv))
+                toks.append(tok)
+                owners.append(live)
+
         for s, live in enumerate(self.slots[g]):
-            kv = g * self.b + s
-            if live is None or live.ready > now:  # empty, or its cache still being written
-                slots.append(Slot(-1, 0, kv))
+            fed = self._feed(live, now, self.chunk)
+            add(live, fed)
+            if self.chunk == 1 and not fed:  # empty, its cache being written, or waiting
+                slots.append(Slot(-1, 0, g * self.b + s))
                 toks.append(0)
-                continue
-            p = live.req.prompt
-            toks.append(p[live.fed] if live.fed < len(p) else live.out[-1])
-            slots.append(Slot(_rid(live), live.fed, kv))
-            live.fed += 1
+                owners.append(None)
+        self.admitted = [x for x in self.admitted if not x.done]
+        if self.chunk > 1:
+            for live in self.admitted:
+                if len(slots) >= self.rows:
+                    break
+                if live.group != g and live.fed < live.req.prompt_len:
+                    add(live, self._feed(live, now, min(self.chunk, self.rows - len(slots))))
+            while len(slots) < self.rows:
+                slots.append(Slot(-1, 0, 0))
+                toks.append(0)
+                owners.append(None)
         self.tables[seq] = SlotTable(seq, tuple(slots))
         self.tokens[seq] = toks
+        self.owners[seq] = owners
 
     # -- hooks (the data plane calls these) --------------------------------
     def first_tokens(self, g: int) -> list[int]:
@@ -199,27 +247,28 @@ class Host:
         now = self.now()
         table = self.tables.pop(seq)
         self.tokens.pop(seq, None)
-        row = self.slots[g]
-        for s, slot in enumerate(table.slots):
+        owners = self.owners.pop(seq)
+        for r, slot in enumerate(table.slots):
             self.slot_steps += 1
-            live = row[s]
+            live = owners[r]
             if slot.rid < 0 or live is None or live.done:
                 continue
             self.busy_slot_steps += 1
             if slot.pos < live.req.prompt_len - 1:
                 continue  # still prefilling: the sampled token is not an output
-            tok = tokens[s]
+            tok = tokens[r]
             live.out.append(tok)
-            live.sampled_at.append((seq, s))
+            live.sampled_at.append((seq, r))
             if live.first is None:
                 live.first = now
-            if ends[s] or len(live.out) >= live.req.output_len:
+            if ends[r] or len(live.out) >= live.req.output_len:
                 live.done = True
                 self.records.append(RequestRecord(live.req.id, live.req.prompt, live.out, live.arrival,
                                                   live.admitted, live.first, now, live.sampled_at,
                                                   live.req.kv_len))
                 if not self.static:
-                    row[s] = None
+                    self.slots[live.group][live.slot] = None
+        row = self.slots[g]
         refill = 0
         if self.static and all(x is None or x.done for x in row):
             if any(x is not None for x in row):
@@ -427,7 +476,7 @@ def _interpret(program, target, requests, weights, *, seed, queue_capacity, max_
     shape = ModelShape.from_hparams(program, program.program_name)  # its KV format
     max_seq = HParams.of(program).int("max_seq")
     host = Host(list(requests), micro_batch=program.micro_batch_size, groups=groups, max_seq=max_seq,
-                clock_hz=target.clock_hz,
+                clock_hz=target.clock_hz, chunk=program.chunk,
                 static="continuous_batching" not in dyn, queue_capacity=queue_capacity,
                 refill_cycles=int(target.costs.get("host_roundtrip", 0)),
                 push_cycles=lambda n: kv_cache.push_cycles(shape, n, target))

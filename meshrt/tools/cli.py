@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="requests per micro-batch, at least 1 (default: the spec's, or 1)")
     c.add_argument("--wafers", type=int, metavar="N",
                    help="wafer budget, at least 1 (default: as few as fit)")
+    c.add_argument("--prefill-chunk", type=int, metavar="N",
+                   help="prompt tokens a prefilling slot feeds a step, at least 1 (default 1): "
+                        "a micro-batch carries micro-batch x N token rows (docs/prefill.md)")
     c.add_argument("--dynamism", type=parse_dynamism, metavar="LIST",
                    help="override the spec's dynamism kinds: a comma-separated list of "
                         f"{', '.join(SUPPORTED_DYNAMISM)}, or 'none' for the static build")
@@ -126,18 +129,20 @@ def _compile(args: argparse.Namespace) -> int:
         return _fail("meshrt compile: error: --weights writes files: it needs -o DIR")
     if not 0 <= args.weights_seed < 2**63:
         return _fail(f"meshrt compile: error: --weights-seed must be in 0..2^63-1, got {args.weights_seed}")
-    for flag, v in (("--micro-batch", args.micro_batch), ("--wafers", args.wafers)):
+    for flag, v in (("--micro-batch", args.micro_batch), ("--wafers", args.wafers),
+                    ("--prefill-chunk", args.prefill_chunk)):
         if v is not None and v < 1:
             return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
     try:
         if driver.is_ir(args.model):  # printed IR of any level: restart where it stands
-            if (args.micro_batch, args.wafers, args.dynamism) != (None, None, None):
-                return _fail(f"{args.model}: error: --micro-batch, --wafers and --dynamism are "
-                             "chosen when a model is compiled, not on IR")
+            if (args.micro_batch, args.wafers, args.dynamism, args.prefill_chunk) != (None,) * 4:
+                return _fail(f"{args.model}: error: --micro-batch, --wafers, --dynamism and "
+                             "--prefill-chunk are chosen when a model is compiled, not on IR")
             module = driver.read_ir(args.model)
         else:
             module = driver.load_model(args.model, args.target, micro_batch=args.micro_batch,
-                                       wafers=args.wafers, dynamism=args.dynamism)
+                                       wafers=args.wafers, dynamism=args.dynamism,
+                                       chunk=args.prefill_chunk or 1)
         target = driver.load_target(args.target)
     except (FrontendError, MeshrtError) as e:
         return _fail(str(e))

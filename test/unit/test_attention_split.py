@@ -160,7 +160,7 @@ def test_a_head_split_computes_every_attention_feature(tmp_path):
         assert res.outputs_match_reference, seed
 
 
-def test_a_head_split_by_rows_computes_every_attention_feature(tmp_path):
+def test_a_head_split_by_rows_computes_every_attention_feature(tmp_path, test32_with):
     """The same attention with a context of 256 on regions two rows high: layer 0's group
     splits its rows (128 entries a row's block: its scores outweigh whole heads'
     vectors, `layout.split_layout`), layer 1's sliding window of 5 keeps the features
@@ -174,12 +174,7 @@ def test_a_head_split_by_rows_computes_every_attention_feature(tmp_path):
     spec_ = importlib.util.spec_from_file_location("kv_push", Path(__file__).parent / "test_kv_push.py")
     kv_push = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(kv_push)
-    toml = (REPO / "meshrt" / "targets" / "test32.toml").read_text()
-    for a, b in (('name = "test32"', 'name = "test32big"'), ("sram_bytes = 12288", "sram_bytes = 131072")):
-        assert a in toml
-        toml = toml.replace(a, b)
-    target = tmp_path / "test32big.toml"
-    target.write_text(toml)
+    target = test32_with("test32big", ("sram_bytes = 12288", "sram_bytes = 131072"))
     (tmp_path / "m.mrt").write_text((REPO / "examples" / "tiny_dense.mrt").read_text()
                                     .replace("kv_heads    = 4", "kv_heads    = 2")
                                     .replace("max_seq     = 12", "max_seq     = 256"))

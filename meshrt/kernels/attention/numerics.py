@@ -163,10 +163,14 @@ class Attention(KernelExec):
             bufs["x"][:] = self.input(cd).need(lo, hi, self.where(cd)).astype(F32).reshape(-1)
             cb = self._table(cd, self.where(cd))
             self.apply_pushes(cd, cb)
-            bufs["mb"][0] = cb.slots[0].kv // self.b
-            rdt = bufs["rdt"]
-            for slot in cb.slots:  # the RDT the continuous-batching payloads keep
-                rdt[4 * slot.kv:4 * slot.kv + 3] = (slot.rid + 1, 0, slot.pos) if slot.rid >= 0 else (0, 1, 0)
+            if "rows" in bufs:  # a chunked program's row table: each row's KV slot and position
+                bufs["rows"][:] = [v for slot in cb.slots
+                                   for v in ((slot.kv + 1, slot.pos) if slot.rid >= 0 else (0, 0))]
+            else:
+                bufs["mb"][0] = cb.slots[0].kv // self.b
+                rdt = bufs["rdt"]
+                for slot in cb.slots:  # the RDT the continuous-batching payloads keep
+                    rdt[4 * slot.kv:4 * slot.kv + 3] = (slot.rid + 1, 0, slot.pos) if slot.rid >= 0 else (0, 1, 0)
         elif op == "softmax_merge":
             (got,) = self.take(cd, FlowRole.DOWN)
             bufs["acc_in"][:] = got
@@ -284,6 +288,9 @@ class Attention(KernelExec):
             scores = np.zeros((self.b, g, r1 - r0), F64)
             ssq = np.zeros((self.b, g + 1), F64)  # partial sums of squares: q heads, then k
             prep = {}
+            # keys rows of this micro-batch write, not yet normalized nor cached (its own,
+            # and a prefill chunk's earlier rows'): KV slot -> {cache row: (row, key)}
+            fresh: dict[int, dict[int, tuple[int, np.ndarray]]] = {}
             for b, slot in enumerate(cb.slots):
                 if slot.rid < 0:
                     continue
@@ -295,12 +302,19 @@ class Attention(KernelExec):
                                                  kb[None] * self._gain(self.k_gain, feats)]), p, feats)
                 qr, kr = qkr[:g], qkr[g]
                 rows, own = self._rows(p, self._entries(i, j, h))
+                written = fresh.setdefault(slot.kv, {})
+                if own is not None:
+                    written[own] = (b, kr)
+                late = []  # (cache row, the row whose key it is): scaled at exp
                 if len(rows):
                     keys = cache[0, slot.kv, rows].astype(F64)
-                    if own is not None:  # its own key, not yet normalized nor cached
-                        keys[rows == own] = kr
+                    for r, (src, key) in written.items():
+                        c = int(np.searchsorted(rows, r))  # rows ascend
+                        if c < len(rows) and rows[c] == r:
+                            keys[c] = key
+                            late.append((r, src))
                     scores[b][:, rows] = qr @ keys.T
-                prep[b] = (slot, rows, own, kr, v[b])
+                prep[b] = (slot, rows, own, kr, v[b], late)
             cd.acc[self.name, "prep"] = prep
             cd.acc[self.name, "scores"] = (scores, ssq)
         elif op == "score_add":  # the left neighbour's running sum, if of this group
@@ -314,12 +328,15 @@ class Attention(KernelExec):
             o = np.zeros((self.b, g, nf), F64)
             m = np.full((self.b, g), -np.inf)
             s = np.zeros((self.b, g), F64)
-            for b, (slot, rows, own, kr, vb) in cd.acc.pop((self.name, "prep")).items():
+            prep = cd.acc.pop((self.name, "prep"))
+            rk_of = {b: self._inv_rms(ssq[b, g], self.k_gain) for b in prep}
+            for b, (slot, rows, own, kr, vb, late) in prep.items():
                 rq = self._inv_rms(ssq[b, :g], self.q_gain)
-                rk = self._inv_rms(ssq[b, g], self.k_gain)
+                rk = rk_of[b]
                 sc = scores[b] * rq[:, None]
+                for r, src in late:  # keys of this micro-batch's rows, normalized now
+                    sc[:, r] *= rk_of[src]
                 if own is not None:
-                    sc[:, own] *= rk
                     cache[0, slot.kv, own] = kr * rk
                     cache[1, slot.kv, own] = vb
                 if not len(rows):

@@ -18,7 +18,11 @@ position order.
 The request descriptor table says which slots are live and where: for the
 micro-batch `mb`, slot j is KV slot s = mb * B + j, `rdt[4 s]` its request id (0:
 none), `rdt[4 s + 1]` its status (0: running), `rdt[4 s + 2]` the position of the
-token it feeds.
+token it feeds. A program prefilling chunks (`chunk` > 1: B rows are token rows, any
+request's, several of one request in position order) reads each row's KV slot and
+position from the row table instead: `rows[2 j]` is row j's KV slot + 1 (0: idle),
+`rows[2 j + 1]` its position. Rows are computed in order, each writing its key before
+the next reads, so a chunk's queries see the chunk's earlier keys (causal).
 
 - qk:            per live slot: q and k heads RMS-normalised over d with their
                  gains (q/k norm), rotated (RoPE) by the slot's position; the new
@@ -104,16 +108,17 @@ def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, i
         info.kernel_name, micro_batch, p("heads"), kv, p("head_dim"), p("max_seq"), p("slots"),
         w, h, tile[1], rot=rotary_dim(shape.rope, p("head_dim")), factor=shape.rope.attention_factor,
         window=shape.window(layer), qk_norm=shape.qk_norm, eps=shape.rms_eps,
-        sinks=shape.attn_sinks, gated=bool(p("gated", 0)))
+        sinks=shape.attn_sinks, gated=bool(p("gated", 0)), chunk=hp.int("prefill_chunk", 1))
 
 
 def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max_seq: int, slots: int,
                      w: int, h: int, y0: int, *, rot: int, factor: float = 1.0, window: int = 0,
                      qk_norm: bool = False, eps: float = 1e-6, sinks: bool = False,
-                     gated: bool = False) -> Bodies:
+                     gated: bool = False, chunk: int = 1) -> Bodies:
     """The bodies of attention `kernel` on a w x h tile whose first row is mesh row `y0`:
-    `b` slots a micro-batch, `slots` KV slots, `rot` rotated features a head (RoPE's
-    cos and sin scaled by `factor`), a sliding `window` (0: none)."""
+    `b` rows a micro-batch, `slots` KV slots, `rot` rotated features a head (RoPE's
+    cos and sin scaled by `factor`), a sliding `window` (0: none); `chunk` > 1: rows name
+    their KV slot and position in the row table."""
     hk, hq = kv_heads // w, heads // w
     g = heads // kv_heads
     nh = hq + hk  # the heads a slot normalises and rotates: its q heads, then its k heads
@@ -122,8 +127,10 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
     rows = -(-max_seq // h)
     half = rot // 2
     m_at, l_at = b * nq, b * nq + b * hq  # where acc holds the maxima and the sums
-    bufs = [Buffer("x", b * share), Buffer("y", b * nq), Buffer("rdt", 4 * slots, "i32"),
-            Buffer("mb", 1, "i32"), Buffer("kv", 2 * slots * rows * nk, resident=True),
+    table = [Buffer("rows", 2 * b, "i32")] if chunk > 1 else [Buffer("rdt", 4 * slots, "i32"),
+                                                               Buffer("mb", 1, "i32")]
+    bufs = [Buffer("x", b * share), Buffer("y", b * nq), *table,
+            Buffer("kv", 2 * slots * rows * nk, resident=True),
             *param_buffers(d, rot, qk_norm, hq if sinks else 0),
             *working_buffers(b, hq, hk, d, rows, rot, gated)]
     out = Bodies(kernel, bufs)
@@ -137,7 +144,6 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
     body.fmovs(body.dsd("sc", (b * hq * rows,)), body.scalar(LOWEST))
     py = body.param("py")
     r0 = body.mul(body.cast(body.subi(py, body.const(y0, py.type)), i32), rows)  # first position held
-    first = body.mul(body.cast(body.load("mb", body.const(0)), IndexType()), b)
 
     def turns(bd: Body, posf, i):
         """(cos, sin) x factor of pair i at position posf."""
@@ -273,12 +279,22 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
 
         bd.each(hq, head)
 
-    def slot(bd: Body, j) -> None:
-        s = bd.add(first, j)
+    def row_slot(bd: Body, j):
+        """Row j's KV slot (an index), the position it feeds and whether it is live."""
+        if chunk > 1:
+            at = bd.mul(j, 2)
+            held = bd.load("rows", at)
+            s = bd.cast(bd.subi(bd.select(bd.cmpi(held, bd.const(0, i32), "sgt"), held,
+                                          bd.const(1, i32)), bd.const(1, i32)), IndexType())
+            return s, bd.load("rows", bd.plus(at, 1)), bd.cmpi(held, bd.const(0, i32), "sgt")
+        s = bd.add(bd.mul(bd.cast(bd.load("mb", bd.const(0)), IndexType()), b), j)
         word = bd.mul(s, 4)
-        pos = bd.load("rdt", bd.plus(word, 2))
         live = bd.both(bd.cmpi(bd.load("rdt", word), bd.const(0, i32), "ne"),
                        bd.cmpi(bd.load("rdt", bd.plus(word, 1)), bd.const(0, i32), "eq"))
+        return s, bd.load("rdt", bd.plus(word, 2)), live
+
+    def slot(bd: Body, j) -> None:
+        s, pos, live = row_slot(bd, j)
         bd.when(live, lambda bd2: live_slot(bd2, j, s, pos))
 
     body.each(b, slot)
@@ -319,10 +335,9 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
 
     # -- av: o = sum_r pr[r] V[r] per (slot, head), into acc
     body = out.body("av")
-    first = body.mul(body.cast(body.load("mb", body.const(0)), IndexType()), b)
 
     def av_slot(bd: Body, j) -> None:
-        s = bd.add(first, j)
+        s = row_slot(bd, j)[0]  # (an idle row's exponentials are 0)
 
         def kv_head(bd2: Body, kh) -> None:
             def query(bd3: Body, gi) -> None:

@@ -116,8 +116,8 @@ class DeltaNetOp(KernelOp):
         if w % g:
             raise self.fail(f"{w} columns do not split into {g} equal token groups")
         prog = enclosing_program(self)
-        if prog is not None and prog.micro_batch_size % g:
-            raise self.fail(f"{g} token groups do not divide micro-batch {prog.micro_batch_size}")
+        if prog is not None and prog.rows % g:
+            raise self.fail(f"{g} token groups do not divide micro-batch {prog.rows}")
         if int_value(self.slots) <= 0:
             raise self.fail("slots must be > 0")
         if kh <= 0 or vh % kh:

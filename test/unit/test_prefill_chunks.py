@@ -1,0 +1,178 @@
+"""Chunked prefill (`--prefill-chunk C`): a micro-batch carries b x C token rows; a
+prefilling slot feeds C prompt tokens a step, a decoding one its last sample, and in a
+chunked program the spare rows carry other micro-batches' prompts, so one request's
+chunks flow through the pipeline in consecutive micro-batches. The tokens are NumPy's."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshrt import driver
+from meshrt.frontend.mapper import map_model
+from meshrt.frontend.model import MappingSpec, RectChoice
+from meshrt.runtime.serving import Host, reference_shape, serve
+from meshrt.runtime.workloads import Request
+from meshrt.targets import load_target
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Asynchrony seeds: the first two in the suite, all twenty by hand (`-m slow`).
+SEEDS = [pytest.param(s, marks=() if s < 2 else pytest.mark.slow) for s in range(20)]
+# (prompt_len, output_len, arrival µs): prompts of one to three chunks of 4, staggered
+SPEC = [(7, 3, 0.0), (9, 2, 0.0), (5, 4, 20.0), (2, 3, 40.0), (10, 2, 60.0), (6, 3, 80.0)]
+
+
+@cache
+def program(model: str, chunk: int):
+    return driver.segment_program(f"examples/{model}.mrt", "test32", chunk=chunk)
+
+
+def requests() -> list[Request]:
+    rng = np.random.default_rng(7)
+    return [Request(i, a * 1e-6, rng.integers(2, 256, p).tolist(), p, o, o)
+            for i, (p, o, a) in enumerate(SPEC)]
+
+
+def push_caches(prog, reqs: list[Request]) -> list[Request]:
+    """Every other request arrives with the cache of all of its prompt but its last 5 or
+    fewer tokens (so a chunk or more of it is still prefilled on chip), from NumPy."""
+    from meshrt.runtime import reference as ref
+
+    shape = reference_shape(prog)
+    model = ref.ReferenceModel(shape, ref.Weights.random(shape, 0))
+    for r in reqs[::2]:
+        n = max(1, r.prompt_len - 5)
+        state, _ = model.prefill(r.prompt[:n])
+        r.kv = state
+    return reqs
+
+
+@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chunked_prefill_gives_numpys_tokens(model, seed):
+    """Prompts of one to three chunks (and a shorter one), prefilled four tokens a step, on
+    any asynchrony seed: NumPy's first token and continuation for every request."""
+    prog = program(model, 4)
+    res = serve(prog, load_target("test32"), requests(), seed=seed)
+    assert len(res.records) == len(SPEC) and not res.rejected and not res.sim.reports
+    assert res.outputs_match_reference, res.divergence
+
+
+@pytest.mark.parametrize("model", ["tiny_dense", "tiny_moe"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chunked_prefill_after_a_pushed_cache_gives_numpys_tokens(model, seed):
+    """Half the requests arrive with the cache of a prefix of their prompt: the rest of it
+    is prefilled in chunks from the first position the cache does not hold."""
+    prog = program(model, 4)
+    reqs = push_caches(prog, requests())
+    res = serve(prog, load_target("test32"), reqs, seed=seed)
+    assert len(res.records) == len(SPEC) and not res.rejected
+    assert sum(r.pushed > 0 for r in res.records) == 3
+    assert res.outputs_match_reference, res.divergence
+
+
+def test_chunks_cut_the_time_to_first_token():
+    """The same requests, one token a step against four: every first token comes sooner."""
+    reqs = requests()
+    one = serve(program("tiny_dense", 1), load_target("test32"), reqs, seed=0, check=False)
+    four = serve(program("tiny_dense", 4), load_target("test32"), reqs, seed=0, check=False)
+    ttft1 = {r.id: r.ttft for r in one.records}
+    ttft4 = {r.id: r.ttft for r in four.records}
+    long = [i for i, (p, _, _) in enumerate(SPEC) if p > 4]
+    assert all(ttft4[i] < ttft1[i] for i in long), (ttft1, ttft4)
+
+
+def _split_program(chunk: int, tmp_path, target: Path):
+    """tiny_dense with two KV heads on five columns (a head split by features), a sliding
+    window of 5 on layer 1, q/k norm, partial rotary, sinks; `chunk` rows a slot."""
+    (tmp_path / "m.mrt").write_text((REPO / "examples" / "tiny_dense.mrt").read_text()
+                                    .replace("kv_heads    = 4", "kv_heads    = 2"))
+    spec = driver.load_spec(tmp_path / "m.mrt")
+    shape = dataclasses.replace(spec.shape, attn_sinks=True, sliding_window=5, window_layers=(1,),
+                                qk_norm=True, rope_partial=0.5)
+    n, width, height = shape.layers, 5, 8
+    m = MappingSpec(layers={i: RectChoice(4 + i * width, 0, width, height) for i in range(n)},
+                    embed=RectChoice(0, 0, 4, height), lm_head=RectChoice(4 + n * width, 0, 4, height))
+    spec = dataclasses.replace(spec, shape=shape, mapping=m)
+    return driver.segment_program(map_model(spec, load_target(target), None, None, None, chunk), target)
+
+
+def test_a_head_split_and_a_window_prefill_in_chunks(tmp_path, test32_with):
+    """A head split by features sums a chunk's scores against keys the chunk writes in the
+    same step (normalized once their sums of squares are in); a window of 5 over a ring
+    of 5 + 3 entries: NumPy's tokens on two seeds, on test32 with twice its SRAM (the
+    chunk's rows beside the weights)."""
+    target = test32_with("test32x2", ("sram_bytes = 12288", "sram_bytes = 24576"))
+    prog = _split_program(4, tmp_path, target)
+    flows = {f.flow_name for f in prog.flows()}
+    assert "l0_attn.scores.down" in flows
+    (l1,) = [k for k in prog.kernels() if k.kernel_name == "l1_attn"]
+    assert l1.param("max_seq") == 8  # window 5 + chunk 4 - 1
+    rng = np.random.default_rng(3)
+    reqs = [Request(i, 0.0, rng.integers(0, 256, 5 + i % 4).tolist(), 5 + i % 4, 3, 3)
+            for i in range(5)]
+    for seed in range(2):
+        res = serve(prog, load_target(target), reqs, seed=seed)
+        assert len(res.records) == 5 and not res.sim.reports
+        assert res.outputs_match_reference, (seed, res.divergence)
+
+
+def _host(groups: int, b: int, chunk: int, prompts: list[int], outputs: int = 2) -> Host:
+    reqs = [Request(i, 0.0, list(range(2, 2 + p)), p, outputs, outputs) for i, p in enumerate(prompts)]
+    return Host(reqs, micro_batch=b, groups=groups, max_seq=64, clock_hz=1e9, static=False,
+                queue_capacity=64, refill_cycles=0, chunk=chunk)
+
+
+def test_one_requests_chunks_fill_consecutive_micro_batches():
+    """One request of 12 prompt tokens, chunks of 4, four micro-batches in flight: its
+    three chunks go in micro-batches 0, 1 and 2 (pipelined), not 0, 4 and 8."""
+    host = _host(groups=4, b=1, chunk=4, prompts=[12])
+    fed = {g: [(s.rid, s.pos) for s in host.first_table(g).slots if s.rid >= 0] for g in range(4)}
+    assert fed == {0: [(0, p) for p in range(4)], 1: [(0, p) for p in range(4, 8)],
+                   2: [(0, p) for p in range(8, 12)], 3: []}
+    assert {s.kv for g in range(3) for s in host.first_table(g).slots if s.rid >= 0} == {0}
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.integers(1, 4), b=st.integers(1, 3), chunk=st.integers(1, 5),
+       prompts=st.lists(st.integers(1, 14), min_size=1, max_size=8), outputs=st.integers(1, 4))
+def test_every_prompt_token_is_fed_once_in_order_and_every_request_ends(groups, b, chunk, prompts, outputs):
+    """Driving the host's tables step by step (the sampler's calls in step order): each
+    row names one request's position; a request's positions are fed once each, in step
+    and row order, at most `chunk` a step, each decode token after its sample; every
+    request finishes with its outputs."""
+    host = _host(groups, b, chunk, prompts, outputs)
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for g in range(groups):
+        host.first_tokens(g)
+    step = 0
+    while len(host.records) < len(prompts):
+        assert step < 4 * (sum(prompts) + outputs * len(prompts)) + 8 * groups, "no progress"
+        table = host.tables[step]
+        assert len(table.slots) == b * chunk
+        per: dict[int, int] = {}
+        for r, slot in enumerate(table.slots):
+            if slot.rid >= 0:
+                seen.setdefault(slot.rid, []).append((step, slot.pos))
+                per[slot.rid] = per.get(slot.rid, 0) + 1
+        assert all(n <= chunk for n in per.values())
+
+        class _Core:
+            pass
+
+        core = _Core()
+        core.step = step
+        host.sampled(core, [100 + step] * len(table.slots), [False] * len(table.slots))
+        step += 1
+    for rid, p in enumerate(prompts):
+        positions = [pos for _, pos in seen[rid]]
+        assert positions == list(range(p + outputs - 1)), (rid, positions)
+    assert sorted(r.id for r in host.records) == list(range(len(prompts)))
+    assert all(len(r.tokens) == outputs for r in host.records)
