@@ -12,6 +12,10 @@ runs (in this process, timed), and for each long-context run of `CONTEXTS` what
 
     meshrt bench examples/configs/NAME.json --target wse3 --context 4096,...,131072
 
+runs, and for each prefill run of `PREFILLS` what
+
+    meshrt bench examples/configs/NAME.json --target wse3 --phase prefill --micro-batch ... --prefill-chunk ...
+
 runs; then it measures the cost model's calibration
 against the interpreter on the tiny examples, and writes the markdown
 report from the JSON files. Every number in the report is generated; the
@@ -46,7 +50,7 @@ from meshrt.driver import segment_program
 from meshrt.runtime.mesh_sim import MeshSim
 from meshrt.output import write_text
 from meshrt.targets import load_target
-from meshrt.tools import context_bench
+from meshrt.tools import context_bench, prefill_bench
 from meshrt.tools.bench import PADDING_WORKLOADS, run_bench, write_outputs
 from meshrt.tools.workers import default_workers
 
@@ -70,6 +74,11 @@ CONTEXTS = {"gpt-oss-20b-context": ("gpt-oss-20b", _POINTS, None),
 """Long-context runs (`meshrt bench --context`, with `--deploy-wafers` where given): the
 paper's Figure 10b, GPT-OSS-20B decode from 4K to 128K context, on the fewest wafers and
 on the paper's 4."""
+PREFILLS = {"qwen3-8b-prefill": ("qwen3-8b", (1, 2, 4), (2, 4, 8, 16), None),
+            "gpt-oss-20b-prefill": ("gpt-oss-20b", (1, 2, 4), (2, 4, 8, 16), None)}
+"""Prefill runs (`meshrt bench --phase prefill`): the paper's Figure 9 top and Table 4's
+prefill ablation at 4K context; issue 18's single-user targets (qwen3-8b >= 20,000 tok/s,
+gpt-oss-20b >= 30,000)."""
 TARGET = "wse3"
 MICRO_BATCHES = (1, 2, 4, 8)
 WORKLOAD = "chat"
@@ -79,14 +88,14 @@ SEEDS = (0, 1, 2)
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="*", default=[*MODELS, *CONTEXTS],
+    ap.add_argument("--models", nargs="*", default=[*MODELS, *CONTEXTS, *PREFILLS],
                     help="config names and long-context runs (default: all)")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the plots and the markdown from bench/results/ without running")
     ap.add_argument("--recalibrate", action="store_true",
                     help="with --render-only: rerun only the calibration against the interpreter")
     args = ap.parse_args(argv)
-    unknown = sorted(set(args.models) - set(MODELS) - set(CONTEXTS))
+    unknown = sorted(set(args.models) - set(MODELS) - set(CONTEXTS) - set(PREFILLS))
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; the bundled configs are {', '.join(MODELS)}")
     os.chdir(REPO)  # paths in the results (and in their error messages) relative to the repository
@@ -116,29 +125,20 @@ def main(argv=None) -> int:
             res["meta"]["date"] = str(datetime.date.today())
             write_outputs(res, out)
         runs[name] = res
-    contexts = {}
-    for name, (config, points, wafers) in CONTEXTS.items():
-        out = RESULTS / name
-        if args.render_only or name not in args.models:
-            if (out / "bench.json").is_file():
-                contexts[name] = json.loads((out / "bench.json").read_text(encoding="utf-8"))
-                if args.render_only:
-                    context_bench.write_results(contexts[name], out)
-            continue
-        print(f"== {name}", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        ctx = context_bench.run_context(f"examples/configs/{config}.json", TARGET, points, jobs=default_workers(),
-                          progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True),
-                          wafers=wafers)
-        contexts[name] = res = {
-            "meta": {"model": f"examples/configs/{config}.json", "target": TARGET, "git": _git(),
-                     "date": str(datetime.date.today()),
-                     "command": f"meshrt bench examples/configs/{config}.json --target {TARGET} "
-                                f"--context {','.join(map(str, points))} "
-                                + (f"--deploy-wafers {wafers} " if wafers else "")
-                                + f"--out bench/results/{name}"},
-            "context": ctx, "timing": {"total_s": time.perf_counter() - t0}}
-        context_bench.write_results(res, out)
+
+    def context_run(config, points, wafers, progress):
+        ctx = context_bench.run_context(f"examples/configs/{config}.json", TARGET, points,
+                                        jobs=default_workers(), progress=progress, wafers=wafers)
+        return ctx, f"--context {','.join(map(str, points))} "
+
+    def prefill_run(config, mbs, chunks, wafers, progress):
+        pf = prefill_bench.run_prefill(f"examples/configs/{config}.json", TARGET, mbs, chunks,
+                                       jobs=default_workers(), wafers=wafers, progress=progress)
+        return pf, (f"--phase prefill --micro-batch {','.join(map(str, mbs))} "
+                    f"--prefill-chunk {','.join(map(str, chunks))} ")
+
+    contexts = _questions(CONTEXTS, args, context_bench, "context", context_run)
+    prefills = _questions(PREFILLS, args, prefill_bench, "prefill", prefill_run)
     calib_file = RESULTS / "calibration.json"
     if args.render_only and calib_file.is_file() and not args.recalibrate:
         calib = json.loads(calib_file.read_text(encoding="utf-8"))
@@ -146,9 +146,37 @@ def main(argv=None) -> int:
         print("== calibration", file=sys.stderr, flush=True)
         calib = calibration()
         write_text(calib_file, json.dumps(calib, indent=1) + "\n")
-    write_text(REPORT, report(runs, calib, contexts))
+    write_text(REPORT, report(runs, calib, contexts, prefills))
     print(f"wrote {REPORT.relative_to(REPO)} and bench/results/", file=sys.stderr)
     return 0
+
+
+def _questions(table: dict, args, module, key: str, run) -> dict:
+    """The results of each run of `table` (name -> (config, *options, wafers)): rerun where
+    asked (`run(config, *options, wafers, progress)` -> (value, its command's flags)),
+    else as last run; `module` writes its bench.json and plot."""
+    out_of = {}
+    for name, (config, *options, wafers) in table.items():
+        out = RESULTS / name
+        if args.render_only or name not in args.models:
+            if (out / "bench.json").is_file():
+                out_of[name] = json.loads((out / "bench.json").read_text(encoding="utf-8"))
+                if args.render_only:
+                    module.write_results(out_of[name], out)
+            continue
+        print(f"== {name}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        value, flags = run(config, *options, wafers,
+                           lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+        out_of[name] = res = {
+            "meta": {"model": f"examples/configs/{config}.json", "target": TARGET, "git": _git(),
+                     "date": str(datetime.date.today()),
+                     "command": f"meshrt bench examples/configs/{config}.json --target {TARGET} "
+                                + flags + (f"--deploy-wafers {wafers} " if wafers else "")
+                                + f"--out bench/results/{name}"},
+            key: value, "timing": {"total_s": time.perf_counter() - t0}}
+        module.write_results(res, out)
+    return out_of
 
 
 # ---------------------------------------------------------------------------
@@ -242,7 +270,48 @@ def context_section(name: str, res: dict) -> list[str]:
     return out
 
 
-def report(runs: dict, calib: list[dict], contexts: dict | None = None) -> str:
+def prefill_section(name: str, res: dict) -> list[str]:
+    pf, meta = res["prefill"], res["meta"]
+    out = ["", f"## Prefill: {Path(meta['model']).stem} at {_prompt(pf):,} tokens of context", "",
+           f"`{meta['command']}`: {res['timing']['total_s']:.0f} s on this machine; run at git "
+           f"{meta['git']} on {meta['date']}.", "",
+           pf["notes"], "",
+           "| system | micro-batch | best chunk | wafers | stages | latency (cycles) | interval (cycles) "
+           "| TTFT of a lone prompt (ms) | tokens/s single-user | tokens/s system |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for system in ("static", "meshrt"):
+        for mb in pf["micro_batches"]:
+            r = prefill_bench.best(pf["rows"], system, mb)
+            if r is None:
+                out.append(f"| {system} | {mb} | no build fits | | | | | | | |")
+                continue
+            out.append(f"| {system} | {mb} | {r['chunk']} | {r['wafers']} | {r['stages']} | "
+                       f"{_n(r['latency_cycles'])} | {_n(r['interval_cycles'])} | {r['ttft_ms']:,.1f} | "
+                       f"{_n(r['user_tokens_per_s'])} | {_n(r['system_tokens_per_s'])} |")
+    a = pf["ablation"]
+    parts = []
+    if "pipeline_factor" in a:
+        parts.append(f"pipelining at micro-batch 1 gives {a['pipeline_factor']:.1f}x over static bs 1 "
+                     f"(the paper's Table 4: {a['paper_pipeline_factor']} for the MoE models)")
+    if "batch_factor" in a:
+        parts.append(f"micro-batch 1 -> {prefill_bench.ABLATION_BATCH} gives {a['batch_factor']:.2f}x "
+                     f"system throughput (paper: {a['paper_batch_factor']})")
+    if parts:
+        out += ["", "Ablation: " + "; ".join(parts) + "."]
+    skipped = [r for r in pf["rows"] if "error" in r]
+    if skipped:
+        out += ["", "Builds that did not fit (every build is in bench.json):", ""]
+        out += [f"- {r['system']} micro-batch {r['micro_batch']} chunk {r['chunk']}: {r['error']}"
+                for r in skipped]
+    out += ["", f"![prefill](../bench/results/{name}/{prefill_bench.PLOT})"]
+    return out
+
+
+def _prompt(pf: dict) -> int:
+    return next((r["prompt"] for r in pf["rows"] if "prompt" in r), 0)
+
+
+def report(runs: dict, calib: list[dict], contexts: dict | None = None, prefills: dict | None = None) -> str:
     lines = [
         "# Benchmark report: the paper's evaluation on the bundled configs",
         "",
@@ -323,6 +392,8 @@ def report(runs: dict, calib: list[dict], contexts: dict | None = None) -> str:
         lines += model_section(name, res)
     for name, res in (contexts or {}).items():
         lines += context_section(name, res)
+    for name, res in (prefills or {}).items():
+        lines += prefill_section(name, res)
     lines += padding_section(next(iter(runs.values())) if runs else None)
     lines += notes()
     return "\n".join(lines) + "\n"

@@ -90,7 +90,7 @@ from meshrt.kernels.gemv.op import GemvOp
 from meshrt.kernels.gemv.tiles import tile_shape
 from meshrt.kernels.topk_gate.op import TopKGateOp
 from meshrt.rope import rotary_dim
-from meshrt.kernels.interface import ACT_BYTES, CF_BYTES_PER_SLOT, ceil_div, held_share
+from meshrt.kernels.interface import ACT_BYTES, ceil_div, cf_row_bytes, held_share
 from meshrt.limits import format_bytes as _fmt_bytes
 from meshrt.shape import MAX_CHUNK, kv_slots
 from meshrt.targets import Target
@@ -129,9 +129,10 @@ class Sizer:
     """Per-core bytes of each band kind as a function of its width w and height h."""
 
     shape: ModelShape
-    micro_batch: int
+    micro_batch: int  # token rows: the micro-batch's slots x the prefill chunk
     kv_slots: int
     usable: int  # per-core SRAM for data
+    chunk: int = 1
 
     def matmul(self, n_in: int, n_out: int, dbytes: float, w: int, h: int, bias: bool = False) -> float:
         return GemvOp.footprint(n_in, n_out, dbytes, self.micro_batch, w, h, bias=bias).total
@@ -156,6 +157,7 @@ class Sizer:
         s = self.shape
         attn = AttentionOp.footprint(self.kv_slots, s.max_seq, s.heads, s.kv_heads, s.head_dim,
                                      s.kv_bytes, self.micro_batch, w, h, rot=rotary_dim(s.rope, s.head_dim),
+                                     chunk=self.chunk,
                                      qk_norm=s.qk_norm, sinks=s.attn_sinks, gated=s.attn_gate).total
         if not s.linear_layers:
             return attn
@@ -218,7 +220,7 @@ class Sizer:
     def control(self) -> int:
         """Control state per core of the kernels that keep request state (the embedding and
         attention), by their own formulas: what the target's `control_bytes` must hold."""
-        mb, slots = self.micro_batch, self.kv_slots
+        mb, slots = self.micro_batch // self.chunk, self.kv_slots
         return max(EmbedOp.control(mb, slots), AttentionOp.control(mb, slots))
 
     def max_width(self, kind: str) -> int:
@@ -680,7 +682,7 @@ class _Mapper:
 
     def sizer(self, kv_slots: int) -> Sizer:
         """Bytes per core of this model's kernels at this micro-batch, `kv_slots` request slots."""
-        return Sizer(self.shape, self.rows, kv_slots, self.usable)
+        return Sizer(self.shape, self.rows, kv_slots, self.usable, self.chunk)
 
     def planner(self, stages: int) -> Planner:
         return Planner(self.sizer(self.kv_slots(stages)), self.group, self.target.width,
@@ -719,7 +721,7 @@ class _Mapper:
         whether or not the build carries one, so a build and its static counterpart get one
         mapping)."""
         share = held_share(self.shape.hidden, "rows", 1, h)
-        return self.rows * (share * ACT_BYTES + CF_BYTES_PER_SLOT)
+        return self.rows * (share * ACT_BYTES + cf_row_bytes(self.chunk))
 
     def shapes(self, stages: int, h: int, scale: float = 1.0,
                merge: bool = True) -> list[UnitShape] | None:
@@ -1303,7 +1305,7 @@ _LAYER = re.compile(r"l(\d+)_")  # a kernel name's layer
 
 
 @functools.lru_cache(maxsize=512)
-def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
+def _probe_times(shape, target, mb, chunk, kv_slots, group, height, probe, shapes):
     """(embedding cycles, LM head cycles, {layer kind: cycles of its first layer},
     {layer kind: cycles of its second layer}) on the probe's critical path, or None."""
     from xdsl.utils.exceptions import VerifyException
@@ -1339,7 +1341,7 @@ def _probe_times(shape, target, mb, kv_slots, group, height, probe, shapes):
         dynamism = ("moe_routing",) if shape.is_moe else ()
         spec = ModelSpec(pshape, dynamism=dynamism, micro_batch=mb, mapping=mapping,
                          source="<probe>")
-        pm = _Mapper(spec, target, mb, None)
+        pm = _Mapper(spec, target, mb, None, chunk)
     except FrontendError:
         return None
     units = [Unit("embed", -1)] + [Unit(k, i) for i, k in enumerate(kinds)] + [Unit("lm_head", -1)]

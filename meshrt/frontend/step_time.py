@@ -87,7 +87,7 @@ def unit_cycles(mapper: _Mapper, lay: Layout) -> list[float] | None:
     for p in lay.placed:
         shapes.setdefault(p.unit.kind, p.shape)
     probe = tuple((kind, min(n, 2)) for kind, n in _probe_kinds(mapper))
-    key = (mapper.spec.shape, mapper.target, mapper.rows, lay.kv_slots, mapper.group, lay.height,
+    key = (mapper.spec.shape, mapper.target, mapper.mb, mapper.chunk, lay.kv_slots, mapper.group, lay.height,
            probe, tuple(sorted(shapes.items())))
     times = mapper.probe_times(key)
     if times is None:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 ACT_BYTES = 4  # fp32: partial sums travel so, and buffers hold activations so
 WAVELET_BYTES = 4  # one fabric wavelet carries 32 bits: an fp32 value or two 16-bit ones
 CF_BYTES_PER_SLOT = 8  # continuous batching payload: request id (4) + status/len (4)
+CF_CHUNK_ROW_BYTES = 4  # ... and in a chunked program each row's KV slot (2) and phase (2)
 ROUTE_BYTES_PER_CHOICE = 8  # MoE metainfo per token per choice: expert id (i32) + gate weight (f32)
 DYNAMISM_ORDER = ("continuous_batching", "moe_routing")  # order resolvers run in
 
@@ -64,6 +65,12 @@ def wavelets(nbytes: int) -> int:
 def ceil_div(a: float, b: int) -> int:
     """ceil(a / b) for the tile sizes of a split (b < 1 counts as 1)."""
     return -(-int(a) // max(b, 1))
+
+
+def cf_row_bytes(chunk: int) -> int:
+    """Continuous-batching payload a row of a micro-batch carries: its request and status,
+    and where rows are not slots (a prefill chunk > 1) its KV slot and phase."""
+    return CF_BYTES_PER_SLOT + (CF_CHUNK_ROW_BYTES if chunk > 1 else 0)
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,12 @@ class KernelContext:
     shared_experts: int = 0  # always-on experts of each MoE layer: every token's extra choices
     shared_expert_gate: bool = False  # ... each scaled by sigmoid(x w_sg), which the gate computes
     act_bytes: int = ACT_BYTES  # bytes an element of a kernel's value travels in (`meshrt.activations`)
+    chunk: int = 1  # prompt tokens a prefilling slot feeds a step (`micro_batch` // chunk slots)
+
+    @property
+    def in_hand(self) -> int:
+        """Request slots a micro-batch serves (its rows over the chunk)."""
+        return self.micro_batch // self.chunk
 
     def stored_bytes(self, fmt: str | None, plain: float) -> float:
         """Bytes per weight of a kernel whose matrices are stored as `fmt` (its `weights`
@@ -95,7 +108,7 @@ class KernelContext:
 
     @property
     def cf_bytes(self) -> int:
-        return self.micro_batch * CF_BYTES_PER_SLOT
+        return self.micro_batch * cf_row_bytes(self.chunk)
 
     @property
     def route_bytes(self) -> int:

@@ -131,6 +131,7 @@ class Slot:
     rid: int  # request id, -1 when the slot is idle
     pos: int  # position of the token fed this step
     kv: int  # KV slot the request's cache lives in
+    prefill: bool = False  # a prompt token whose sample is no output (the phase the row is in)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ def kernel_context(program: mk.ProgramOp, target: Target | None = None,
         shared_experts=hp.int("shared_experts", 0),
         shared_expert_gate=bool(hp.int("shared_expert_gate", 0)),
         act_bytes=act_value_bytes(hp.act_format),
+        chunk=program.chunk,
     )
 
 

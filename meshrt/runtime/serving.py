@@ -192,7 +192,7 @@ class Host:
 
         def add(live: _Live, fed: list[tuple[int, int]]) -> None:
             for pos, tok in fed:
-                slots.append(Slot(_rid(live), pos, live.kv))
+                slots.append(Slot(_rid(live), pos, live.kv, pos < live.req.prompt_len - 1))
                 toks.append(tok)
                 owners.append(live)
 
@@ -254,8 +254,8 @@ class Host:
             if slot.rid < 0 or live is None or live.done:
                 continue
             self.busy_slot_steps += 1
-            if slot.pos < live.req.prompt_len - 1:
-                continue  # still prefilling: the sampled token is not an output
+            if slot.prefill:
+                continue  # the sampled token is not an output
             tok = tokens[r]
             live.out.append(tok)
             live.sampled_at.append((seq, r))

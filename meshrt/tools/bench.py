@@ -78,6 +78,7 @@ from pathlib import Path
 
 from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError
 from meshrt.tools.context_bench import context_list
+from meshrt.tools.prefill_bench import DEFAULT_CHUNKS, chunk_list
 from meshrt.tools.workers import default_workers, parse_ray_address
 from meshrt.output import save_figure, write_text
 
@@ -218,6 +219,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(synthetic) or a .jsonl file (default chat)")
     p.add_argument("--out", metavar="DIR",
                    help="where bench.json and the plots go (default bench-MODEL-TARGET)")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                   help="decode (default): the questions above; prefill: prefill throughput at "
+                        "the model's context over --micro-batch and --prefill-chunk (single-user "
+                        "and system, static vs meshrt, Table 4's prefill ablation), with "
+                        "prefill.png")
+    p.add_argument("--prefill-chunk", type=chunk_list, metavar="LIST",
+                   help=f"--phase prefill: prompt tokens a slot prefills a step, each micro-batch "
+                        f"at its best (default {','.join(map(str, DEFAULT_CHUNKS))})")
     p.add_argument("--context", type=context_list, metavar="LIST",
                    help="instead of the other questions: decode TPOT, per-user throughput and "
                         "the time in full-attention layers as the context grows, e.g. "
@@ -245,6 +254,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         if out.exists() and not out.is_dir():
             raise BenchError(f"{out}: error: --out must be a directory, and this is a file")
+        if getattr(args, "phase", "decode") == "prefill":
+            return _prefill_main(args, out)
+        if getattr(args, "prefill_chunk", None):
+            raise BenchError("meshrt bench: error: --prefill-chunk only applies with --phase prefill")
         if getattr(args, "context", None):
             return _context_main(args, out)
         check_workload(args.workload)
@@ -280,21 +293,46 @@ def _context_main(args: argparse.Namespace, out: Path) -> int:
                                     jobs=getattr(args, "jobs", None) or default_workers(),
                                     ray_address=getattr(args, "ray", None), progress=_progress,
                                     wafers=getattr(args, "deploy_wafers", None))
-    contexts = ",".join(str(c) for c in args.context)
+    return _one_question(args, out, context_bench, "context", ctx, t0,
+                         f"--context {','.join(str(c) for c in args.context)}")
+
+
+def _one_question(args: argparse.Namespace, out: Path, module, key: str, value: dict, t0: float,
+                  flags: str) -> int:
+    """Print and write a question run alone (`module`: its table, bench.json and plot
+    under `key`), its command `flags` and --deploy-wafers."""
     deploy = f" --deploy-wafers {args.deploy_wafers}" if getattr(args, "deploy_wafers", None) else ""
     results = {"meta": {"model": args.model, "target": args.target,
-                        "command": f"meshrt bench {args.model} --target {args.target} "
-                                   f"--context {contexts}{deploy}",
+                        "command": f"meshrt bench {args.model} --target {args.target} {flags}{deploy}",
                         "sources": {"cost_model": SOURCES["cost_model"]}},
-               "context": ctx, "timing": {"total_s": time.perf_counter() - t0}}
-    context_bench.print_table(ctx)
+               key: value, "timing": {"total_s": time.perf_counter() - t0}}
+    module.print_table(value)
     try:
-        context_bench.write_results(results, out)
+        module.write_results(results, out)
     except OSError as e:
         raise BenchError(f"{out}: error: cannot write results: {e.strerror or e}") from None
-    print(f"wrote {out / 'bench.json'} and {out / context_bench.PLOT} in "
+    print(f"wrote {out / 'bench.json'} and {out / module.PLOT} in "
           f"{results['timing']['total_s']:.1f} s")
     return 0
+
+
+def _prefill_main(args: argparse.Namespace, out: Path) -> int:
+    """`--phase prefill`: the prefill sweep alone (`meshrt.tools.prefill_bench`)."""
+    from meshrt.tools import prefill_bench
+
+    for flag, on in (("--placement", args.placement), ("--context", getattr(args, "context", None)),
+                     ("--wafers", getattr(args, "wafers", None))):
+        if on:
+            raise BenchError(f"meshrt bench: error: {flag} does not apply with --phase prefill")
+    t0 = time.perf_counter()
+    chunks = getattr(args, "prefill_chunk", None) or DEFAULT_CHUNKS
+    pf = prefill_bench.run_prefill(args.model, args.target, args.micro_batch, chunks,
+                                   jobs=getattr(args, "jobs", None) or default_workers(),
+                                   ray_address=getattr(args, "ray", None), progress=_progress,
+                                   wafers=getattr(args, "deploy_wafers", None))
+    return _one_question(args, out, prefill_bench, "prefill", pf, t0,
+                         f"--phase prefill --micro-batch {','.join(map(str, args.micro_batch))} "
+                         f"--prefill-chunk {','.join(map(str, chunks))}")
 
 
 @dataclass(frozen=True)

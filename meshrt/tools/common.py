@@ -7,12 +7,30 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 INTERPRETER_MAX_CORES = 64 * 64  # targets the interpreter simulates beside the model
 
 
 class BenchError(Exception):
     """Bad input or a configuration that cannot be built: one line for stderr."""
+
+
+def write_question(results: dict, out: Path, key: str, write_plot, plot: str) -> None:
+    """A question run's bench.json (`results`: its `key` with "meta" and "timing") and
+    its plot `plot` (`write_plot(plt, results[key], title, path)`) into `out` (created)."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from meshrt.output import write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "bench.json", json.dumps(results, indent=1, default=float) + "\n")
+    write_plot(plt, results[key], Path(results["meta"]["model"]).stem, out / plot)
 
 
 def fail(line: str) -> int:

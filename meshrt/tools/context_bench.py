@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from meshrt.tools.common import BenchError
+from meshrt.tools.common import BenchError, write_question
 
 PLOT = "context.png"
 MAX_CONTEXT = 1 << 24  # positions: MAX_DIM, the bound on every dimension of a model
@@ -166,16 +166,7 @@ def print_table(ctx: dict, file=None) -> None:
 def write_results(results: dict, out: Path) -> None:
     """A sweep's bench.json (`results`: its "context" with "meta" and "timing") and
     context.png into `out` (created)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from meshrt.output import write_text
-
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "bench.json", json.dumps(results, indent=1, default=float) + "\n")
-    write_plot(plt, results["context"], Path(results["meta"]["model"]).stem, out / PLOT)
+    write_question(results, out, "context", write_plot, PLOT)
 
 
 def write_plot(plt, ctx: dict, title: str, path: Path) -> None:

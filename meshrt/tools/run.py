@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "workload names its caches itself: its \"kv\" field)")
     p.add_argument("--queue", type=int, default=16, metavar="N",
                    help="waiting-queue capacity, at least 1 (default 16)")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prompt tokens a slot prefills a step, at least 1 (default 1; a model, "
+                        "not IR): the time to first token comes from chunks of N")
     p.add_argument("--static", action="store_true",
                    help="run the static baseline build (compiled with --dynamism none)")
     p.add_argument("--compare", action="store_true", help="run static and compiled side by side")
@@ -81,7 +84,7 @@ def _fail(msg: str) -> int:
     return 1
 
 
-def _program(model: str, target: str | None, static: bool):
+def _program(model: str, target: str | None, static: bool, chunk: int | None = None):
     """(segment program, Target) for MODEL or IR (IR: its own target unless --target)."""
     from meshrt import driver
     from meshrt.diagnostics import MeshrtError
@@ -94,6 +97,9 @@ def _program(model: str, target: str | None, static: bool):
         if static:
             raise MeshrtError.located(f"{model}: error: --static and --compare need a model, not IR "
                                       "(compile one with --dynamism none)")
+        if chunk is not None:
+            raise MeshrtError.located(f"{model}: error: --prefill-chunk is chosen when a model is "
+                                      "compiled (meshrt compile --prefill-chunk), not on IR")
         module = driver.read_ir(model)
         tgt = driver.target_of(module, target)
         program = driver.program_of(module)
@@ -101,7 +107,7 @@ def _program(model: str, target: str | None, static: bool):
     else:
         tgt = driver.load_target(target or "test32")
         shape, where = driver.load_spec(model).shape, model  # its fields' positions
-        module = driver.load_model(model, tgt, dynamism=() if static else None)
+        module = driver.load_model(model, tgt, dynamism=() if static else None, chunk=chunk or 1)
         program = driver.program_of(module)
     # Before lowering and before anything is allocated: can this machine run it?
     check_runnable(shape, HParams.of(program).kv_slots(program), where)
@@ -112,7 +118,7 @@ def _serve(args, static: bool):
     from meshrt.runtime.serving import serve, tiny_workload
     from meshrt.shape import HParams
 
-    program, target = _program(args.model, args.target, static)
+    program, target = _program(args.model, args.target, static, args.prefill_chunk)
     hp = HParams.of(program)
     max_seq, vocab = hp.int("max_seq"), hp.int("vocab")
     weights = _checkpoint_weights(args, program)
@@ -165,12 +171,15 @@ def check_flags(args: argparse.Namespace) -> None:
     from meshrt.limits import check_memory
     from meshrt.runtime.workloads import WorkloadError, check_workload
 
+    from meshrt.shape import MAX_CHUNK
+
     me = "meshrt run: error:"
     for flag, v, low, high in (
             ("--requests", args.requests, 1, None), ("--queue", args.queue, 1, None),
             ("--max-cycles", args.max_cycles, 1, 1 << 62), ("--rate", args.rate, 0, None),
             ("--seed", args.seed, 0, SEED_MAX), ("--workload-seed", args.workload_seed, 0, SEED_MAX),
             ("--weights-seed", args.weights_seed or 0, 0, SEED_MAX),
+            ("--prefill-chunk", 1 if args.prefill_chunk is None else args.prefill_chunk, 1, MAX_CHUNK),
             ("--time-limit", 1.0 if args.time_limit is None else args.time_limit, 0.001, None)):
         if not math.isfinite(v):
             raise UsageError(f"{me} {flag} must be a finite number, got {v}")

@@ -382,3 +382,59 @@ def test_bench_context_honours_deploy_wafers_and_refuses_wafers(tmp_path):
     rc, _, err = _run("bench", TINY, "--target", "test32", "--context", "12", "--wafers", "1,2",
                       "--out", str(tmp_path / "o"))
     assert rc == 1 and err.count("\n") == 1 and "--context maps each build onto the fewest" in err
+
+
+def test_bench_prefill_times_each_chunk_for_both_systems(tmp_path):
+    """--phase prefill: a build per (system, micro-batch, chunk); a lone prompt of the
+    model's context takes (chunks - 1) intervals plus a latency where the build pipelines,
+    a latency a chunk where it does not; each system and micro-batch at its best chunk;
+    the ablation's pipelining factor; bench.json and prefill.png."""
+    from meshrt.tools.prefill_bench import best, prefill_cycles
+
+    rc, out, err = _run("bench", TINY, "--target", "test32", "--phase", "prefill", "--micro-batch", "1",
+                        "--prefill-chunk", "2,4", "--jobs", "1", "--out", str(tmp_path))
+    assert rc == 0, err
+    assert "prefill (cost model" in out and "pipelining at micro-batch 1" in out
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["meta"]["command"].endswith("--phase prefill --micro-batch 1 --prefill-chunk 2,4")
+    rows = res["prefill"]["rows"]
+    assert {(r["system"], r["chunk"]) for r in rows} == {(s, c) for s in ("static", "meshrt") for c in (2, 4)}
+    for r in rows:
+        assert r["prompt"] == 12  # tiny_dense's context
+        chunks = math.ceil(12 / r["chunk"])
+        if r["system"] == "static":
+            assert r["in_flight"] == 1 and r["prefill_cycles"] == chunks * r["latency_cycles"]
+        else:
+            assert r["in_flight"] == r["stages"] > 1
+            assert r["prefill_cycles"] == (chunks - 1) * r["interval_cycles"] + r["latency_cycles"]
+        assert math.isclose(r["user_tokens_per_s"], 12 / (r["ttft_ms"] * 1e-3))
+    s1, m1 = best(rows, "static", 1), best(rows, "meshrt", 1)
+    assert math.isclose(res["prefill"]["ablation"]["pipeline_factor"],
+                        m1["user_tokens_per_s"] / s1["user_tokens_per_s"])
+    assert res["prefill"]["ablation"]["pipeline_factor"] > 1
+    # one token a step never lends rows: its prompt goes round the token loop a token a trip
+    assert prefill_cycles(12, 1, 100.0, 30.0, 4) == 12 * 120.0
+    assert (tmp_path / "prefill.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--prefill-chunk", "4"], "--prefill-chunk only applies with --phase prefill"),
+    (["--phase", "prefill", "--prefill-chunk", "0"], "--prefill-chunk"),
+    (["--phase", "prefill", "--prefill-chunk", "8,4"], "chunks must increase"),
+    (["--phase", "prefill", "--context", "12"], "--context does not apply with --phase prefill"),
+    (["--phase", "prefill", "--placement"], "--placement does not apply with --phase prefill"),
+    (["--phase", "decoding"], "--phase"),
+])
+def test_bench_prefill_errors_are_one_line(argv, needle, tmp_path):
+    rc, out, err = _run("bench", TINY, "--target", "test32", *argv, "--out", str(tmp_path / "o"))
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and needle in err and "error" in err
+
+
+def test_bench_prefill_of_a_deltanet_model_says_why_no_build_fits(tmp_path):
+    rc, out, err = _run("bench", str(REPO / "examples" / "configs" / "qwen3.5-9b.json"), "--target", "wse3",
+                        "--phase", "prefill", "--micro-batch", "1", "--prefill-chunk", "2", "--jobs", "1",
+                        "--out", str(tmp_path / "o"))
+    last = err.splitlines()[-1]  # after a progress line a build
+    assert rc == 1 and last.startswith("meshrt bench: error: no prefill build of")
+    assert "Gated DeltaNet" in last and "Traceback" not in err

@@ -155,21 +155,24 @@ class AttentionOp(KernelOp):
     @staticmethod
     def footprint(slots: int, max_seq: int, heads: int, kv_heads: int, head_dim: int,
                   kv_bytes: float, micro_batch: int, w: int, h: int, *, rot: int = 0,
-                  qk_norm: bool = False, sinks: bool = False, gated: bool = False) -> Footprint:
+                  qk_norm: bool = False, sinks: bool = False, gated: bool = False,
+                  chunk: int = 1) -> Footprint:
         """K and V rows max_seq/h of each slot's cache (a head split: as its layout keeps
         them, `layout.split_layout`) and the model's values beside it (RoPE's turns of
         `rot` rotated features, q/k norm gains, sinks), and the PE bodies' working arrays
-        (`pe.py`), of the fullest column (`layout`)."""
+        (`pe.py`; a chunked program's row table: each of the `micro_batch` rows' KV slot and
+        position), of the fullest column (`layout`)."""
         hq = heads_share(heads, kv_heads, w)
         params = pe.param_buffers(head_dim, rot, qk_norm, hq if sinks else 0)
+        table = 2 * 4 * micro_batch if chunk > 1 else 0
         if splits_heads(kv_heads, w):  # the group's layout: by features or by rows
             lay = split_layout(heads, kv_heads, head_dim, max_seq, slots, kv_bytes, micro_batch, w, h)
-            return Footprint(lay.kv_bytes + 4 * sum(b.elems for b in params), lay.work_bytes)
+            return Footprint(lay.kv_bytes + 4 * sum(b.elems for b in params), lay.work_bytes + table)
         rows = ceil_div(max_seq, h)
         kv = slots * rows * kv_share(kv_heads, head_dim, w) * 2 * kv_bytes
         work = sum(b.elems for b in pe.working_buffers(micro_batch, hq, kv_heads // w, head_dim,
                                                        rows, rot, gated))
-        return Footprint(kv + 4 * sum(b.elems for b in params), ACT_BYTES * work)
+        return Footprint(kv + 4 * sum(b.elems for b in params), ACT_BYTES * work + table)
 
     @staticmethod
     def control(micro_batch: int, slots: int) -> int:
@@ -183,7 +186,7 @@ class AttentionOp(KernelOp):
         d, seq = int_value(self.head_dim), int_value(self.max_seq)
         b = kctx.micro_batch
         state = int(self.footprint(kctx.slots, seq, heads, kv, d, kctx.kv_bytes, b, w, h,
-                                   **self.model_features()).state)
+                                   **self.model_features(), chunk=kctx.chunk).state)
         if splits_heads(kv, w):
             roles, flows = self._split_roles(kctx, split_layout(heads, kv, d, seq, kctx.slots, kctx.kv_bytes,
                                                                 b, w, h), state)
@@ -195,7 +198,7 @@ class AttentionOp(KernelOp):
             roles, flows = chain(self, local, "softmax_merge", msg,
                                  [("compute", "normalize", b * feats)], state, kctx=kctx)
         for r in roles:
-            r.ctrl = self.control(b, kctx.slots)
+            r.ctrl = self.control(kctx.in_hand, kctx.slots)
         return roles, flows
 
     def _split_roles(self, kctx: KernelContext, lay, state: int):

@@ -69,7 +69,7 @@ class EmbedOp(KernelOp):
         state = self.footprint(int_value(self.vocab), hidden, kctx.weight_bytes, kctx.micro_batch, w, h).state
         return [Role("token", self.region,
                      [INPUTS, ("compute", "embed", kctx.micro_batch * ceil_div(hidden, h)), OUTPUTS],
-                     int(state), ctrl=self.control(kctx.micro_batch, kctx.slots), sends_output=True)], []
+                     int(state), ctrl=self.control(kctx.in_hand, kctx.slots), sends_output=True)], []
 
     @classmethod
     def pe_bodies(cls, info, micro_batch, hp, tile):
