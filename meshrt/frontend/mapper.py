@@ -1278,16 +1278,18 @@ class _Emitter:
 
 def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
               wafers: int | None = None, dynamism: Sequence[str] | None = None,
-              chunk: int = 1) -> ModuleOp:
+              chunk: int | str = 1) -> ModuleOp:
     """Graph IR for `spec` mapped on `target` (overrides: micro-batch, wafer
     budget, dynamism kinds; `dynamism=()` is the static build), a prefilling slot
-    feeding `chunk` prompt tokens a step."""
+    feeding `chunk` prompt tokens a step ("auto": `auto_chunk`)."""
     if dynamism is not None:
         spec = dataclasses.replace(spec, dynamism=tuple(dynamism))  # re-validated
     mb = micro_batch if micro_batch is not None else spec.micro_batch
     budget = wafers if wafers is not None else spec.wafers
     if mb < 1:
         raise FrontendError(f"micro-batch must be at least 1, got {mb}")
+    if chunk == "auto":
+        chunk = auto_chunk(spec, target, mb, budget)
     if not 1 <= chunk <= MAX_CHUNK:
         raise FrontendError(f"prefill chunk must be 1..{MAX_CHUNK} tokens, got {chunk}", Loc(spec.source))
     if chunk > 1 and spec.shape.linear_layers:
@@ -1299,6 +1301,27 @@ def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
     mapper = _Mapper(spec, target, mb, budget, chunk)
     lay = mapper.explicit_layout() if spec.mapping.explicit else mapper.default_layout()
     return _Emitter(mapper, lay).emit()
+
+
+AUTO_CHUNKS = (2, 4, 8, 16, 32, 64)  # the chunks `auto_chunk` tries, in order
+
+
+def auto_chunk(spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None) -> int:
+    """The largest prefill chunk of AUTO_CHUNKS whose rows fit the cores' SRAM beside the
+    weights: the model at one stage packs onto no more wafers than at one token a step (1
+    where none does, or the model has Gated DeltaNet layers, which take one)."""
+    if spec.shape.linear_layers:
+        return 1
+    base = _Mapper(spec, target, micro_batch, wafers).fewest_wafers(1)
+    best = 1
+    for c in AUTO_CHUNKS:
+        if c > spec.shape.max_seq:  # no prompt is longer
+            break
+        n = _Mapper(spec, target, micro_batch, wafers, c).fewest_wafers(1)
+        if base is None or n is None or n > base:
+            break
+        best = c
+    return best
 
 
 _LAYER = re.compile(r"l(\d+)_")  # a kernel name's layer

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshrt.frontend.errors import FrontendError
-from meshrt.tools.common import fail as _fail
+from meshrt.tools.common import fail as _fail, parse_chunk
 from meshrt.output import atomic_directory, atomic_file
 
 
@@ -49,9 +49,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="requests per micro-batch, at least 1 (default: the spec's, or 1)")
     c.add_argument("--wafers", type=int, metavar="N",
                    help="wafer budget, at least 1 (default: as few as fit)")
-    c.add_argument("--prefill-chunk", type=int, metavar="N",
-                   help="prompt tokens a prefilling slot feeds a step, at least 1 (default 1): "
-                        "a micro-batch carries micro-batch x N token rows (docs/prefill.md)")
+    c.add_argument("--prefill-chunk", type=parse_chunk, metavar="N|auto",
+                   help="prompt tokens a prefilling slot feeds a step, at least 1 (default 1; "
+                        "auto: the largest whose rows fit beside the weights): a micro-batch "
+                        "carries micro-batch x N token rows (docs/prefill.md)")
     c.add_argument("--dynamism", type=parse_dynamism, metavar="LIST",
                    help="override the spec's dynamism kinds: a comma-separated list of "
                         f"{', '.join(SUPPORTED_DYNAMISM)}, or 'none' for the static build")
@@ -129,8 +130,7 @@ def _compile(args: argparse.Namespace) -> int:
         return _fail("meshrt compile: error: --weights writes files: it needs -o DIR")
     if not 0 <= args.weights_seed < 2**63:
         return _fail(f"meshrt compile: error: --weights-seed must be in 0..2^63-1, got {args.weights_seed}")
-    for flag, v in (("--micro-batch", args.micro_batch), ("--wafers", args.wafers),
-                    ("--prefill-chunk", args.prefill_chunk)):
+    for flag, v in (("--micro-batch", args.micro_batch), ("--wafers", args.wafers)):
         if v is not None and v < 1:
             return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
     try:

@@ -33,6 +33,33 @@ def write_question(results: dict, out: Path, key: str, write_plot, plot: str) ->
     write_plot(plt, results[key], Path(results["meta"]["model"]).stem, out / plot)
 
 
+def chunk_value(text: str) -> int:
+    """A prefill chunk on the command line: prompt tokens a step, 1..MAX_CHUNK."""
+    import argparse
+
+    from meshrt.shape import MAX_CHUNK
+
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if not 1 <= v <= MAX_CHUNK:
+        raise argparse.ArgumentTypeError(f"expected prompt tokens a step of 1..{MAX_CHUNK}, got '{text.strip()}'")
+    return v
+
+
+def parse_chunk(text: str) -> int | str:
+    """`--prefill-chunk N|auto` of compile and run."""
+    import argparse
+
+    if text == "auto":
+        return text
+    try:
+        return chunk_value(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or {str(e).removeprefix('expected ')}") from None
+
+
 def fail(line: str) -> int:
     """Print `line` as one line on stderr (an error with no file gets `meshrt:`); exit code 1."""
     if line.startswith("error:"):  # a FrontendError with no file to blame

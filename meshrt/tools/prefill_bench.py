@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from meshrt.tools.common import BenchError, write_question
+from meshrt.tools.common import BenchError, chunk_value, write_question
 
 PLOT = "prefill.png"
 DEFAULT_CHUNKS = (2, 4, 8, 16)
@@ -43,17 +43,9 @@ def chunk_list(text: str) -> tuple[int, ...]:
     """`--prefill-chunk 2,4,8`: distinct integers of 1..MAX_CHUNK, increasing."""
     import argparse
 
-    from meshrt.shape import MAX_CHUNK
-
     out = []
     for part in text.split(","):
-        try:
-            v = int(part)
-        except ValueError:
-            v = 0
-        if not 1 <= v <= MAX_CHUNK:
-            raise argparse.ArgumentTypeError(f"expected prompt tokens a step of 1..{MAX_CHUNK}, "
-                                             f"got '{part.strip()}'")
+        v = chunk_value(part)
         if out and v <= out[-1]:
             raise argparse.ArgumentTypeError("chunks must increase")
         out.append(v)

@@ -30,6 +30,7 @@ REQUEST_BYTES = 600  # a Request, its record and the reference's output, beside 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from meshrt.runtime.workloads import WORKLOADS
+    from meshrt.tools.common import parse_chunk
     from meshrt.targets import available_targets
 
     p.add_argument("model", metavar="MODEL|DIR|IR",
@@ -59,9 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "workload names its caches itself: its \"kv\" field)")
     p.add_argument("--queue", type=int, default=16, metavar="N",
                    help="waiting-queue capacity, at least 1 (default 16)")
-    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                   help="prompt tokens a slot prefills a step, at least 1 (default 1; a model, "
-                        "not IR): the time to first token comes from chunks of N")
+    p.add_argument("--prefill-chunk", type=parse_chunk, default=None, metavar="N|auto",
+                   help="prompt tokens a slot prefills a step (default 1; auto: the largest whose "
+                        "rows fit beside the weights; a model, not IR): the time to first token "
+                        "comes from chunks of N")
     p.add_argument("--static", action="store_true",
                    help="run the static baseline build (compiled with --dynamism none)")
     p.add_argument("--compare", action="store_true", help="run static and compiled side by side")
@@ -171,15 +173,12 @@ def check_flags(args: argparse.Namespace) -> None:
     from meshrt.limits import check_memory
     from meshrt.runtime.workloads import WorkloadError, check_workload
 
-    from meshrt.shape import MAX_CHUNK
-
     me = "meshrt run: error:"
     for flag, v, low, high in (
             ("--requests", args.requests, 1, None), ("--queue", args.queue, 1, None),
             ("--max-cycles", args.max_cycles, 1, 1 << 62), ("--rate", args.rate, 0, None),
             ("--seed", args.seed, 0, SEED_MAX), ("--workload-seed", args.workload_seed, 0, SEED_MAX),
             ("--weights-seed", args.weights_seed or 0, 0, SEED_MAX),
-            ("--prefill-chunk", 1 if args.prefill_chunk is None else args.prefill_chunk, 1, MAX_CHUNK),
             ("--time-limit", 1.0 if args.time_limit is None else args.time_limit, 0.001, None)):
         if not math.isfinite(v):
             raise UsageError(f"{me} {flag} must be a finite number, got {v}")

@@ -176,3 +176,16 @@ def test_every_prompt_token_is_fed_once_in_order_and_every_request_ends(groups, 
         assert positions == list(range(p + outputs - 1)), (rid, positions)
     assert sorted(r.id for r in host.records) == list(range(len(prompts)))
     assert all(len(r.tokens) == outputs for r in host.records)
+
+
+def test_run_takes_the_chunk_with_a_model_not_ir(tmp_path, capsys):
+    """`meshrt run IR --prefill-chunk N` is one line: the chunk is chosen at compile."""
+    from meshrt.tools.cli import main
+
+    ir = tmp_path / "p.mlir"
+    assert main(["compile", "examples/tiny_dense.mrt", "--target", "test32", "--prefill-chunk", "4",
+                 "--emit", "segments", "-o", str(ir)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(ir), "--prefill-chunk", "4"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--prefill-chunk is chosen when a model is compiled" in err
