@@ -189,3 +189,12 @@ def test_run_takes_the_chunk_with_a_model_not_ir(tmp_path, capsys):
     assert main(["run", str(ir), "--prefill-chunk", "4"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--prefill-chunk is chosen when a model is compiled" in err
+
+
+def test_a_static_batch_prefills_in_chunks():
+    """The static build (--dynamism none: batches filled together, the table installed by
+    the host) prefills in chunks too: NumPy's tokens."""
+    prog = driver.segment_program("examples/tiny_moe.mrt", "test32", chunk=4, dynamism=())
+    res = serve(prog, load_target("test32"), requests(), seed=0)
+    assert res.static and len(res.records) == len(SPEC)
+    assert res.outputs_match_reference, res.divergence
