@@ -213,7 +213,8 @@ def hf_spec_from_dict(data: dict[str, Any], path: str = "<config.json>",
     dyn = ["continuous_batching", "micro_batch_pipeline"]
     if shape.is_moe:
         dyn.insert(1, "moe_routing")
-    return ModelSpec(shape=shape, dynamism=tuple(dyn), micro_batch=1, wafers=None, source=path)
+    return ModelSpec(shape=shape, dynamism=tuple(dyn), micro_batch=1, wafers=None, source=path,
+                     max_positions=max_pos)
 
 
 def _read_ffn(cfg: _Config, mt: str, f: dict[str, Any]) -> None:

@@ -92,7 +92,7 @@ from meshrt.kernels.topk_gate.op import TopKGateOp
 from meshrt.rope import rotary_dim
 from meshrt.kernels.interface import ACT_BYTES, ceil_div, cf_row_bytes, held_share
 from meshrt.limits import format_bytes as _fmt_bytes
-from meshrt.shape import MAX_CHUNK, kv_slots
+from meshrt.shape import MAX_CHUNK, MAX_DIM, kv_slots
 from meshrt.targets import Target
 
 MIN_EXPERT_CORES = 4  # below this an expert region has no room for distinct roles
@@ -1278,16 +1278,19 @@ class _Emitter:
 
 def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
               wafers: int | None = None, dynamism: Sequence[str] | None = None,
-              chunk: int | str = 1) -> ModuleOp:
+              chunk: int | str = 1, context: int | str | None = None) -> ModuleOp:
     """Graph IR for `spec` mapped on `target` (overrides: micro-batch, wafer
     budget, dynamism kinds; `dynamism=()` is the static build), a prefilling slot
-    feeding `chunk` prompt tokens a step ("auto": `auto_chunk`)."""
+    feeding `chunk` prompt tokens a step ("auto": `auto_chunk`), a request slot
+    holding `context` positions of KV (None: the spec's; "auto": `with_context`)."""
     if dynamism is not None:
         spec = dataclasses.replace(spec, dynamism=tuple(dynamism))  # re-validated
     mb = micro_batch if micro_batch is not None else spec.micro_batch
     budget = wafers if wafers is not None else spec.wafers
     if mb < 1:
         raise FrontendError(f"micro-batch must be at least 1, got {mb}")
+    if context is not None:
+        spec, budget = with_context(spec, target, mb, budget, context)
     if chunk == "auto":
         chunk = auto_chunk(spec, target, mb, budget)
     if not 1 <= chunk <= MAX_CHUNK:
@@ -1301,6 +1304,57 @@ def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
     mapper = _Mapper(spec, target, mb, budget, chunk)
     lay = mapper.explicit_layout() if spec.mapping.explicit else mapper.default_layout()
     return _Emitter(mapper, lay).emit()
+
+
+def with_context(spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None,
+                 context: int | str) -> tuple[ModelSpec, int | None]:
+    """(`spec` with each request slot holding `context` positions of KV, at most the
+    positions the model was trained for; the wafer budget to map it on). "auto": the
+    most positions whose caches, a stage's request slots on each wafer, pack onto the
+    budget `wafers`, or onto the wafers the spec's own capacity needs (then the budget):
+    the context the mapping's SRAM holds, not a cap."""
+    limit = spec.max_positions or MAX_DIM
+    where = Loc(spec.source)
+    if context != "auto":
+        if context > limit:
+            raise FrontendError(f"a context of {context:,} positions exceeds the model's "
+                                f"max_position_embeddings ({limit:,})", where)
+        return dataclasses.replace(spec, shape=dataclasses.replace(spec.shape, max_seq=context)), wafers
+
+    def mapper(n: int) -> _Mapper | None:
+        s = dataclasses.replace(spec, shape=dataclasses.replace(spec.shape, max_seq=n))
+        try:
+            return _Mapper(s, target, micro_batch, wafers)
+        except FrontendError:
+            return None
+
+    def fewest(n: int) -> int | None:
+        """The fewest wafers at n positions, a stage on each at least (as `default_layout`)."""
+        m = mapper(n)
+        stages, need = 1, m and m.fewest_wafers(1)
+        while need is not None and need > stages:
+            stages, need = need, m.fewest_wafers(need)
+        return need
+
+    def fits(n: int) -> bool:
+        m = mapper(n)
+        need = m and m.fewest_wafers(budget)
+        return need is not None and need <= budget
+
+    budget = wafers or fewest(spec.shape.max_seq) or fewest(1)
+    if budget is None:
+        raise FrontendError(f"model does not fit on {target.name} even at a context of 1 position", where)
+    lo, hi = 1, limit  # fits(lo); the largest such n by bisection
+    if not fits(lo):
+        raise FrontendError(f"model does not fit on {budget} {target.name} wafer(s) even at a context "
+                            "of 1 position", where)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return dataclasses.replace(spec, shape=dataclasses.replace(spec.shape, max_seq=lo)), budget
 
 
 AUTO_CHUNKS = (2, 4, 8, 16, 32, 64)  # the chunks `auto_chunk` tries, in order

@@ -90,6 +90,9 @@ class ModelSpec:
     micro_batch: int = 1
     wafers: int | None = None  # None: as many as the model needs
     mapping: MappingSpec = field(default_factory=MappingSpec)
+    # the positions the model was trained for (a config's max_position_embeddings), None:
+    # not given; the most a `--context` may ask
+    max_positions: int | None = None
     source: str = field(default="<model>", compare=False)
     locs: Mapping[str, Loc] = field(default_factory=dict, compare=False, hash=False, repr=False)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshrt.frontend.errors import FrontendError
-from meshrt.tools.common import fail as _fail, parse_chunk
+from meshrt.tools.common import fail as _fail, parse_chunk, parse_context
 from meshrt.output import atomic_directory, atomic_file
 
 
@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="requests per micro-batch, at least 1 (default: the spec's, or 1)")
     c.add_argument("--wafers", type=int, metavar="N",
                    help="wafer budget, at least 1 (default: as few as fit)")
+    c.add_argument("--context", type=parse_context, metavar="N|auto",
+                   help="KV positions a request slot holds, like 32k (default: the spec's; a "
+                        "config's max_position_embeddings up to 4K); auto: the most the SRAM of "
+                        "the wafers the model needs holds (or of --wafers)")
     c.add_argument("--prefill-chunk", type=parse_chunk, metavar="N|auto",
                    help="prompt tokens a prefilling slot feeds a step, at least 1 (default 1; "
                         "auto: the largest whose rows fit beside the weights): a micro-batch "
@@ -135,14 +139,14 @@ def _compile(args: argparse.Namespace) -> int:
             return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
     try:
         if driver.is_ir(args.model):  # printed IR of any level: restart where it stands
-            if (args.micro_batch, args.wafers, args.dynamism, args.prefill_chunk) != (None,) * 4:
-                return _fail(f"{args.model}: error: --micro-batch, --wafers, --dynamism and "
+            if (args.micro_batch, args.wafers, args.dynamism, args.prefill_chunk, args.context) != (None,) * 5:
+                return _fail(f"{args.model}: error: --micro-batch, --wafers, --dynamism, --context and "
                              "--prefill-chunk are chosen when a model is compiled, not on IR")
             module = driver.read_ir(args.model)
         else:
             module = driver.load_model(args.model, args.target, micro_batch=args.micro_batch,
                                        wafers=args.wafers, dynamism=args.dynamism,
-                                       chunk=args.prefill_chunk or 1)
+                                       chunk=args.prefill_chunk or 1, context=args.context)
         target = driver.load_target(args.target)
     except (FrontendError, MeshrtError) as e:
         return _fail(str(e))

@@ -48,6 +48,27 @@ def chunk_value(text: str) -> int:
     return v
 
 
+def context_value(text: str) -> int:
+    """A context on the command line: positions like 4k or 4096 (k = 1024), 1..MAX_DIM."""
+    import argparse
+    import re
+
+    from meshrt.shape import MAX_DIM
+
+    m = re.fullmatch(r"\s*(\d{1,9})\s*([kK]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected positions like 4k or 4096, got {text.strip()!r}")
+    n = int(m.group(1)) * (1024 if m.group(2) else 1)
+    if not 1 <= n <= MAX_DIM:
+        raise argparse.ArgumentTypeError(f"a context must be 1..{MAX_DIM:,} positions, got {n:,}")
+    return n
+
+
+def parse_context(text: str) -> int | str:
+    """`--context N|auto` of compile and run: the KV positions a request slot holds."""
+    return text if text == "auto" else context_value(text)
+
+
 def parse_chunk(text: str) -> int | str:
     """`--prefill-chunk N|auto` of compile and run."""
     import argparse

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from meshrt.tools.common import BenchError, write_question
+from meshrt.tools.common import BenchError, context_value, write_question
 
 PLOT = "context.png"
-MAX_CONTEXT = 1 << 24  # positions: MAX_DIM, the bound on every dimension of a model
 
 
 def context_list(text: str) -> tuple[int, ...]:
@@ -39,12 +37,7 @@ def context_list(text: str) -> tuple[int, ...]:
 
     out = []
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d{1,9})\s*([kK]?)\s*", part)
-        if not m:
-            raise argparse.ArgumentTypeError(f"expected positions like 4k or 4096, got {part.strip()!r}")
-        n = int(m.group(1)) * (1024 if m.group(2) else 1)
-        if not 1 <= n <= MAX_CONTEXT:
-            raise argparse.ArgumentTypeError(f"a context must be 1..{MAX_CONTEXT:,} positions, got {n:,}")
+        n = context_value(part)
         if out and n <= out[-1]:
             raise argparse.ArgumentTypeError("contexts must increase")
         out.append(n)

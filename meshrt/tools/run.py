@@ -30,7 +30,7 @@ REQUEST_BYTES = 600  # a Request, its record and the reference's output, beside 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from meshrt.runtime.workloads import WORKLOADS
-    from meshrt.tools.common import parse_chunk
+    from meshrt.tools.common import parse_chunk, parse_context
     from meshrt.targets import available_targets
 
     p.add_argument("model", metavar="MODEL|DIR|IR",
@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "workload names its caches itself: its \"kv\" field)")
     p.add_argument("--queue", type=int, default=16, metavar="N",
                    help="waiting-queue capacity, at least 1 (default 16)")
+    p.add_argument("--context", type=parse_context, default=None, metavar="N|auto",
+                   help="KV positions a request slot holds, like 32k (a model, not IR; default: "
+                        "the spec's); auto: the most the SRAM holds")
     p.add_argument("--prefill-chunk", type=parse_chunk, default=None, metavar="N|auto",
                    help="prompt tokens a slot prefills a step (default 1; auto: the largest whose "
                         "rows fit beside the weights; a model, not IR): the time to first token "
@@ -86,7 +89,8 @@ def _fail(msg: str) -> int:
     return 1
 
 
-def _program(model: str, target: str | None, static: bool, chunk: int | None = None):
+def _program(model: str, target: str | None, static: bool, chunk: int | str | None = None,
+             context: int | str | None = None):
     """(segment program, Target) for MODEL or IR (IR: its own target unless --target)."""
     from meshrt import driver
     from meshrt.diagnostics import MeshrtError
@@ -99,9 +103,10 @@ def _program(model: str, target: str | None, static: bool, chunk: int | None = N
         if static:
             raise MeshrtError.located(f"{model}: error: --static and --compare need a model, not IR "
                                       "(compile one with --dynamism none)")
-        if chunk is not None:
-            raise MeshrtError.located(f"{model}: error: --prefill-chunk is chosen when a model is "
-                                      "compiled (meshrt compile --prefill-chunk), not on IR")
+        for flag, v in (("--prefill-chunk", chunk), ("--context", context)):
+            if v is not None:
+                raise MeshrtError.located(f"{model}: error: {flag} is chosen when a model is "
+                                          f"compiled (meshrt compile {flag}), not on IR")
         module = driver.read_ir(model)
         tgt = driver.target_of(module, target)
         program = driver.program_of(module)
@@ -109,7 +114,8 @@ def _program(model: str, target: str | None, static: bool, chunk: int | None = N
     else:
         tgt = driver.load_target(target or "test32")
         shape, where = driver.load_spec(model).shape, model  # its fields' positions
-        module = driver.load_model(model, tgt, dynamism=() if static else None, chunk=chunk or 1)
+        module = driver.load_model(model, tgt, dynamism=() if static else None, chunk=chunk or 1,
+                                   context=context)
         program = driver.program_of(module)
     # Before lowering and before anything is allocated: can this machine run it?
     check_runnable(shape, HParams.of(program).kv_slots(program), where)
@@ -120,7 +126,7 @@ def _serve(args, static: bool):
     from meshrt.runtime.serving import serve, tiny_workload
     from meshrt.shape import HParams
 
-    program, target = _program(args.model, args.target, static, args.prefill_chunk)
+    program, target = _program(args.model, args.target, static, args.prefill_chunk, args.context)
     hp = HParams.of(program)
     max_seq, vocab = hp.int("max_seq"), hp.int("vocab")
     weights = _checkpoint_weights(args, program)
