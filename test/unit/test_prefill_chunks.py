@@ -107,8 +107,8 @@ def _split_program(chunk: int, tmp_path, target: Path):
 def test_a_head_split_and_a_window_prefill_in_chunks(tmp_path, test32_with):
     """A head split by features sums a chunk's scores against keys the chunk writes in the
     same step (normalized once their sums of squares are in); a window of 5 over a ring
-    of 5 + 3 entries: NumPy's tokens on two seeds, on test32 with twice its SRAM (the
-    chunk's rows beside the weights)."""
+    of 5 + 3 entries: NumPy's tokens on two seeds and every prompt row's attention values,
+    on test32 with twice its SRAM (the chunk's rows beside the weights)."""
     target = test32_with("test32x2", ("sram_bytes = 12288", "sram_bytes = 24576"))
     prog = _split_program(4, tmp_path, target)
     flows = {f.flow_name for f in prog.flows()}
@@ -122,6 +122,8 @@ def test_a_head_split_and_a_window_prefill_in_chunks(tmp_path, test32_with):
         res = serve(prog, load_target(target), reqs, seed=seed)
         assert len(res.records) == 5 and not res.sim.reports
         assert res.outputs_match_reference, (seed, res.divergence)
+    long = [Request(i, 0.0, rng.integers(0, 256, 8).tolist(), 8, 3, 3) for i in range(2)]
+    assert attention_rows_off(prog, target, long, range(2)) < 1e-5
 
 
 def _host(groups: int, b: int, chunk: int, prompts: list[int], outputs: int = 2) -> Host:
@@ -198,3 +200,80 @@ def test_a_static_batch_prefills_in_chunks():
     res = serve(prog, load_target("test32"), requests(), seed=0)
     assert res.static and len(res.records) == len(SPEC)
     assert res.outputs_match_reference, res.divergence
+
+
+def attention_rows_off(prog, target, reqs: list[Request], steps: range) -> float:
+    """The largest difference between an attention value the mesh computed for a prompt row
+    and NumPy's for that position (the reference prefilling each prompt, traced), over the
+    rows of micro-batch `steps`. Tokens alone miss attention errors that do not flip a
+    greedy choice of the tiny models."""
+    from meshrt.runtime import reference as ref
+    from meshrt.runtime import serving
+
+    shape = reference_shape(prog)
+    weights = ref.Weights.random(shape, 0)
+    model = ref.ReferenceModel(shape, weights)
+    traces = {}
+    for r in reqs:
+        traces[r.id] = ref.Trace()
+        model.prefill(r.prompt, traces[r.id])
+    tables, sampled = {}, Host.sampled
+
+    def keep(host, cd, tokens, ends):
+        tables[cd.step] = host.tables[cd.step]
+        return sampled(host, cd, tokens, ends)
+
+    worst, seen = 0.0, 0
+    Host.sampled = keep
+    try:
+        for step in steps:
+            _, _, plane = serving._interpret(prog, load_target(target), reqs, weights, seed=0,
+                                             queue_capacity=16, max_cycles=10**8, safe=True,
+                                             speed_scale=None, watch=step)
+            for name, held in plane.watched.items():
+                key = plane.reference_key(name)
+                if key is None or key[1] != "attn_out":
+                    continue
+                for r, slot in enumerate(tables[step].slots):
+                    req = reqs[slot.rid] if slot.rid >= 0 else None
+                    if req is None or slot.pos >= req.prompt_len or not held.mask[r].all():
+                        continue
+                    want = np.asarray(traces[slot.rid].tensors[key], np.float64).reshape(req.prompt_len, -1)
+                    got = plane.in_reference_order(name, held.data[r].astype(np.float64))
+                    worst = max(worst, float(np.max(np.abs(got - want[slot.pos]))))
+                    seen += 1
+    finally:
+        Host.sampled = sampled
+    assert seen, "no attention row was compared"
+    return worst
+
+
+def test_attention_pe_bodies_read_the_row_table(tmp_path, test32_with):
+    """Whole KV heads a column (tiny_dense on four columns): attention runs its PE bodies,
+    which take each row's KV slot and position from the row table; layer 1's window of 5
+    over a ring of 5 + 4 - 1 (a ring of 5 would let a chunk's later rows overwrite values
+    its first row reads: its attention values differ from NumPy's by as much as they are
+    large, yet the tiny model's greedy tokens do not change): every prompt row's attention
+    values are NumPy's, and the tokens on two seeds."""
+    from meshrt.kernels.attention.pe import in_pe
+    from meshrt.shape import HParams
+
+    target = test32_with("test32x2", ("sram_bytes = 12288", "sram_bytes = 24576"))
+    spec = driver.load_spec("examples/tiny_dense.mrt")
+    shape = dataclasses.replace(spec.shape, sliding_window=5, window_layers=(1,))
+    n, width, height = shape.layers, 4, 16
+    m = MappingSpec(layers={i: RectChoice(4 + i * width, 0, width, height) for i in range(n)},
+                    embed=RectChoice(0, 0, 4, height), lm_head=RectChoice(4 + n * width, 0, 4, height))
+    spec = dataclasses.replace(spec, shape=shape, mapping=m)
+    prog = driver.segment_program(map_model(spec, load_target(target), None, None, None, 4), target)
+    attn = {k.kernel_name: k for k in prog.kernels() if k.kind.data == "attention"}
+    assert all(in_pe(k, HParams.of(prog)) for k in attn.values())
+    assert attn["l1_attn"].param("max_seq") == 8
+    rng = np.random.default_rng(3)
+    reqs = [Request(i, 0.0, rng.integers(0, 256, 5 + i % 4).tolist(), 5 + i % 4, 3, 3) for i in range(5)]
+    for seed in range(2):
+        res = serve(prog, load_target(target), reqs, seed=seed)
+        assert len(res.records) == 5 and not res.sim.reports
+        assert res.outputs_match_reference, (seed, res.divergence)
+    long = [Request(i, 0.0, rng.integers(0, 256, 8).tolist(), 8, 3, 3) for i in range(2)]
+    assert attention_rows_off(prog, target, long, range(2)) < 1e-5

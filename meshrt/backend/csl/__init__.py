@@ -71,6 +71,11 @@ def emit_csl(module: ModuleOp, arch: str | None = None, target=None, weights=Non
         ops, mods = segment_programs(module), class_modules(module)
     programs = []
     for op in ops:
+        if op.chunk > 1:  # its request table and sampler keep one token a slot
+            raise MeshrtError(f"@{op.program_name}: prefill chunk {op.chunk}: the CSL printed keeps one "
+                              "token a slot a step (its request table, its sampler); a chunked "
+                              "program is interpreted, costed and printed at the PE level, not as "
+                              "CSL (issue 18)", op)
         prefix = f"{op.program_name}/" if len(ops) > 1 else ""
         program = read_program(op)
         programs.append(program)

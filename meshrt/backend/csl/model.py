@@ -232,10 +232,6 @@ def _names(refs) -> list[str]:
 
 def read_program(program: sg.ProgramOp) -> Program:
     """The plan of one `segment.program`; raises MeshrtError on IR the backend cannot emit."""
-    if program.chunk > 1:  # its request table and sampler keep one token a slot
-        raise MeshrtError(f"@{program.program_name}: the CSL backend prints programs feeding one token "
-                          f"a slot a step; prefill chunk {program.chunk} is interpreted and costed, "
-                          "not printed (issue 18)", program)
     hparams: dict[str, float] = {}
     for k, v in program.hparams.data.items():
         if isinstance(v, IntegerAttr | FloatAttr):
