@@ -115,9 +115,14 @@ def test_a_head_split_and_a_window_prefill_in_chunks(tmp_path, test32_with):
     assert "l0_attn.scores.down" in flows
     (l1,) = [k for k in prog.kernels() if k.kernel_name == "l1_attn"]
     assert l1.param("max_seq") == 8  # window 5 + chunk 4 - 1
+    _prefills_like_numpy(prog, target)
+
+
+def _prefills_like_numpy(prog, target) -> None:
+    """Prompts of five to eight tokens in chunks of 4: NumPy's tokens on two seeds, and
+    every prompt row's attention values of two 8-token prompts (`attention_rows_off`)."""
     rng = np.random.default_rng(3)
-    reqs = [Request(i, 0.0, rng.integers(0, 256, 5 + i % 4).tolist(), 5 + i % 4, 3, 3)
-            for i in range(5)]
+    reqs = [Request(i, 0.0, rng.integers(0, 256, 5 + i % 4).tolist(), 5 + i % 4, 3, 3) for i in range(5)]
     for seed in range(2):
         res = serve(prog, load_target(target), reqs, seed=seed)
         assert len(res.records) == 5 and not res.sim.reports
@@ -269,11 +274,4 @@ def test_attention_pe_bodies_read_the_row_table(tmp_path, test32_with):
     attn = {k.kernel_name: k for k in prog.kernels() if k.kind.data == "attention"}
     assert all(in_pe(k, HParams.of(prog)) for k in attn.values())
     assert attn["l1_attn"].param("max_seq") == 8
-    rng = np.random.default_rng(3)
-    reqs = [Request(i, 0.0, rng.integers(0, 256, 5 + i % 4).tolist(), 5 + i % 4, 3, 3) for i in range(5)]
-    for seed in range(2):
-        res = serve(prog, load_target(target), reqs, seed=seed)
-        assert len(res.records) == 5 and not res.sim.reports
-        assert res.outputs_match_reference, (seed, res.divergence)
-    long = [Request(i, 0.0, rng.integers(0, 256, 8).tolist(), 8, 3, 3) for i in range(2)]
-    assert attention_rows_off(prog, target, long, range(2)) < 1e-5
+    _prefills_like_numpy(prog, target)
