@@ -75,10 +75,12 @@ CONTEXTS = {"gpt-oss-20b-context": ("gpt-oss-20b", _POINTS, None),
 paper's Figure 10b, GPT-OSS-20B decode from 4K to 128K context, on the fewest wafers and
 on the paper's 4."""
 PREFILLS = {"qwen3-8b-prefill": ("qwen3-8b", (1, 2, 4), (2, 4, 8, 16), None),
-            "gpt-oss-20b-prefill": ("gpt-oss-20b", (1, 2, 4), (2, 4, 8, 16), None)}
-"""Prefill runs (`meshrt bench --phase prefill`): the paper's Figure 9 top and Table 4's
-prefill ablation at 4K context; issue 18's single-user targets (qwen3-8b >= 20,000 tok/s,
-gpt-oss-20b >= 30,000)."""
+            "gpt-oss-20b-prefill": ("gpt-oss-20b", (1, 2, 4), (2, 4, 8, 16), None),
+            "gpt-oss-20b-prefill-on-4-wafers": ("gpt-oss-20b", (1, 2, 4), (2, 4, 8, 16), 4)}
+"""Prefill runs (`meshrt bench --phase prefill`, with `--deploy-wafers` where given): the
+paper's Figure 9 top and Table 4's prefill ablation at 4K context, GPT-OSS-20B also on the
+paper's 4 wafers; issue 18's single-user targets (qwen3-8b >= 20,000 tok/s, gpt-oss-20b >=
+30,000)."""
 TARGET = "wse3"
 MICRO_BATCHES = (1, 2, 4, 8)
 WORKLOAD = "chat"
@@ -272,7 +274,8 @@ def context_section(name: str, res: dict) -> list[str]:
 
 def prefill_section(name: str, res: dict) -> list[str]:
     pf, meta = res["prefill"], res["meta"]
-    out = ["", f"## Prefill: {Path(meta['model']).stem} at {_prompt(pf):,} tokens of context", "",
+    on = f", on {pf['wafers']} wafers" if pf.get("wafers") else ""
+    out = ["", f"## Prefill: {Path(meta['model']).stem} at {_prompt(pf):,} tokens of context{on}", "",
            f"`{meta['command']}`: {res['timing']['total_s']:.0f} s on this machine; run at git "
            f"{meta['git']} on {meta['date']}.", "",
            pf["notes"], "",
