@@ -64,6 +64,19 @@ def context_value(text: str) -> int:
     return n
 
 
+def increasing_list(text: str, value, plural: str) -> tuple:
+    """A comma-separated list of `value(part)`s that must increase ("{plural} must increase")."""
+    import argparse
+
+    out = []
+    for part in text.split(","):
+        v = value(part)
+        if out and v <= out[-1]:
+            raise argparse.ArgumentTypeError(f"{plural} must increase")
+        out.append(v)
+    return tuple(out)
+
+
 def parse_context(text: str) -> int | str:
     """`--context N|auto` of compile and run: the KV positions a request slot holds."""
     return text if text == "auto" else context_value(text)

@@ -26,22 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from meshrt.tools.common import BenchError, context_value, write_question
+from meshrt.tools.common import BenchError, context_value, increasing_list, write_question
 
 PLOT = "context.png"
 
 
 def context_list(text: str) -> tuple[int, ...]:
     """'4k,16k,32768' -> (4096, 16384, 32768): positive, increasing; k = 1024."""
-    import argparse
-
-    out = []
-    for part in text.split(","):
-        n = context_value(part)
-        if out and n <= out[-1]:
-            raise argparse.ArgumentTypeError("contexts must increase")
-        out.append(n)
-    return tuple(out)
+    return increasing_list(text, context_value, "contexts")
 
 
 def max_position(model: str) -> int | None:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from meshrt.tools.common import BenchError, chunk_value, write_question
+from meshrt.tools.common import BenchError, chunk_value, increasing_list, write_question
 
 PLOT = "prefill.png"
 DEFAULT_CHUNKS = (2, 4, 8, 16)
@@ -41,15 +41,7 @@ PAPER_BATCH_FACTOR = "1.1-1.6x"  # Table 4, prefill, micro-bs 1 -> 4
 
 def chunk_list(text: str) -> tuple[int, ...]:
     """`--prefill-chunk 2,4,8`: distinct integers of 1..MAX_CHUNK, increasing."""
-    import argparse
-
-    out = []
-    for part in text.split(","):
-        v = chunk_value(part)
-        if out and v <= out[-1]:
-            raise argparse.ArgumentTypeError("chunks must increase")
-        out.append(v)
-    return tuple(out)
+    return increasing_list(text, chunk_value, "chunks")
 
 
 def prefill_cycles(prompt: int, chunk: int, latency: float, interval: float, in_flight: int) -> float:
