@@ -82,17 +82,19 @@ def load_spec(path: str | Path) -> ModelSpec:
 
 def load_model(path: str | Path, target: Target | str | Path, *, micro_batch: int | None = None,
                wafers: int | None = None, dynamism: Sequence[str] | None = None,
-               chunk: int | str = 1, context: int | str | None = None) -> ModuleOp:
+               chunk: int | str = 1, context: int | str | None = None, spill: int = 0) -> ModuleOp:
     """A model file (.mrt spec or config.json) mapped on `target`: graph IR.
 
     `micro_batch`, `wafers` and `dynamism` (`()` is the static build)
     override the spec's; `chunk`: prompt tokens a prefilling slot feeds a step;
     `context`: KV positions a request slot holds ("auto": what the SRAM holds);
-    FrontendError on bad input (the model is read before the target)."""
+    `spill`: KV positions MoE layers keep on their attention regions, the rest on
+    their expert cores (0: all kept); FrontendError on bad input (the model is read
+    before the target)."""
     from meshrt.frontend.mapper import map_model
 
     spec = load_spec(path)
-    return map_model(spec, load_target(target), micro_batch, wafers, dynamism, chunk, context)
+    return map_model(spec, load_target(target), micro_batch, wafers, dynamism, chunk, context, spill)
 
 
 def parse_ir(text: str, filename: str = "<input>") -> ModuleOp:

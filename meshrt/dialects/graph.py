@@ -256,6 +256,22 @@ class MatmulOp(KernelOp):
         verify_weights(self)
 
 
+def spill_problem(region: CoreSetAttr, spill: CoreSetAttr, spill_from: int, max_seq: int) -> str | None:
+    """Why an attention on `region` cannot keep ring entries spill_from.. of its max_seq
+    on `spill` (one dense rectangle of the region's shape, apart from it), or None."""
+    rects = [region.rects.data, spill.rects.data]
+    if any(len(r) != 1 or not r[0].is_unit_step() for r in rects):
+        return f"region {region} and spill {spill} must each be one dense rectangle"
+    if region.rects.data[0].tuple[2:4] != spill.rects.data[0].tuple[2:4]:
+        return f"spill {spill} must have the shape of the region {region}"
+    a, b = region.extent, spill.extent
+    if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]:
+        return f"spill {spill} overlaps the region {region}"
+    if not 0 < spill_from < max_seq:
+        return f"spill_from {spill_from} must be in 1..{max_seq - 1} (max_seq {max_seq})"
+    return None
+
+
 @irdl_op_definition
 class AttentionOp(KernelOp):
     """Decode attention over a per-slot KV cache of `max_seq` entries: every position of a
@@ -271,13 +287,21 @@ class AttentionOp(KernelOp):
     assembly_format = _UNARY
 
     gated = opt_prop_def(IntegerAttr[I64])  # 1: Qwen3.5's output gate follows q, k, v in the input
+    # KV spill (docs/kernels.md, "KV spill"): ring entries from `spill_from` on live on
+    # `spill`, a rectangle of the layer's FFN cores shaped like the region
+    spill = opt_prop_def(CoreSetAttr)
+    spill_from = opt_prop_def(IntegerAttr[I64])
 
     def __init__(self, name, region, input, *, heads, kv_heads, head_dim, max_seq,
-                 layer, stage, wafer, gated: bool = False):
+                 layer, stage, wafer, gated: bool = False,
+                 spill: CoreSetAttr | None = None, spill_from: int | None = None):
         props = self.common_props(name, region, layer, stage, wafer)
         for k, v in (("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim),
                      ("max_seq", max_seq)) + ((("gated", 1),) if gated else ()):
             props[k] = IntegerAttr(v, i64)
+        if spill is not None:
+            props["spill"] = spill
+            props["spill_from"] = IntegerAttr(spill_from, i64)
         super().__init__(operands=[input], properties=props,
                          result_types=[ActType(heads * head_dim)])
 
@@ -297,6 +321,12 @@ class AttentionOp(KernelOp):
             )
         if self.gated is not None and _int(self.gated) not in (0, 1):
             raise VerifyException(f"kernel @{self.kernel_name}: gated must be 0 or 1")
+        if (self.spill is None) != (self.spill_from is None):
+            raise VerifyException(f"kernel @{self.kernel_name}: spill and spill_from go together")
+        if self.spill is not None:
+            problem = spill_problem(self.region, self.spill, _int(self.spill_from), _int(self.max_seq))
+            if problem:
+                raise VerifyException(f"kernel @{self.kernel_name}: {problem}")
         gate = h if self.is_gated else 0
         _expect_width(self, "input (q, k, v" + (", gate)" if gate else ")"), _width(self.input),
                       (h + 2 * kv + gate) * d)

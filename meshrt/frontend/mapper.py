@@ -133,6 +133,7 @@ class Sizer:
     kv_slots: int
     usable: int  # per-core SRAM for data
     chunk: int = 1
+    spill: int = 0  # KV positions a slot keeps on an MoE layer's attention region (0: all)
 
     def matmul(self, n_in: int, n_out: int, dbytes: float, w: int, h: int, bias: bool = False) -> float:
         return GemvOp.footprint(n_in, n_out, dbytes, self.micro_batch, w, h, bias=bias).total
@@ -151,14 +152,26 @@ class Sizer:
         s = self.shape
         return max(s.attn_width, s.linear_value_width if s.linear_layers else 0)
 
+    def attention(self, w: int, h: int, entries: int, split_rows: bool | None = None) -> float:
+        """Bytes per core of a w x h attention tile holding `entries` ring entries of each
+        slot (`split_rows`: a head split's layout, forced)."""
+        s = self.shape
+        return AttentionOp.footprint(self.kv_slots, entries, s.heads, s.kv_heads, s.head_dim,
+                                     s.kv_bytes, self.micro_batch, w, h, rot=rotary_dim(s.rope, s.head_dim),
+                                     chunk=self.chunk, qk_norm=s.qk_norm, sinks=s.attn_sinks,
+                                     gated=s.attn_gate, split_rows=split_rows).total
+
+    @property
+    def kv_held(self) -> int:
+        """KV positions of a slot an attention region holds: all of them, or where they
+        spill (`--kv-spill`), the first `spill`."""
+        return min(self.shape.max_seq, self.spill) if self.spill else self.shape.max_seq
+
     def mixer(self, w: int, h: int) -> float:
         """Bytes per core of the token mixer band: attention (KV), or the larger of
         attention and Gated DeltaNet (recurrent and conv state) where the model has both."""
         s = self.shape
-        attn = AttentionOp.footprint(self.kv_slots, s.max_seq, s.heads, s.kv_heads, s.head_dim,
-                                     s.kv_bytes, self.micro_batch, w, h, rot=rotary_dim(s.rope, s.head_dim),
-                                     chunk=self.chunk,
-                                     qk_norm=s.qk_norm, sinks=s.attn_sinks, gated=s.attn_gate).total
+        attn = self.attention(w, h, self.kv_held)
         if not s.linear_layers:
             return attn
         cols, groups = delta_shape(s, w, self.micro_batch)
@@ -623,9 +636,10 @@ def _heights(target: Target, shape: ModelShape, fixed: int | None = None) -> lis
 
 class _Mapper:
     def __init__(self, spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None,
-                 chunk: int = 1):
+                 chunk: int = 1, spill: int = 0):
         self.spec, self.target, self.shape = spec, target, spec.shape
         self.mb, self.wafers = micro_batch, wafers
+        self.spill = spill  # KV positions kept on MoE layers' attention regions (0: all)
         # a prefilling slot feeds `chunk` prompt tokens a step: every kernel's values are
         # `rows` vectors, while the request slots (KV, descriptors) follow the micro-batch
         self.chunk, self.rows = chunk, micro_batch * chunk
@@ -682,7 +696,7 @@ class _Mapper:
 
     def sizer(self, kv_slots: int) -> Sizer:
         """Bytes per core of this model's kernels at this micro-batch, `kv_slots` request slots."""
-        return Sizer(self.shape, self.rows, kv_slots, self.usable, self.chunk)
+        return Sizer(self.shape, self.rows, kv_slots, self.usable, self.chunk, self.spill)
 
     def planner(self, stages: int) -> Planner:
         return Planner(self.sizer(self.kv_slots(stages)), self.group, self.target.width,
@@ -1219,9 +1233,13 @@ class _Emitter:
         else:
             qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.qkv_width, weights=q,
                                       bias=s.qkv_bias, **kw))
+            cap = s.kv_capacity(i, self.m.chunk)
+            spill = {}
+            if self.m.spill and p.unit.kind == "moe" and cap > self.m.spill:
+                spill = dict(spill=self.spill_tile(p, b, layer, cap), spill_from=self.m.spill)
             a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
                                        kv_heads=s.kv_heads, head_dim=s.head_dim,
-                                       max_seq=s.kv_capacity(i, self.m.chunk), gated=s.attn_gate, **kw))
+                                       max_seq=cap, gated=s.attn_gate, **spill, **kw))
         o = self.add(g.MatmulOp(f"l{i}_o", b["o"], a, s.hidden,
                                 weights=None if s.is_linear_layer(i) else q,
                                 bias=s.o_bias and not s.is_linear_layer(i), **kw))
@@ -1234,6 +1252,38 @@ class _Emitter:
                                     **kw))
             return self.add(g.AddOp(f"l{i}_add2", b["down"], h, y, **kw))
         return self.moe_tail(p, b, h, kw)
+
+    def spill_tile(self, p: Placed, b: dict[str, CoreSetAttr], layer: CoreSetAttr, cap: int) -> CoreSetAttr:
+        """Where MoE layer p's attention keeps the ring entries past `--kv-spill`: a
+        rectangle of its expert cores shaped like the attention's region, at the end of
+        the expert area nearest it (its q | k | v and partials travel least), whose cores
+        hold their experts' tiles and the spilled KV together."""
+        m, i = self.m, p.unit.layer
+        x0, y0, x1, y1 = layer.extent
+        w, h = x1 - x0, y1 - y0
+        regions = self.expert_regions(p, b.get("experts"))
+        lo = min(r.extent[0] for r in regions)
+        hi = max(r.extent[2] for r in regions)
+        tile = CoreSetAttr.of(lo if lo >= x1 else hi - w, y0, w, h)
+        t0, u0, t1, u1 = tile.extent
+        covered = sum(max(0, min(t1, e[2]) - max(t0, e[0])) * max(0, min(u1, e[3]) - max(u0, e[1]))
+                      for e in (r.extent for r in regions))
+        if covered < w * h:
+            raise FrontendError(f"--kv-spill {m.spill}: layer {i}'s expert cores hold no {w} x {h} "
+                                f"rectangle beside its attention {layer} to spill KV to", m.where())
+        sizer = m.sizer(self.lay.kv_slots)
+        s = self.s
+        split = (AttentionOp.split_rows(s.heads, s.kv_heads, s.head_dim, m.spill, sizer.kv_slots,
+                                        s.kv_bytes, sizer.micro_batch, w, h))
+        group = s.experts // (len(regions) - s.shared_experts)
+        ex0, ey0, ex1, ey1 = regions[0].extent
+        need = sizer.expert(group, ex1 - ex0, ey1 - ey0) + sizer.attention(w, h, cap - m.spill, split)
+        if need > sizer.usable:
+            raise FrontendError(
+                f"--kv-spill {m.spill}: layer {i}'s {cap - m.spill:,} spilled KV positions a slot and its "
+                f"expert tiles need {_fmt_bytes(need)} per core of {tile}, more than the "
+                f"{_fmt_bytes(sizer.usable)} a core has", m.where())
+        return tile
 
     def moe_tail(self, p: Placed, b: dict[str, CoreSetAttr], h, kw) -> SSAValue:
         s, i = self.s, p.unit.layer
@@ -1268,6 +1318,8 @@ class _Emitter:
         hparams = s.to_hparams(lay.kv_slots, group if s.is_moe else 0)
         if m.chunk > 1:
             hparams["prefill_chunk"] = IntegerAttr(m.chunk, i64)
+        if m.spill:
+            hparams["kv_spill"] = IntegerAttr(m.spill, i64)
         op = g.ModelOp(
             symbol_name(s.name), target=t.name, width=t.width, height=t.height,
             wafers=lay.wafers, stages=max(lay.stages) + 1, micro_batch=m.mb,
@@ -1278,11 +1330,13 @@ class _Emitter:
 
 def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
               wafers: int | None = None, dynamism: Sequence[str] | None = None,
-              chunk: int | str = 1, context: int | str | None = None) -> ModuleOp:
+              chunk: int | str = 1, context: int | str | None = None, spill: int = 0) -> ModuleOp:
     """Graph IR for `spec` mapped on `target` (overrides: micro-batch, wafer
     budget, dynamism kinds; `dynamism=()` is the static build), a prefilling slot
     feeding `chunk` prompt tokens a step ("auto": `auto_chunk`), a request slot
-    holding `context` positions of KV (None: the spec's; "auto": `with_context`)."""
+    holding `context` positions of KV (None: the spec's; "auto": `with_context`), MoE
+    layers' attention regions keeping the first `spill` of them, the rest spilled to
+    their expert cores (0: none spill; docs/kernels.md, "KV spill")."""
     if dynamism is not None:
         spec = dataclasses.replace(spec, dynamism=tuple(dynamism))  # re-validated
     mb = micro_batch if micro_batch is not None else spec.micro_batch
@@ -1301,9 +1355,24 @@ def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
                             Loc(spec.source))
     if budget is not None and budget < 1:
         raise FrontendError(f"wafers must be at least 1, got {budget}")
-    mapper = _Mapper(spec, target, mb, budget, chunk)
+    if spill:
+        check_spill(spec, spill)
+    mapper = _Mapper(spec, target, mb, budget, chunk, spill)
     lay = mapper.explicit_layout() if spec.mapping.explicit else mapper.default_layout()
     return _Emitter(mapper, lay).emit()
+
+
+def check_spill(spec: ModelSpec, spill: int) -> None:
+    """`--kv-spill N` spills to the expert cores of MoE layers: every attention layer
+    with a context past N must be one."""
+    s, where = spec.shape, Loc(spec.source)
+    if spill < 1:
+        raise FrontendError(f"--kv-spill must be at least 1 position, got {spill}", where)
+    dense = [i for i in range(s.layers) if not s.is_moe_layer(i) and not s.is_linear_layer(i)
+             and s.kv_capacity(i) > spill]
+    if dense:
+        raise FrontendError(f"--kv-spill {spill}: layer {dense[0]} is dense (its FFN shares the "
+                            "attention's region, so it has no FFN cores to spill KV to)", where)
 
 
 def with_context(spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None,

@@ -282,6 +282,11 @@ class KernelOp(MappedKernelOp):
         """The same-shaped rectangles the kernel's roles repeat over."""
         return [self.grid()]
 
+    def result_cores(self) -> CoreSetAttr:
+        """The cores that keep the kernel's result where it does not leave from its
+        senders only (HOLDS_RESULT_AT_OUTPUTS): its region."""
+        return self.region
+
     # -- the interface (every kind answers) --------------------------------
     def roles(self, kctx: KernelContext) -> tuple[list[Role], list[FlowSpec]]:
         """GetCoreSche for every role, and the kernel's internal flows."""

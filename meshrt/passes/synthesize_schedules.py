@@ -131,7 +131,7 @@ class _KernelPlan:
         region; relays hold it only where it leaves."""
         if self.op.HOLDS_RESULT_AT_OUTPUTS:
             return self.output_cores
-        return self.op.region
+        return self.op.result_cores()
 
 
 def _output_cores(op: mk.KernelOp, roles: list[kr.Role]) -> CoreSetAttr:
@@ -390,7 +390,7 @@ class Synthesizer:
             if flow is None:
                 plan.local_inputs.append(producer)
                 if cb and op.CF_ON_INPUTS:
-                    self._cb_upstream(producer, op.region)
+                    self._cb_upstream(producer, plan.input_cores)
                 continue
             if route_meta:
                 flow.meta, flow.meta_kind = self.kctx.route_bytes, "moe_routing"

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshrt.frontend.errors import FrontendError
-from meshrt.tools.common import fail as _fail, parse_chunk, parse_context
+from meshrt.tools.common import context_value, fail as _fail, parse_chunk, parse_context
 from meshrt.output import atomic_directory, atomic_file
 
 
@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="prompt tokens a prefilling slot feeds a step, at least 1 (default 1; "
                         "auto: the largest whose rows fit beside the weights): a micro-batch "
                         "carries micro-batch x N token rows (docs/prefill.md)")
+    c.add_argument("--kv-spill", type=context_value, metavar="N",
+                   help="KV positions a slot keeps on each MoE layer's attention region, like 16k; "
+                        "later ones go to a tile of the layer's expert cores, attended there in "
+                        "parallel (default: none spill; docs/kernels.md, \"KV spill\")")
     c.add_argument("--dynamism", type=parse_dynamism, metavar="LIST",
                    help="override the spec's dynamism kinds: a comma-separated list of "
                         f"{', '.join(SUPPORTED_DYNAMISM)}, or 'none' for the static build")
@@ -139,14 +143,16 @@ def _compile(args: argparse.Namespace) -> int:
             return _fail(f"meshrt compile: error: {flag} must be at least 1, got {v}")
     try:
         if driver.is_ir(args.model):  # printed IR of any level: restart where it stands
-            if (args.micro_batch, args.wafers, args.dynamism, args.prefill_chunk, args.context) != (None,) * 5:
-                return _fail(f"{args.model}: error: --micro-batch, --wafers, --dynamism, --context and "
-                             "--prefill-chunk are chosen when a model is compiled, not on IR")
+            if (args.micro_batch, args.wafers, args.dynamism, args.prefill_chunk, args.context,
+                    args.kv_spill) != (None,) * 6:
+                return _fail(f"{args.model}: error: --micro-batch, --wafers, --dynamism, --context, "
+                             "--prefill-chunk and --kv-spill are chosen when a model is compiled, not on IR")
             module = driver.read_ir(args.model)
         else:
             module = driver.load_model(args.model, args.target, micro_batch=args.micro_batch,
                                        wafers=args.wafers, dynamism=args.dynamism,
-                                       chunk=args.prefill_chunk or 1, context=args.context)
+                                       chunk=args.prefill_chunk or 1, context=args.context,
+                                       spill=args.kv_spill or 0)
         target = driver.load_target(args.target)
     except (FrontendError, MeshrtError) as e:
         return _fail(str(e))

@@ -30,7 +30,7 @@ REQUEST_BYTES = 600  # a Request, its record and the reference's output, beside 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from meshrt.runtime.workloads import WORKLOADS
-    from meshrt.tools.common import parse_chunk, parse_context
+    from meshrt.tools.common import context_value, parse_chunk, parse_context
     from meshrt.targets import available_targets
 
     p.add_argument("model", metavar="MODEL|DIR|IR",
@@ -67,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt tokens a slot prefills a step (default 1; auto: the largest whose "
                         "rows fit beside the weights; a model, not IR): the time to first token "
                         "comes from chunks of N")
+    p.add_argument("--kv-spill", type=context_value, default=None, metavar="N",
+                   help="KV positions a slot keeps on each MoE layer's attention region (a model, "
+                        "not IR; default: none spill); later ones go to the layer's expert cores")
     p.add_argument("--static", action="store_true",
                    help="run the static baseline build (compiled with --dynamism none)")
     p.add_argument("--compare", action="store_true", help="run static and compiled side by side")
@@ -90,7 +93,7 @@ def _fail(msg: str) -> int:
 
 
 def _program(model: str, target: str | None, static: bool, chunk: int | str | None = None,
-             context: int | str | None = None):
+             context: int | str | None = None, spill: int | None = None):
     """(segment program, Target) for MODEL or IR (IR: its own target unless --target)."""
     from meshrt import driver
     from meshrt.diagnostics import MeshrtError
@@ -103,7 +106,7 @@ def _program(model: str, target: str | None, static: bool, chunk: int | str | No
         if static:
             raise MeshrtError.located(f"{model}: error: --static and --compare need a model, not IR "
                                       "(compile one with --dynamism none)")
-        for flag, v in (("--prefill-chunk", chunk), ("--context", context)):
+        for flag, v in (("--prefill-chunk", chunk), ("--context", context), ("--kv-spill", spill)):
             if v is not None:
                 raise MeshrtError.located(f"{model}: error: {flag} is chosen when a model is "
                                           f"compiled (meshrt compile {flag}), not on IR")
@@ -115,7 +118,7 @@ def _program(model: str, target: str | None, static: bool, chunk: int | str | No
         tgt = driver.load_target(target or "test32")
         shape, where = driver.load_spec(model).shape, model  # its fields' positions
         module = driver.load_model(model, tgt, dynamism=() if static else None, chunk=chunk or 1,
-                                   context=context)
+                                   context=context, spill=spill or 0)
         program = driver.program_of(module)
     # Before lowering and before anything is allocated: can this machine run it?
     check_runnable(shape, HParams.of(program).kv_slots(program), where)
@@ -126,7 +129,8 @@ def _serve(args, static: bool):
     from meshrt.runtime.serving import serve, tiny_workload
     from meshrt.shape import HParams
 
-    program, target = _program(args.model, args.target, static, args.prefill_chunk, args.context)
+    program, target = _program(args.model, args.target, static, args.prefill_chunk, args.context,
+                               args.kv_spill)
     hp = HParams.of(program)
     max_seq, vocab = hp.int("max_seq"), hp.int("vocab")
     weights = _checkpoint_weights(args, program)

@@ -31,6 +31,8 @@ class Attention(KernelExec):
         p = info.param
         self.heads, self.kvh, self.d = p("heads"), p("kv_heads"), p("head_dim")
         self.max_seq, self.slots = p("max_seq"), p("slots")
+        # KV spill: ring entries from spill_from on live on the region's second tile
+        self.spill_from = p("spill_from", None)
         self.gated = bool(p("gated", 0))
         shape = plane.shape
         self.rope, self.eps, self.window = shape.rope, shape.rms_eps, shape.window(self.layer)
@@ -49,7 +51,7 @@ class Attention(KernelExec):
             self.split = HeadSplit.of(self.heads, self.kvh, self.d, w, self.rope)
             if self.split.problem():
                 raise DataLayoutError(f"kernel @{self.name}: {self.split.problem()}")
-            self.by_rows = split_layout(self.heads, self.kvh, self.d, self.max_seq, self.slots,
+            self.by_rows = split_layout(self.heads, self.kvh, self.d, self.span(0)[1], self.slots,
                                         plane.hp.kv_bytes, self.b, w, self.tiles[0][3]).rows
             # where the output holds each entry of o in its natural order (`positions`)
             self.positions = inverse(self.split.o_order)
@@ -90,23 +92,32 @@ class Attention(KernelExec):
         held = own < len(entries) and entries[own] == p % self.max_seq
         return np.flatnonzero(seen), (own if held else None)
 
-    def _entries(self, i: int, j: int, h: int) -> np.ndarray:
-        """The ring entries core (i, j) holds, ascending, in its cache's order: its row's
-        block, every c-th of them in a head split by rows (`layout.HeadSplit.entries`);
-        worked out once per core."""
-        got = self._held.get((i, j))
+    def span(self, t: int) -> tuple[int, int]:
+        """(first ring entry, entries) tile t holds: all max_seq, or where the attention
+        spills, the first spill_from on its own tile and the rest on the spill tile."""
+        if self.spill_from is None:
+            return 0, self.max_seq
+        return (0, self.spill_from) if t == 0 else (self.spill_from, self.max_seq - self.spill_from)
+
+    def _entries(self, t: int, i: int, j: int, h: int) -> np.ndarray:
+        """The ring entries core (i, j) of tile t holds, ascending, in its cache's order:
+        its row's block of the tile's entries, every c-th of them in a head split by rows
+        (`layout.HeadSplit.entries`); worked out once per core."""
+        got = self._held.get((t, i, j))
         if got is None:
-            r0, r1 = part(self.max_seq, h, j)
-            got = self._held[i, j] = (self.split.entries(i, r0, r1) if self.split is not None and self.by_rows
-                                      else np.arange(r0, r1))
+            first, n = self.span(t)
+            r0, r1 = part(n, h, j)
+            r0, r1 = r0 + first, r1 + first
+            got = self._held[t, i, j] = (self.split.entries(i, r0, r1) if self.split is not None and self.by_rows
+                                         else np.arange(r0, r1))
         return got
 
     def load_pushed(self, cd, kv, state):
         """Slot kv's K and V rows this core holds from a pushed cache, in each layout's
         order: the PE bodies' `kv` buffer, or the numerics' cache (whole heads: of the
         column's heads, or a head split's one)."""
-        _, i, j, w, h = self.grid_pos(cd)
-        entries = self._entries(i, j, h)
+        t, i, j, w, h = self.grid_pos(cd)
+        entries = self._entries(t, i, j, h)
         # the positions of its ring entries: the last max_seq of the cache's (`_rows`)
         pos = np.arange(max(0, state.length - self.max_seq), state.length)
         pos = pos[np.isin(pos % self.max_seq, entries)]
@@ -128,7 +139,7 @@ class Attention(KernelExec):
             return
         hk = self.kvh // w
         if self.bodies is not None:
-            per = -(-self.max_seq // h)  # the bodies' rows a core (`pe.attention_bodies`)
+            per = -(-self.span(t)[1] // h)  # the bodies' rows a core (`pe.attention_bodies`)
             cache = self.pe_buffers(cd, self.bodies_at(cd.pos))["kv"].reshape(2, self.slots, per, hk, self.d)
         else:
             cache = self._cache(cd, len(entries), hk, self.d)
@@ -190,7 +201,7 @@ class Attention(KernelExec):
         if self.split is not None:
             return self._compute_rows(cd, op) if self.by_rows else self._compute_features(cd, op)
         where = self.where(cd)
-        _, i, j, w, h = self.grid_pos(cd)
+        t, i, j, w, h = self.grid_pos(cd)
         if op == "qk":
             cb = self._table(cd, where)
             self.apply_pushes(cd, cb)
@@ -212,7 +223,7 @@ class Attention(KernelExec):
                 cd.acc[self.name, "gate"] = ref.sigmoid(gate)
             q = q.reshape(self.b, hq, self.d)
             k, v = k.reshape(self.b, hk, self.d), v.reshape(self.b, hk, self.d)
-            cd.acc[self.name] = self._attend(cd, cb, q, k, v, self._entries(i, j, h))
+            cd.acc[self.name] = self._attend(cd, cb, q, k, v, self._entries(t, i, j, h))
         elif op == "normalize":
             hq = self.heads // w
             out = self._normalized(cd, i * hq)
@@ -274,18 +285,19 @@ class Attention(KernelExec):
     def _compute_features(self, cd, op):
         """A head split by features (`layout`): partial scores summed along the row."""
         where = self.where(cd)
-        _, i, j, w, h = self.grid_pos(cd)
+        t, i, j, w, h = self.grid_pos(cd)
         sp, g = self.split, self.split.g
         kv_head, k0, k1, q0, q1, feats = sp.column(i)
         nf = k1 - k0
-        r0, r1 = part(self.max_seq, h, j)
+        entries = self._entries(t, i, j, h)
+        held = len(entries)
         if op == "qk":
             cb = self._table(cd, where)
             self.apply_pushes(cd, cb)
             q, k, v = self._column_qkv(cd)
             q = q.reshape(self.b, nf, g).transpose(0, 2, 1)  # (b, g heads, its features)
-            cache = self._cache(cd, r1 - r0, nf)
-            scores = np.zeros((self.b, g, r1 - r0), F64)
+            cache = self._cache(cd, held, nf)
+            scores = np.zeros((self.b, g, held), F64)
             ssq = np.zeros((self.b, g + 1), F64)  # partial sums of squares: q heads, then k
             prep = {}
             # keys rows of this micro-batch write, not yet normalized nor cached (its own,
@@ -301,7 +313,7 @@ class Attention(KernelExec):
                 qkr = self._rope(np.concatenate([qb * self._gain(self.q_gain, feats),
                                                  kb[None] * self._gain(self.k_gain, feats)]), p, feats)
                 qr, kr = qkr[:g], qkr[g]
-                rows, own = self._rows(p, self._entries(i, j, h))
+                rows, own = self._rows(p, entries)
                 written = fresh.setdefault(slot.kv, {})
                 if own is not None:
                     written[own] = (b, kr)
@@ -324,7 +336,7 @@ class Attention(KernelExec):
                 cd.acc[self.name, "scores"] = (sc + got[0], ssq + got[1])  # new arrays
         elif op == "exp":
             scores, ssq = cd.acc.pop((self.name, "scores"))
-            cache = self._cache(cd, r1 - r0, nf)
+            cache = self._cache(cd, held, nf)
             o = np.zeros((self.b, g, nf), F64)
             m = np.full((self.b, g), -np.inf)
             s = np.zeros((self.b, g), F64)
@@ -435,7 +447,7 @@ class Attention(KernelExec):
 
     def _compute_rows(self, cd, op):
         """A head split by rows (`layout`): whole heads over every c-th KV row."""
-        _, i, j, w, h = self.grid_pos(cd)
+        t, i, j, w, h = self.grid_pos(cd)
         sp, g, d = self.split, self.split.g, self.d
         if op == "qkv_gather":  # the left neighbour's running union, if of this group
             (got,) = self.take(cd, FlowRole.DOWN)
@@ -450,7 +462,7 @@ class Attention(KernelExec):
             cd.acc[self.name, "at"] = cd.step
             q = x[:, :g * d].reshape(self.b, g, d)
             k, v = x[:, g * d:(g + 1) * d][:, None], x[:, (g + 1) * d:][:, None]
-            cd.acc[self.name] = self._attend(cd, cb, q, k, v, self._entries(i, j, h))
+            cd.acc[self.name] = self._attend(cd, cb, q, k, v, self._entries(t, i, j, h))
         elif op == "group_merge":  # along the row: the left neighbour's, if of this group
             (got,) = self.take(cd, FlowRole.DOWN)
             if self._of_group(i, i - 1):
@@ -464,6 +476,11 @@ class Attention(KernelExec):
             cd.values[self.name] = Vec.of(out.reshape(self.b, -1), q0, self.heads * d)
 
     def send(self, cd, role):
+        if role is FlowRole.INPUT:  # its column's q | k | v, to its twin on the spill tile
+            _, i, _, w, _ = self.grid_pos(cd)
+            lo, hi = (self.split.qkv_range(i, self.gated) if self.split is not None
+                      else block_range(self.blocks, w, i))
+            return self.input(cd).restrict(lo, hi)
         if self.bodies is not None and role is FlowRole.DOWN:
             return cd.buffers[self.name]["acc"].copy()
         if self.split is not None and self.by_rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 from xdsl.dialects.builtin import I64, IntegerAttr, UnitAttr
@@ -9,7 +10,7 @@ from xdsl.irdl import irdl_op_definition, operand_def, opt_prop_def, prop_def, r
 
 from meshrt.dialects import graph
 from meshrt.dialects.base import int_value
-from meshrt.dialects.graph import ActType
+from meshrt.dialects.graph import ActType, spill_problem
 from meshrt.dialects.mesh import CoreSetAttr, FlowRole, RectAttr
 from meshrt.kernels.attention import csl, pe
 from meshrt.kernels.attention.layout import (
@@ -17,6 +18,7 @@ from meshrt.kernels.attention.layout import (
     kv_share,
     lays_out,
     q_share,
+    qkv_share,
     split_layout,
     splits_heads,
 )
@@ -25,6 +27,7 @@ from meshrt.kernels.compute import ComputeOp
 from meshrt.kernels.interface import (
     ACT_BYTES,
     UNARY_FORMAT,
+    FlowSpec,
     Footprint,
     Gather,
     KernelContext,
@@ -117,6 +120,9 @@ class AttentionOp(KernelOp):
     slots = prop_def(IntegerAttr[I64])
     qkv_in_place = opt_prop_def(UnitAttr)  # its input is a blocked q | k | v on its columns
     gated = opt_prop_def(IntegerAttr[I64])  # 1: out * sigmoid(gate), the gate after q, k, v
+    # KV spill: ring entries from spill_from on live on the region's second rectangle
+    # (the layer's FFN cores, shaped like the first), attended there in parallel
+    spill_from = opt_prop_def(IntegerAttr[I64])
     input = operand_def(ActType)
     output = result_def(ActType)
     assembly_format = UNARY_FORMAT
@@ -130,8 +136,48 @@ class AttentionOp(KernelOp):
     CF_ON_INPUTS: ClassVar[bool] = True
     ATTENDS_KV: ClassVar[bool] = True
 
+    def grid(self) -> tuple[int, int, int, int]:
+        """(x, y, w, h) of the attention's own rectangle: the region's first (a spilling
+        attention's second is its spill tile, `spill_tile`)."""
+        r = self.region.rects.data[0]
+        if not r.is_unit_step() or len(self.region.rects.data) != (2 if self.spills else 1):
+            raise self.fail(f"needs one dense rectangle as its region"
+                            f"{' and one for its spill' if self.spills else ''}, got {self.region}")
+        return r.x.data, r.y.data, r.w.data, r.h.data
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_from is not None
+
+    def spill_tile(self) -> tuple[int, int, int, int] | None:
+        """(x, y, w, h) of the tile holding the spilled ring entries, or None."""
+        if not self.spills:
+            return None
+        return self.region.rects.data[1].tuple[:4]
+
+    def held(self) -> list[tuple[tuple[int, int, int, int], int]]:
+        """(tile, ring entries it holds) of each tile: the region's all max_seq, or the
+        first spill_from and the rest on the spill tile (`kv_span`)."""
+        seq = int_value(self.max_seq)
+        if not self.spills:
+            return [(self.grid(), seq)]
+        a = int_value(self.spill_from)
+        return [(self.grid(), a), (self.spill_tile(), seq - a)]
+
+    def result_cores(self) -> CoreSetAttr:
+        return CoreSetAttr([RectAttr(*self.grid())])  # not the spill tile
+
     def verify_kernel(self) -> None:
         _, _, w, h = self.grid()
+        if self.spills:
+            spill = CoreSetAttr([self.region.rects.data[1]])
+            problem = spill_problem(CoreSetAttr([self.region.rects.data[0]]), spill,
+                                    int_value(self.spill_from), int_value(self.max_seq))
+            if problem:
+                raise self.fail(problem)
+            if self.qkv_in_place is None:
+                raise self.fail("a spilling attention reads its q | k | v in place (its spill "
+                                "tile receives each column's share from its own)")
         kv = int_value(self.kv_heads)
         if not lays_out(kv, w):
             raise self.fail(f"{w} columns split {kv} KV heads unevenly: the width must divide "
@@ -156,17 +202,18 @@ class AttentionOp(KernelOp):
     def footprint(slots: int, max_seq: int, heads: int, kv_heads: int, head_dim: int,
                   kv_bytes: float, micro_batch: int, w: int, h: int, *, rot: int = 0,
                   qk_norm: bool = False, sinks: bool = False, gated: bool = False,
-                  chunk: int = 1) -> Footprint:
+                  chunk: int = 1, split_rows: bool | None = None) -> Footprint:
         """K and V rows max_seq/h of each slot's cache (a head split: as its layout keeps
         them, `layout.split_layout`) and the model's values beside it (RoPE's turns of
         `rot` rotated features, q/k norm gains, sinks), and the PE bodies' working arrays
         (`pe.py`; a chunked program's row table: each of the `micro_batch` rows' KV slot and
-        position), of the fullest column (`layout`)."""
+        position), of the fullest column (`layout`; `split_rows` forces a head split's)."""
         hq = heads_share(heads, kv_heads, w)
         params = pe.param_buffers(head_dim, rot, qk_norm, hq if sinks else 0)
         table = 2 * 4 * micro_batch if chunk > 1 else 0
         if splits_heads(kv_heads, w):  # the group's layout: by features or by rows
-            lay = split_layout(heads, kv_heads, head_dim, max_seq, slots, kv_bytes, micro_batch, w, h)
+            lay = split_layout(heads, kv_heads, head_dim, max_seq, slots, kv_bytes, micro_batch, w, h,
+                               rows=split_rows)
             return Footprint(lay.kv_bytes + 4 * sum(b.elems for b in params), lay.work_bytes + table)
         rows = ceil_div(max_seq, h)
         kv = slots * rows * kv_share(kv_heads, head_dim, w) * 2 * kv_bytes
@@ -180,41 +227,124 @@ class AttentionOp(KernelOp):
         (where its next KV row goes, how far it attends)."""
         return request_state(micro_batch, slots)
 
-    def roles(self, kctx: KernelContext):
+    @staticmethod
+    def split_rows(heads: int, kv: int, d: int, held: int, slots: int, kv_bytes: float, micro_batch: int,
+                   w: int, h: int) -> bool | None:
+        """Whether a w x h head split whose region holds `held` ring entries a slot splits
+        the rows (else the features; `layout.split_layout`), which its spill tile keeps;
+        None where the columns hold whole heads."""
+        if not splits_heads(kv, w):
+            return None
+        return split_layout(heads, kv, d, held, slots, kv_bytes, micro_batch, w, h).rows
+
+    def layout(self, kctx: KernelContext):
+        """A head split's layout (`layout.split_layout`), chosen for the region's share of
+        the ring and kept by the spill tile; None where the columns hold whole heads."""
         _, _, w, h = self.grid()
-        heads, kv = int_value(self.heads), int_value(self.kv_heads)
-        d, seq = int_value(self.head_dim), int_value(self.max_seq)
-        b = kctx.micro_batch
-        state = int(self.footprint(kctx.slots, seq, heads, kv, d, kctx.kv_bytes, b, w, h,
-                                   **self.model_features(), chunk=kctx.chunk).state)
-        if splits_heads(kv, w):
-            roles, flows = self._split_roles(kctx, split_layout(heads, kv, d, seq, kctx.slots, kctx.kv_bytes,
-                                                                b, w, h), state)
+        heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
+        if not splits_heads(kv, w):
+            return None
+        return split_layout(heads, kv, d, self.held()[0][1], kctx.slots, kctx.kv_bytes, kctx.micro_batch, w, h)
+
+    def partial_bytes(self, kctx: KernelContext) -> int:
+        """A core's partial softmax (out, max, sum of its heads or group) on the merge down
+        a column, and from the spill tile's root into the region's."""
+        _, _, w, _ = self.grid()
+        heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
+        b, feats, lay = kctx.micro_batch, q_share(heads, kv, d, w), self.layout(kctx)
+        if lay is None:
+            return b * (feats + 2 * heads_share(heads, kv, w)) * ACT_BYTES
+        g = heads // kv
+        return b * g * (d + 2) * ACT_BYTES if lay.rows else b * (feats + 2 * g) * ACT_BYTES
+
+    def roles(self, kctx: KernelContext):
+        held = self.held()
+        _, _, w, _ = self.grid()
+        heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
+        normalize = [("compute", "normalize", kctx.micro_batch * q_share(heads, kv, d, w))]
+        if not self.spills:
+            roles, flows = self._tile_roles(kctx, *held[0], "", normalize)
         else:
-            rows, hs, feats = ceil_div(seq, h), heads_share(heads, kv, w), q_share(heads, kv, d, w)
-            local = [("compute", "qk", b * rows * feats), ("compute", "exp", b * rows * hs),
-                     ("compute", "av", b * rows * feats)]
-            msg = b * (feats + 2 * hs) * ACT_BYTES  # partial out + max/sum
-            roles, flows = chain(self, local, "softmax_merge", msg,
-                                 [("compute", "normalize", b * feats)], state, kctx=kctx)
+            roles, flows = self._spill_roles(kctx, held, normalize)
         for r in roles:
             r.ctrl = self.control(kctx.in_hand, kctx.slots)
         return roles, flows
 
-    def _split_roles(self, kctx: KernelContext, lay, state: int):
+    def _spill_roles(self, kctx: KernelContext, held, normalize):
+        """The region's roles and the spill tile's, the same chains on each (the tiles
+        share a shape, so their roots sit at the same place): every core of the region
+        sends its column's q | k | v to its twin on the spill tile (`.spill.in`, the
+        continuous-batching table riding it), and the spill tile's root sends its merged
+        partial to the region's root (`.spill`), which merges it before it normalizes."""
+        (tile, entries), (spill, rest) = held
+        k = self.kernel_name
+        merge, into = f"{k}.spill", f"{k}.spill.in"
+        msg = self.partial_bytes(kctx)
+        _, _, w, _ = tile
+        heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
+        gated = self.gated is not None and bool(int_value(self.gated))
+        share = kctx.micro_batch * qkv_share(heads, kv, d, w, gated) * kctx.act_bytes
+        cf = kctx.cf_bytes if "continuous_batching" in kctx.dynamism else 0
+        roles, flows = self._tile_roles(kctx, tile, entries, "", [
+            ("recv", merge, msg), ("compute", "softmax_merge", msg // ACT_BYTES), *normalize])
+        sroles, sflows = self._tile_roles(kctx, spill, rest, "spill", [("send", merge, msg)],
+                                          relay_back=False)
+        roles = [replace(r, events=[e2 for e in r.events
+                                    for e2 in ([e, ("send", into, share, cf)] if e == INPUTS else [e])])
+                 for r in roles]
+        sroles = [replace(r, sends_output=False,
+                          events=[("recv", into, share, cf) if e == INPUTS else e
+                                  for e in r.events if e != OUTPUTS])
+                  for r in sroles]
+        (x, y, _, _), (sx, sy, _, _) = tile, spill
+        senders = [r.cores for r in sroles if ("send", merge, msg) in r.events]
+        src = CoreSetAttr([rect for c in senders for rect in c.rects.data])
+        dst = CoreSetAttr([RectAttr(r.x.data + x - sx, r.y.data + y - sy, r.w.data, r.h.data)
+                           for r in src.rects.data])
+        flows += sflows + [
+            FlowSpec(into, CoreSetAttr([RectAttr(*tile)]), CoreSetAttr([RectAttr(*spill)]), "shift",
+                     share, sx - x, sy - y, role=FlowRole.INPUT, operand=0),
+            FlowSpec(merge, src, dst, "shift", msg, x - sx, y - sy, role=FlowRole.DOWN)]
+        return roles + sroles, flows
+
+    def _tile_roles(self, kctx: KernelContext, tile, entries: int, part: str, finish,
+                    relay_back: bool = True):
+        """Roles and flows of the attention on `tile` holding `entries` ring entries of
+        each slot: the partials merged down each column into its root, which runs
+        `finish` (`part`: the prefix of the tile's chains, where the kernel has two)."""
+        x, y, w, h = tile
+        heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
+        b = kctx.micro_batch
+        lay = self.layout(kctx)
+        state = int(self.footprint(kctx.slots, entries, heads, kv, d, kctx.kv_bytes, b, w, h,
+                                   **self.model_features(), chunk=kctx.chunk,
+                                   split_rows=None if lay is None else lay.rows).state)
+        if lay is not None:
+            lay = split_layout(heads, kv, d, entries, kctx.slots, kctx.kv_bytes, b, w, h, rows=lay.rows)
+            return self._split_roles(kctx, tile, lay, state, part, finish, relay_back)
+        rows, hs, feats = ceil_div(entries, h), heads_share(heads, kv, w), q_share(heads, kv, d, w)
+        local = [("compute", "qk", b * rows * feats), ("compute", "exp", b * rows * hs),
+                 ("compute", "av", b * rows * feats)]
+        return chain(self, local, "softmax_merge", self.partial_bytes(kctx), finish, state, kctx=kctx,
+                     tiles=[tile], part=part, relay_back=relay_back)
+
+    def _split_roles(self, kctx: KernelContext, tile, lay, state: int, part: str, finish,
+                     relay_back: bool):
         """A head split (`layout`): its group's exchanges along each row (by features:
         the partial scores summed; by rows: the units gathered into whole heads, then the
         partials merged), the merge down each column as in any attention."""
-        x, y, w, h = self.grid()
+        x, y, w, h = tile
         heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
         b, g, c, rows = kctx.micro_batch, heads // kv, w // kv, lay.kv_rows
         feats = q_share(heads, kv, d, w)  # its units of q and of the output
-        normalize = [("compute", "normalize", b * feats)]
         stream = kctx.stream if kctx is not None else None
         # an input that arrives on a flow (not read in place) takes one queue more
         whole_rows = stream is None or stream.queues >= ROW_QUEUES + (self.qkv_in_place is None)
 
-        def along_rows(local, op: str, msg: int, part: str, gather: Gather | None, idle: str):
+        def named(name: str) -> str:
+            return f"{part}_{name}" if part else name
+
+        def along_rows(local, op: str, msg: int, row_part: str, gather: Gather | None, idle: str):
             """The segmented chain along each whole row into its end, relayed back (it
             takes the route of the o projection's reduction along the same rows where
             that is a chain into the end, so the two share a colour and a queue); on a
@@ -222,14 +352,19 @@ class AttentionOp(KernelOp):
             of one or two columns has no core that receives on both row flows)."""
             if whole_rows:
                 return chain(self, local, op, msg, [], 0, axis="row", kctx=kctx, root=w - 1,
-                             part=part, relay=True, gather=gather)
+                             part=named(row_part), relay=True, gather=gather, tiles=[tile])
             out, flows = chain(self, local, op, msg, [], 0, axis="row", kctx=kctx,
                                tiles=[(x + k * c, y, c, h) for k in range(kv)],
-                               root=c - 1 if c > 1 else None, part=part, relay=True, gather=gather)
+                               root=c - 1 if c > 1 else None, part=named(row_part), relay=True,
+                               gather=gather)
             if kv * c < w:  # columns past the groups: no heads, nothing along the row
-                out.append(Role(idle, CoreSetAttr([RectAttr(x + kv * c, y, w - kv * c, h)]),
+                out.append(Role(named(idle), CoreSetAttr([RectAttr(x + kv * c, y, w - kv * c, h)]),
                                 [INPUTS, *local, OUTPUTS]))
             return out, flows
+
+        def column(local):
+            return chain(self, local, "softmax_merge", self.partial_bytes(kctx), finish, state,
+                         kctx=kctx, tiles=[tile], part=part, relay_back=relay_back)
 
         if lay.rows:  # whole heads over every c-th row: gather, attend, merge in the group
             partial = b * g * (d + 2) * ACT_BYTES
@@ -237,13 +372,12 @@ class AttentionOp(KernelOp):
                      ("compute", "av", b * rows * g * d)]
             row, flows = along_rows(local, "group_merge", partial, "group",
                                     Gather([], "qkv_gather", b * (g + 2) * d * ACT_BYTES), "group_idle")
-            col, col_flows = chain(self, [], "softmax_merge", partial, normalize, state, kctx=kctx)
+            col, col_flows = column([])
             return in_sequence(row, col, []), flows + col_flows
         # by features: each row's partial scores (and sums of squares for q/k norm) summed
         # within the group first, then the softmax of its rows and the usual merge
         softmax = [("compute", "exp", b * rows * g), ("compute", "av", b * rows * feats)]
-        col, flows = chain(self, softmax, "softmax_merge", b * (feats + 2 * g) * ACT_BYTES, normalize,
-                           state, kctx=kctx)
+        col, flows = column(softmax)
         row, row_flows = along_rows([], "score_add", b * (g * rows + g + 1) * ACT_BYTES, "scores", None,
                                     "idle")
         return in_sequence(row, col, [("compute", "qk", b * rows * feats)]), flows + row_flows
@@ -272,6 +406,11 @@ class AttentionOp(KernelOp):
         return op != "normalize" and pe.in_pe(info, hp)  # scores, the cache, the partial softmax
 
     @classmethod
+    def sends_value(cls, info, role):
+        # the spill tile's q | k | v (`.spill.in`) is the producer's value passed on
+        return info.input_names[0] if role is FlowRole.INPUT else info.kernel_name
+
+    @classmethod
     def message_buffer(cls, info, hp, role, send):
         # the partial (out, max, sum) down each column, where the bodies compute it
         if role is FlowRole.DOWN and pe.in_pe(info, hp):
@@ -293,6 +432,14 @@ class AttentionOp(KernelOp):
         return True
 
     @classmethod
+    def lower(cls, op, operands, make):
+        # a spill tile is the region's second rectangle (`grid`, `spill_tile`)
+        props = cls.lower_props(op)
+        region = op.region if op.spill is None else CoreSetAttr([*op.region.rects.data, *op.spill.rects.data])
+        k = make(cls, op, operands, op.results[0].type, region=region, **props)
+        return [k], k.results[0]
+
+    @classmethod
     def lower_props(cls, op):
         model = op.parent_op()
         assert isinstance(model, graph.ModelOp)
@@ -300,6 +447,8 @@ class AttentionOp(KernelOp):
                      slots=HParams.of(model).kv_slots(model))
         if op.is_gated:
             props["gated"] = op.gated
+        if op.spill_from is not None:
+            props["spill_from"] = op.spill_from
         producer = op.input.owner
         if isinstance(producer, graph.MatmulOp) and reads_qkv_in_place(op, producer.region):
             props["qkv_in_place"] = UnitAttr()

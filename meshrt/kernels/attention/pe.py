@@ -104,27 +104,36 @@ def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, i
     kv, w, h = p("kv_heads"), tile[2], tile[3]
     shape = ModelShape.from_hparams(hp)
     layer = p("layer", -1)
+    seq, spill = p("max_seq"), p("spill_from", None)
+    # a spilling attention's tiles: the first spill_from ring entries, the rest on the second
+    first, held = (0, seq) if spill is None else (
+        (0, spill) if tile == info.region.rects.data[0].tuple[:4] else (spill, seq - spill))
     return attention_bodies(
-        info.kernel_name, micro_batch, p("heads"), kv, p("head_dim"), p("max_seq"), p("slots"),
+        info.kernel_name, micro_batch, p("heads"), kv, p("head_dim"), seq, p("slots"),
         w, h, tile[1], rot=rotary_dim(shape.rope, p("head_dim")), factor=shape.rope.attention_factor,
         window=shape.window(layer), qk_norm=shape.qk_norm, eps=shape.rms_eps,
-        sinks=shape.attn_sinks, gated=bool(p("gated", 0)), chunk=hp.int("prefill_chunk", 1))
+        sinks=shape.attn_sinks, gated=bool(p("gated", 0)), chunk=hp.int("prefill_chunk", 1),
+        first=first, held=held)
 
 
 def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max_seq: int, slots: int,
                      w: int, h: int, y0: int, *, rot: int, factor: float = 1.0, window: int = 0,
                      qk_norm: bool = False, eps: float = 1e-6, sinks: bool = False,
-                     gated: bool = False, chunk: int = 1) -> Bodies:
+                     gated: bool = False, chunk: int = 1, first: int = 0,
+                     held: int | None = None) -> Bodies:
     """The bodies of attention `kernel` on a w x h tile whose first row is mesh row `y0`:
     `b` rows a micro-batch, `slots` KV slots, `rot` rotated features a head (RoPE's
     cos and sin scaled by `factor`), a sliding `window` (0: none); `chunk` > 1: rows name
-    their KV slot and position in the row table."""
+    their KV slot and position in the row table. The tile holds `held` ring entries from
+    `first` (default: all max_seq; a spilling attention's tiles each hold part)."""
     hk, hq = kv_heads // w, heads // w
     g = heads // kv_heads
     nh = hq + hk  # the heads a slot normalises and rotates: its q heads, then its k heads
     nq, nk = hq * d, hk * d
     share = 2 * nq + 2 * nk if gated else nq + 2 * nk
-    rows = -(-max_seq // h)
+    held = max_seq if held is None else held
+    rows = -(-held // h)
+    end = first + held  # past the tile's entries
     half = rot // 2
     m_at, l_at = b * nq, b * nq + b * hq  # where acc holds the maxima and the sums
     table = [Buffer("rows", 2 * b, "i32")] if chunk > 1 else [Buffer("rdt", 4 * slots, "i32"),
@@ -143,7 +152,9 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
     body = out.body("qk")
     body.fmovs(body.dsd("sc", (b * hq * rows,)), body.scalar(LOWEST))
     py = body.param("py")
-    r0 = body.mul(body.cast(body.subi(py, body.const(y0, py.type)), i32), rows)  # first position held
+    r0 = body.mul(body.cast(body.subi(py, body.const(y0, py.type)), i32), rows)  # first entry held
+    if first:
+        r0 = body.plus(r0, first)
 
     def turns(bd: Body, posf, i):
         """(cos, sin) x factor of pair i at position posf."""
@@ -231,8 +242,11 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
         bd.each(nh, rotate)
         # the new key and value into its ring entry (pos mod max_seq), where this core holds it
         ring = bd.const(max_seq, i32)
-        row = bd.subi(bd.remi(pos, ring), r0)
+        entry = bd.remi(pos, ring)
+        row = bd.subi(entry, r0)
         mine = bd.both(bd.cmpi(row, bd.const(0, i32), "sge"), bd.cmpi(row, bd.const(rows, i32), "slt"))
+        if end < max_seq:  # the tile's last row may reach past its entries
+            mine = bd.both(mine, bd.cmpi(entry, bd.const(end, i32), "slt"))
 
         def append(bd2: Body) -> None:
             r = bd2.cast(row, IndexType())
@@ -269,7 +283,8 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
             def mask(bd3: Body, r) -> None:
                 e = bd3.add(r0, bd3.cast(r, i32))
                 age = bd3.remi(bd3.plus(bd3.subi(pos, e), max_seq), ring)  # pos - e > -max_seq
-                hidden = bd3.either(bd3.cmpi(age, pos, "sgt"), bd3.cmpi(e, ring, "sge"))
+                past = ring if end == max_seq else bd3.const(end, i32)
+                hidden = bd3.either(bd3.cmpi(age, pos, "sgt"), bd3.cmpi(e, past, "sge"))
                 if window:
                     hidden = bd3.either(hidden, bd3.cmpi(age, bd3.const(window, i32), "sge"))
                 at = bd3.add(bd3.mul(bd3.add(bd3.mul(j, hq), hh), rows), r)

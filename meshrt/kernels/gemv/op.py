@@ -40,11 +40,11 @@ from meshrt.kernels.interface import (
 def _split_heads(attn: graph.AttentionOp | AttentionOp) -> DenseArrayBase | None:
     """[heads, kv_heads, head_dim, columns] of attention `attn` where it splits head_dim
     over its columns, else None."""
-    x0, _, x1, _ = attn.region.extent
+    w = attn.region.rects.data[0].w.data  # its own rectangle (not a spill tile)
     heads, kv, d = (int_value(a) for a in (attn.heads, attn.kv_heads, attn.head_dim))
-    if not splits_heads(kv, x1 - x0):
+    if not splits_heads(kv, w):
         return None
-    return DenseArrayBase.from_list(i64, [heads, kv, d, x1 - x0])
+    return DenseArrayBase.from_list(i64, [heads, kv, d, w])
 
 
 @irdl_op_definition
@@ -174,7 +174,7 @@ class GemvOp(KernelOp):
         producer = operands[0].owner
         transposed = False
         if isinstance(producer, KernelOp) and producer.output_layout() == "cols":
-            px0, _, px1, _ = producer.region.extent
+            px0, _, px1, _ = producer.result_cores().extent
             x0, _, x1, _ = op.region.extent
             transposed = x0 <= px0 and px1 <= x1
         props = {"axis": StringAttr("row")} if transposed else {}
