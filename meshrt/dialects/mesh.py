@@ -365,6 +365,7 @@ class FlowRole(StrEnum):
     HOP = "hop"  # one step along a dispatch / combine relay corridor
     INPUT = "input"  # a producer's value into operand `operand` of the kernel
     TOKENS = "tokens"  # the sampled tokens back to the first stage's embed
+    SPILL = "spill"  # an attention column's q | k | v to its twin on the kernel's spill tile
 
     @property
     def internal(self) -> bool:
@@ -372,7 +373,7 @@ class FlowRole(StrEnum):
         return self in _INTERNAL_ROLES
 
 
-_INTERNAL_ROLES = frozenset({FlowRole.DOWN, FlowRole.UP, FlowRole.HOP})
+_INTERNAL_ROLES = frozenset({FlowRole.DOWN, FlowRole.UP, FlowRole.HOP, FlowRole.SPILL})
 FLOW_ROLES = tuple(r.value for r in FlowRole)
 
 

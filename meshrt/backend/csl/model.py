@@ -232,6 +232,13 @@ def _names(refs) -> list[str]:
 
 def read_program(program: sg.ProgramOp) -> Program:
     """The plan of one `segment.program`; raises MeshrtError on IR the backend cannot emit."""
+    for k in program.kernels():
+        if k.param("spill_from") is not None:
+            raise MeshrtError(
+                f"kernel @{k.kernel_name}: its KV spills to the expert cores (--kv-spill): each "
+                "column's q | k | v and partial cross the expert area beside the others' on shared "
+                "links, which the routes printed here (one stream a colour) cannot carry yet; a "
+                "spilling program is interpreted and costed, not printed at the PE level or as CSL", k)
     hparams: dict[str, float] = {}
     for k, v in program.hparams.data.items():
         if isinstance(v, IntegerAttr | FloatAttr):

@@ -111,11 +111,11 @@ class SplitLayout:
 
 
 def split_layout(heads: int, kv_heads: int, d: int, max_seq: int, slots: int, kv_bytes: float,
-                 micro_batch: int, w: int, h: int, rows: bool | None = None) -> SplitLayout:
+                 micro_batch: int, w: int, h: int, by: bool | None = None) -> SplitLayout:
     """The layout of a w x h attention splitting head_dim (`splits_heads`) whose group
     needs fewer bytes a core (features on a tie): its KV (`slots` slots of `max_seq`
-    entries over the h rows) and its working values for `micro_batch` slots; `rows`
-    forces one (a spill tile keeps its region's)."""
+    entries over the h rows) and its working values for `micro_batch` slots; `by`
+    forces one (True: by rows; a spill tile keeps its region's)."""
     g, c = heads // kv_heads, w // kv_heads
     block = -(-max_seq // h)  # a row's entries of the ring
     ks = kv_share(kv_heads, d, w)  # its features of k (and of v)
@@ -127,8 +127,8 @@ def split_layout(heads: int, kv_heads: int, d: int, max_seq: int, slots: int, kv
     # the gathered q | k | v, the partial (out, max, sum), its units of o, the scores
     by_rows = SplitLayout(True, rows, slots * rows * d * 2 * kv_bytes,
                           ACT_BYTES * b * ((g + 2) * d + g * (d + 2) + qs + g * rows))
-    if rows is not None:
-        return by_rows if rows else by_features
+    if by is not None:
+        return by_rows if by else by_features
     if by_rows.kv_bytes + by_rows.work_bytes < by_features.kv_bytes + by_features.work_bytes:
         return by_rows
     return by_features

@@ -476,7 +476,7 @@ class Attention(KernelExec):
             cd.values[self.name] = Vec.of(out.reshape(self.b, -1), q0, self.heads * d)
 
     def send(self, cd, role):
-        if role is FlowRole.INPUT:  # its column's q | k | v, to its twin on the spill tile
+        if role is FlowRole.SPILL:  # its column's q | k | v, to its twin on the spill tile
             _, i, _, w, _ = self.grid_pos(cd)
             lo, hi = (self.split.qkv_range(i, self.gated) if self.split is not None
                       else block_range(self.blocks, w, i))
@@ -507,6 +507,10 @@ class Attention(KernelExec):
         return self.name if isinstance(item, tuple) else None  # not the column's result
 
     def recv(self, cd, role, items):
+        if role is FlowRole.SPILL:  # a spill tile core's q | k | v, as its twin holds them
+            (got,) = items
+            cd.recvd[self.inputs[0]] = Vec(got.data.copy(), got.mask.copy())
+            return
         key = self._row_relay(cd, items[0]) if role is FlowRole.UP else None
         if key is None:
             super().recv(cd, role, items)

@@ -213,7 +213,7 @@ class AttentionOp(KernelOp):
         table = 2 * 4 * micro_batch if chunk > 1 else 0
         if splits_heads(kv_heads, w):  # the group's layout: by features or by rows
             lay = split_layout(heads, kv_heads, head_dim, max_seq, slots, kv_bytes, micro_batch, w, h,
-                               rows=split_rows)
+                               by=split_rows)
             return Footprint(lay.kv_bytes + 4 * sum(b.elems for b in params), lay.work_bytes + table)
         rows = ceil_div(max_seq, h)
         kv = slots * rows * kv_share(kv_heads, head_dim, w) * 2 * kv_bytes
@@ -303,7 +303,7 @@ class AttentionOp(KernelOp):
                            for r in src.rects.data])
         flows += sflows + [
             FlowSpec(into, CoreSetAttr([RectAttr(*tile)]), CoreSetAttr([RectAttr(*spill)]), "shift",
-                     share, sx - x, sy - y, role=FlowRole.INPUT, operand=0),
+                     share, sx - x, sy - y, role=FlowRole.SPILL),
             FlowSpec(merge, src, dst, "shift", msg, x - sx, y - sy, role=FlowRole.DOWN)]
         return roles + sroles, flows
 
@@ -320,7 +320,7 @@ class AttentionOp(KernelOp):
                                    **self.model_features(), chunk=kctx.chunk,
                                    split_rows=None if lay is None else lay.rows).state)
         if lay is not None:
-            lay = split_layout(heads, kv, d, entries, kctx.slots, kctx.kv_bytes, b, w, h, rows=lay.rows)
+            lay = split_layout(heads, kv, d, entries, kctx.slots, kctx.kv_bytes, b, w, h, by=lay.rows)
             return self._split_roles(kctx, tile, lay, state, part, finish, relay_back)
         rows, hs, feats = ceil_div(entries, h), heads_share(heads, kv, w), q_share(heads, kv, d, w)
         local = [("compute", "qk", b * rows * feats), ("compute", "exp", b * rows * hs),
@@ -404,11 +404,6 @@ class AttentionOp(KernelOp):
     @classmethod
     def writes_own(cls, info, hp, op):
         return op != "normalize" and pe.in_pe(info, hp)  # scores, the cache, the partial softmax
-
-    @classmethod
-    def sends_value(cls, info, role):
-        # the spill tile's q | k | v (`.spill.in`) is the producer's value passed on
-        return info.input_names[0] if role is FlowRole.INPUT else info.kernel_name
 
     @classmethod
     def message_buffer(cls, info, hp, role, send):
