@@ -257,18 +257,24 @@ class MatmulOp(KernelOp):
 
 
 def spill_problem(region: CoreSetAttr, spill: CoreSetAttr, spill_from: int, max_seq: int) -> str | None:
-    """Why an attention on `region` cannot keep ring entries spill_from.. of its max_seq
-    on `spill` (one dense rectangle of the region's shape, apart from it), or None."""
-    rects = [region.rects.data, spill.rects.data]
-    if any(len(r) != 1 or not r[0].is_unit_step() for r in rects):
-        return f"region {region} and spill {spill} must each be one dense rectangle"
-    if region.rects.data[0].tuple[2:4] != spill.rects.data[0].tuple[2:4]:
-        return f"spill {spill} must have the shape of the region {region}"
-    a, b = region.extent, spill.extent
-    if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]:
-        return f"spill {spill} overlaps the region {region}"
+    """Why an attention on `region` (one dense rectangle) cannot keep ring entries
+    spill_from.. of its max_seq on the tiles of `spill` (dense rectangles of the
+    region's shape, apart from it and from each other, no more than the entries), or None."""
+    rects = [*region.rects.data, *spill.rects.data]
+    if len(region.rects.data) != 1 or not all(r.is_unit_step() for r in rects):
+        return f"region {region} must be one dense rectangle and spill {spill} dense ones"
+    shape = rects[0].tuple[2:4]
+    for i, r in enumerate(rects[1:]):
+        if r.tuple[2:4] != shape:
+            return f"spill tile {r} must have the shape of the region {region}"
+        for o in rects[:i + 1]:
+            a, b = o.extent, r.extent
+            if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]:
+                return f"spill tile {r} overlaps {o}"
     if not 0 < spill_from < max_seq:
         return f"spill_from {spill_from} must be in 1..{max_seq - 1} (max_seq {max_seq})"
+    if len(rects) - 1 > max_seq - spill_from:
+        return f"{len(rects) - 1} spill tiles for {max_seq - spill_from} spilled entries"
     return None
 
 
@@ -288,7 +294,7 @@ class AttentionOp(KernelOp):
 
     gated = opt_prop_def(IntegerAttr[I64])  # 1: Qwen3.5's output gate follows q, k, v in the input
     # KV spill (docs/kernels.md, "KV spill"): ring entries from `spill_from` on live on
-    # `spill`, a rectangle of the layer's FFN cores shaped like the region
+    # the tiles of `spill`, rectangles of the layer's FFN cores shaped like the region
     spill = opt_prop_def(CoreSetAttr)
     spill_from = opt_prop_def(IntegerAttr[I64])
 

@@ -75,7 +75,7 @@ from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 from xdsl.ir import Block, Region, SSAValue
 
 from meshrt.dialects import graph as g
-from meshrt.dialects.mesh import CoreSetAttr
+from meshrt.dialects.mesh import CoreSetAttr, RectAttr
 from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.frontend.model import SCALES, MappingSpec, ModelShape, ModelSpec
 from meshrt.kernels.attention.layout import lays_out, q_share, splits_heads
@@ -1235,8 +1235,8 @@ class _Emitter:
                                       bias=s.qkv_bias, **kw))
             cap = s.kv_capacity(i, self.m.chunk)
             spill = {}
-            if self.m.spill and p.unit.kind == "moe" and cap > self.m.spill:
-                spill = dict(spill=self.spill_tile(p, b, layer, cap), spill_from=self.m.spill)
+            if self.m.spill and p.unit.kind == "moe" and not s.window(i) and cap > self.m.spill:
+                spill = dict(spill=self.spill_tiles(p, b, layer, cap), spill_from=self.m.spill)
             a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
                                        kv_heads=s.kv_heads, head_dim=s.head_dim,
                                        max_seq=cap, gated=s.attn_gate, **spill, **kw))
@@ -1253,37 +1253,44 @@ class _Emitter:
             return self.add(g.AddOp(f"l{i}_add2", b["down"], h, y, **kw))
         return self.moe_tail(p, b, h, kw)
 
-    def spill_tile(self, p: Placed, b: dict[str, CoreSetAttr], layer: CoreSetAttr, cap: int) -> CoreSetAttr:
-        """Where MoE layer p's attention keeps the ring entries past `--kv-spill`: a
-        rectangle of its expert cores shaped like the attention's region, at the end of
-        the expert area nearest it (its q | k | v and partials travel least), whose cores
-        hold their experts' tiles and the spilled KV together."""
-        m, i = self.m, p.unit.layer
+    def spill_tiles(self, p: Placed, b: dict[str, CoreSetAttr], layer: CoreSetAttr, cap: int) -> CoreSetAttr:
+        """Where MoE layer p's attention keeps the ring entries past `--kv-spill`: the
+        fewest tiles of its expert cores shaped like the attention's region whose cores
+        hold their experts' tiles and a balanced share of the spilled KV together, side by
+        side from the end of the expert area nearest the attention (its q | k | v and
+        partials travel least)."""
+        m, s, i = self.m, self.s, p.unit.layer
         x0, y0, x1, y1 = layer.extent
         w, h = x1 - x0, y1 - y0
         regions = self.expert_regions(p, b.get("experts"))
         lo = min(r.extent[0] for r in regions)
         hi = max(r.extent[2] for r in regions)
-        tile = CoreSetAttr.of(lo if lo >= x1 else hi - w, y0, w, h)
-        t0, u0, t1, u1 = tile.extent
-        covered = sum(max(0, min(t1, e[2]) - max(t0, e[0])) * max(0, min(u1, e[3]) - max(u0, e[1]))
-                      for e in (r.extent for r in regions))
-        if covered < w * h:
-            raise FrontendError(f"--kv-spill {m.spill}: layer {i}'s expert cores hold no {w} x {h} "
-                                f"rectangle beside its attention {layer} to spill KV to", m.where())
         sizer = m.sizer(self.lay.kv_slots)
-        s = self.s
-        split = (AttentionOp.split_rows(s.heads, s.kv_heads, s.head_dim, m.spill, sizer.kv_slots,
-                                        s.kv_bytes, sizer.micro_batch, w, h))
+        split = AttentionOp.split_rows(s.heads, s.kv_heads, s.head_dim, m.spill, sizer.kv_slots,
+                                       s.kv_bytes, sizer.micro_batch, w, h)
         group = s.experts // (len(regions) - s.shared_experts)
         ex0, ey0, ex1, ey1 = regions[0].extent
-        need = sizer.expert(group, ex1 - ex0, ey1 - ey0) + sizer.attention(w, h, cap - m.spill, split)
-        if need > sizer.usable:
+        experts = sizer.expert(group, ex1 - ex0, ey1 - ey0)
+        rest, most = cap - m.spill, (hi - lo) // w
+        n = next((n for n in range(1, min(most, rest) + 1)
+                  if experts + sizer.attention(w, h, -(-rest // n), split) <= sizer.usable), None)
+        if n is None:
+            need = experts + sizer.attention(w, h, -(-rest // max(most, 1)), split)
             raise FrontendError(
-                f"--kv-spill {m.spill}: layer {i}'s {cap - m.spill:,} spilled KV positions a slot and its "
-                f"expert tiles need {_fmt_bytes(need)} per core of {tile}, more than the "
-                f"{_fmt_bytes(sizer.usable)} a core has", m.where())
-        return tile
+                f"--kv-spill {m.spill}: layer {i}'s {rest:,} spilled KV positions a slot do not fit its "
+                f"expert cores: {most} tiles of {w} x {h} beside their expert tiles need "
+                f"{_fmt_bytes(need)} per core, more than the {_fmt_bytes(sizer.usable)} a core has",
+                m.where())
+        xs = [lo + k * w for k in range(n)] if lo >= x1 else [hi - (k + 1) * w for k in range(n)]
+        tiles = [RectAttr(x, y0, w, h) for x in xs]
+        for t in tiles:
+            t0, u0, t1, u1 = t.extent
+            covered = sum(max(0, min(t1, e[2]) - max(t0, e[0])) * max(0, min(u1, e[3]) - max(u0, e[1]))
+                          for e in (r.extent for r in regions))
+            if covered < w * h:
+                raise FrontendError(f"--kv-spill {m.spill}: layer {i}'s expert cores do not cover the "
+                                    f"spill tile {t} beside its attention {layer}", m.where())
+        return CoreSetAttr(tiles)
 
     def moe_tail(self, p: Placed, b: dict[str, CoreSetAttr], h, kw) -> SSAValue:
         s, i = self.s, p.unit.layer
@@ -1363,13 +1370,13 @@ def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
 
 
 def check_spill(spec: ModelSpec, spill: int) -> None:
-    """`--kv-spill N` spills to the expert cores of MoE layers: every attention layer
-    with a context past N must be one."""
+    """`--kv-spill N` spills to the expert cores of MoE layers: every full-attention
+    layer with a context past N must be one (a sliding window's ring stays whole)."""
     s, where = spec.shape, Loc(spec.source)
     if spill < 1:
         raise FrontendError(f"--kv-spill must be at least 1 position, got {spill}", where)
     dense = [i for i in range(s.layers) if not s.is_moe_layer(i) and not s.is_linear_layer(i)
-             and s.kv_capacity(i) > spill]
+             and not s.window(i) and s.kv_capacity(i) > spill]
     if dense:
         raise FrontendError(f"--kv-spill {spill}: layer {dense[0]} is dense (its FFN shares the "
                             "attention's region, so it has no FFN cores to spill KV to)", where)

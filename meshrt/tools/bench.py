@@ -76,7 +76,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError
+from meshrt.tools.common import INTERPRETER_MAX_CORES, BenchError, spill_value
 from meshrt.tools.context_bench import context_list
 from meshrt.tools.prefill_bench import DEFAULT_CHUNKS, chunk_list
 from meshrt.tools.workers import default_workers, parse_ray_address
@@ -231,6 +231,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead of the other questions: decode TPOT, per-user throughput and "
                         "the time in full-attention layers as the context grows, e.g. "
                         "4k,16k,32k,64k,128k (k = 1024 positions), with context.png")
+    p.add_argument("--kv-spill", type=spill_value, metavar="N",
+                   help="--context: MoE layers' attention regions hold N positions, a context "
+                        "past N spills the rest to their expert cores (docs/kernels.md)")
     p.add_argument("--placement", action="store_true",
                    help="also run the expert-placement benchmark (MoE models on targets the "
                         "interpreter simulates, e.g. test32): contiguous / eplb / vibe on "
@@ -260,6 +263,8 @@ def main(args: argparse.Namespace) -> int:
             raise BenchError("meshrt bench: error: --prefill-chunk only applies with --phase prefill")
         if getattr(args, "context", None):
             return _context_main(args, out)
+        if getattr(args, "kv_spill", None):
+            raise BenchError("meshrt bench: error: --kv-spill only applies with --context")
         check_workload(args.workload)
         placement = placement_options(args)
         results = run_bench(args.model, args.target, args.micro_batch, args.workload,
@@ -292,9 +297,11 @@ def _context_main(args: argparse.Namespace, out: Path) -> int:
     ctx = context_bench.run_context(args.model, args.target, args.context,
                                     jobs=getattr(args, "jobs", None) or default_workers(),
                                     ray_address=getattr(args, "ray", None), progress=_progress,
-                                    wafers=getattr(args, "deploy_wafers", None))
+                                    wafers=getattr(args, "deploy_wafers", None),
+                                    spill=getattr(args, "kv_spill", None))
+    spill = f" --kv-spill {args.kv_spill}" if getattr(args, "kv_spill", None) else ""
     return _one_question(args, out, context_bench, "context", ctx, t0,
-                         f"--context {','.join(str(c) for c in args.context)}")
+                         f"--context {','.join(str(c) for c in args.context)}{spill}")
 
 
 def _one_question(args: argparse.Namespace, out: Path, module, key: str, value: dict, t0: float,
@@ -321,7 +328,7 @@ def _prefill_main(args: argparse.Namespace, out: Path) -> int:
     from meshrt.tools import prefill_bench
 
     for flag, on in (("--placement", args.placement), ("--context", getattr(args, "context", None)),
-                     ("--wafers", getattr(args, "wafers", None))):
+                     ("--wafers", getattr(args, "wafers", None)), ("--kv-spill", getattr(args, "kv_spill", None))):
         if on:
             raise BenchError(f"meshrt bench: error: {flag} does not apply with --phase prefill")
     t0 = time.perf_counter()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshrt.frontend.errors import FrontendError
-from meshrt.tools.common import context_value, fail as _fail, parse_chunk, parse_context
+from meshrt.tools.common import fail as _fail, parse_chunk, parse_context, spill_value
 from meshrt.output import atomic_directory, atomic_file
 
 
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="prompt tokens a prefilling slot feeds a step, at least 1 (default 1; "
                         "auto: the largest whose rows fit beside the weights): a micro-batch "
                         "carries micro-batch x N token rows (docs/prefill.md)")
-    c.add_argument("--kv-spill", type=context_value, metavar="N",
+    c.add_argument("--kv-spill", type=spill_value, metavar="N",
                    help="KV positions a slot keeps on each MoE layer's attention region, like 16k; "
                         "later ones go to a tile of the layer's expert cores, attended there in "
                         "parallel (default: none spill; docs/kernels.md, \"KV spill\")")

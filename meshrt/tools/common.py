@@ -48,7 +48,7 @@ def chunk_value(text: str) -> int:
     return v
 
 
-def context_value(text: str) -> int:
+def context_value(text: str, what: str = "a context") -> int:
     """A context on the command line: positions like 4k or 4096 (k = 1024), 1..MAX_DIM."""
     import argparse
     import re
@@ -60,8 +60,14 @@ def context_value(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected positions like 4k or 4096, got {text.strip()!r}")
     n = int(m.group(1)) * (1024 if m.group(2) else 1)
     if not 1 <= n <= MAX_DIM:
-        raise argparse.ArgumentTypeError(f"a context must be 1..{MAX_DIM:,} positions, got {n:,}")
+        raise argparse.ArgumentTypeError(f"{what} must be 1..{MAX_DIM:,} positions, got {n:,}")
     return n
+
+
+def spill_value(text: str) -> int:
+    """`--kv-spill N` of compile and run: the KV positions a slot keeps on an MoE layer's
+    attention region, like 16k."""
+    return context_value(text, "a spill point")
 
 
 def increasing_list(text: str, value, plural: str) -> tuple:

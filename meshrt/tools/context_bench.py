@@ -11,11 +11,13 @@ tokens/s, and the cycles the step's critical path spends in the attention kernel
 the full-attention layers (sliding-window and DeltaNet layers attend a bounded context,
 so they do not grow with C). Each build is mapped onto the fewest wafers it needs, or
 onto `--deploy-wafers N` (the paper's placement: GPT-OSS-20B on 4). The builds run in
-`--jobs` workers like the other questions.
+`--jobs` workers like the other questions. With `--kv-spill N` every MoE layer's
+attention region holds N positions and a context past N spills the rest to tiles of the
+layer's expert cores (docs/kernels.md, "KV spill"), which attend them in parallel; the
+spill tiles column counts a layer's.
 
 What it does not model yet (issue 18): attention is charged for a slot's capacity, which
-is its context here; KV does not spill to the FFN cores past the attention region, so
-every context is a mapping of its own.
+is its context here.
 """
 
 from __future__ import annotations
@@ -60,25 +62,28 @@ def _build(job: tuple) -> dict:
     from meshrt.kernels.attention.op import kv_rows
     from meshrt.runtime.cost_model import CostModelError, estimate, kernels_where
 
-    model, target_arg, context, wafers = job
+    model, target_arg, context, wafers, spill = job
     t0 = time.perf_counter()
     try:
         target = driver.load_target(target_arg)
         spec = driver.load_spec(model)
         spec = dataclasses.replace(spec, shape=dataclasses.replace(spec.shape, max_seq=context))
         one = tuple(k for k in spec.dynamism if k != "micro_batch_pipeline")  # one request
-        program = driver.segment_program(map_model(spec, target, 1, wafers, one), target)
+        spills = spill if spill and context > spill else 0
+        program = driver.segment_program(map_model(spec, target, 1, wafers, one, spill=spills), target)
         est = estimate(program, target)
     except (FrontendError, MeshrtError, CostModelError) as e:
         return {"context": context, "error": str(e).splitlines()[0]}
     shape = spec.shape
     attention = kernels_where(program, lambda op: op.ATTENDS_KV)
-    full, rows = [], 0
+    full, rows, tiles = [], 0, 0
     for k in program.kernels():
         if k.kernel_name in attention and not shape.window(k.param("layer", -1)):
             full.append(k.kernel_name)
             _, _, w, h = k.region.rects.data[0].tuple[:4]
-            rows = max(rows, kv_rows(shape.heads, shape.kv_heads, shape.head_dim, context,
+            tiles = max(tiles, len(k.region.rects.data) - 1)
+            held = k.param("spill_from") or context  # the region's share where it spills
+            rows = max(rows, kv_rows(shape.heads, shape.kv_heads, shape.head_dim, held,
                                      k.param("slots"), shape.kv_bytes, 1, w, h))
     path = est.latency.kernel_path
     attn = sum(path.get(k, 0.0) for k in attention)
@@ -87,14 +92,16 @@ def _build(job: tuple) -> dict:
             "user_tokens_per_s": est.user_tokens_per_s(),
             "full_attention_cycles": sum(path.get(k, 0.0) for k in full),
             "attention_cycles": attn, "full_attention_layers": len(full),
-            "kv_rows_per_core": rows, "compile_model_s": time.perf_counter() - t0}
+            "kv_rows_per_core": rows, "spill_tiles": tiles, "compile_model_s": time.perf_counter() - t0}
 
 
 def run_context(model: str, target: str, contexts: Sequence[int], jobs: int = 1,
                 ray_address: str | None = None,
-                progress: Callable[[str], None] | None = None, wafers: int | None = None) -> dict:
+                progress: Callable[[str], None] | None = None, wafers: int | None = None,
+                spill: int | None = None) -> dict:
     """Every row of the context sweep, in context order (a context that does not compile
-    or fit is a row with its error); `wafers`: every build on that many (else the fewest)."""
+    or fit is a row with its error); `wafers`: every build on that many (else the fewest);
+    `spill`: MoE layers' attention regions hold that many positions, the rest spill."""
     from meshrt.tools.workers import WorkerError, run_jobs
 
     progress = progress or (lambda _m: None)
@@ -102,13 +109,13 @@ def run_context(model: str, target: str, contexts: Sequence[int], jobs: int = 1,
     if limit is not None and contexts[-1] > limit:
         raise BenchError(f"meshrt bench: error: --context {contexts[-1]:,} exceeds the model's "
                          f"max_position_embeddings ({limit:,})")
-    first = _build((model, target, contexts[0], wafers))  # checks the input before any worker
+    first = _build((model, target, contexts[0], wafers, spill))  # checks the input before any worker
     if "error" in first:
         raise BenchError(first["error"])
     rows = {contexts[0]: first}
     progress(_line(first))
     try:
-        for i, row in run_jobs(_build, [(model, target, c, wafers) for c in contexts[1:]], jobs,
+        for i, row in run_jobs(_build, [(model, target, c, wafers, spill) for c in contexts[1:]], jobs,
                                ray_address):
             rows[contexts[1 + i]] = row
             progress(_line(row))
@@ -118,7 +125,7 @@ def run_context(model: str, target: str, contexts: Sequence[int], jobs: int = 1,
     for r in out:  # the first built (or this sweep stopped above)
         if "error" not in r:
             r["tpot_vs_first"] = r["tpot_cycles"] / first["tpot_cycles"]
-    return {"micro_batch": 1, "wafers": wafers, "rows": out,
+    return {"micro_batch": 1, "wafers": wafers, "kv_spill": spill, "rows": out,
             "notes": __doc__.split("\n\n", 2)[1].replace("\n", " ")}
 
 
@@ -135,16 +142,16 @@ def print_table(ctx: dict, file=None) -> None:
 
     t = Table(title="decode vs context (one request in flight, cost model)")
     for col in ("context", "wafers", "stages", "TPOT cycles", "TPOT µs", "tok/s/user",
-                "full-attn cycles", "KV rows/core", "vs first"):
+                "full-attn cycles", "KV rows/core", "spill tiles", "vs first"):
         t.add_column(col, justify="right")
     for r in ctx["rows"]:
         if "error" in r:
-            t.add_row(f"{r['context']:,}", r["error"], *[""] * 7)
+            t.add_row(f"{r['context']:,}", r["error"], *[""] * 8)
             continue
         t.add_row(f"{r['context']:,}", str(r["wafers"]), str(r["stages"]), f"{r['tpot_cycles']:,.0f}",
                   f"{r['tpot_us']:,.1f}", f"{r['user_tokens_per_s']:,.0f}",
                   f"{r['full_attention_cycles']:,.0f}", f"{r['kv_rows_per_core']:,}",
-                  f"{r['tpot_vs_first']:.2f}x")
+                  str(r.get("spill_tiles", 0)), f"{r['tpot_vs_first']:.2f}x")
     Console(file=file, width=max(Console(file=file).width, 110)).print(t)
 
 
@@ -170,6 +177,8 @@ def write_plot(plt, ctx: dict, title: str, path: Path) -> None:
     ax.set_ylabel("µs per output token")
     ax.set_ylim(bottom=0)
     on = f", {ctx['wafers']} wafers" if ctx.get("wafers") else ""
+    if ctx.get("kv_spill"):
+        on += f", KV past {ctx['kv_spill']:,} on the FFN cores"
     ax.set_title(f"{title}: decode vs context, one request{on}")
     ax.legend()
     save_figure(fig, path)

@@ -30,7 +30,7 @@ REQUEST_BYTES = 600  # a Request, its record and the reference's output, beside 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from meshrt.runtime.workloads import WORKLOADS
-    from meshrt.tools.common import context_value, parse_chunk, parse_context
+    from meshrt.tools.common import parse_chunk, parse_context, spill_value
     from meshrt.targets import available_targets
 
     p.add_argument("model", metavar="MODEL|DIR|IR",
@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt tokens a slot prefills a step (default 1; auto: the largest whose "
                         "rows fit beside the weights; a model, not IR): the time to first token "
                         "comes from chunks of N")
-    p.add_argument("--kv-spill", type=context_value, default=None, metavar="N",
+    p.add_argument("--kv-spill", type=spill_value, default=None, metavar="N",
                    help="KV positions a slot keeps on each MoE layer's attention region (a model, "
                         "not IR; default: none spill); later ones go to the layer's expert cores")
     p.add_argument("--static", action="store_true",

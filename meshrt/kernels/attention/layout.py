@@ -98,6 +98,18 @@ def qkv_share(heads: int, kv_heads: int, head_dim: int, w: int, gated: bool) -> 
     return 2 * kv_share(kv_heads, head_dim, w) + (2 if gated else 1) * q_share(heads, kv_heads, head_dim, w)
 
 
+def tile_span(max_seq: int, spill_from: int | None, tiles: int, t: int) -> tuple[int, int]:
+    """(first ring entry, entries) tile t of an attention's `tiles` holds: its region
+    (t = 0) all max_seq, or where it spills (docs/kernels.md, "KV spill") the first
+    spill_from, and each spill tile (t >= 1) its balanced share of the rest."""
+    if spill_from is None:
+        return 0, max_seq
+    if t == 0:
+        return 0, spill_from
+    lo, hi = balanced(max_seq - spill_from, tiles - 1, t - 1)
+    return spill_from + lo, hi - lo
+
+
 @dataclass(frozen=True)
 class SplitLayout:
     """How a head split's group shares its work (module docstring): by `rows` (the

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
-from meshrt.kernels.attention.layout import HeadSplit, lays_out, split_layout, splits_heads
+from meshrt.kernels.attention.layout import HeadSplit, lays_out, split_layout, splits_heads, tile_span
 from meshrt.kernels.attention.pe import in_pe
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, block_range, inverse, part
 from meshrt.rope import rotary_dim, turn_parts
@@ -31,7 +31,7 @@ class Attention(KernelExec):
         p = info.param
         self.heads, self.kvh, self.d = p("heads"), p("kv_heads"), p("head_dim")
         self.max_seq, self.slots = p("max_seq"), p("slots")
-        # KV spill: ring entries from spill_from on live on the region's second tile
+        # KV spill: ring entries from spill_from on live on the region's other tiles
         self.spill_from = p("spill_from", None)
         self.gated = bool(p("gated", 0))
         shape = plane.shape
@@ -93,11 +93,8 @@ class Attention(KernelExec):
         return np.flatnonzero(seen), (own if held else None)
 
     def span(self, t: int) -> tuple[int, int]:
-        """(first ring entry, entries) tile t holds: all max_seq, or where the attention
-        spills, the first spill_from on its own tile and the rest on the spill tile."""
-        if self.spill_from is None:
-            return 0, self.max_seq
-        return (0, self.spill_from) if t == 0 else (self.spill_from, self.max_seq - self.spill_from)
+        """(first ring entry, entries) tile t holds (`layout.tile_span`)."""
+        return tile_span(self.max_seq, self.spill_from, len(self.tiles), t)
 
     def _entries(self, t: int, i: int, j: int, h: int) -> np.ndarray:
         """The ring entries core (i, j) of tile t holds, ascending, in its cache's order:

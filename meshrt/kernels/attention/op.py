@@ -21,6 +21,7 @@ from meshrt.kernels.attention.layout import (
     qkv_share,
     split_layout,
     splits_heads,
+    tile_span,
 )
 from meshrt.kernels.attention.numerics import Attention, qkv_blocks
 from meshrt.kernels.compute import ComputeOp
@@ -120,8 +121,9 @@ class AttentionOp(KernelOp):
     slots = prop_def(IntegerAttr[I64])
     qkv_in_place = opt_prop_def(UnitAttr)  # its input is a blocked q | k | v on its columns
     gated = opt_prop_def(IntegerAttr[I64])  # 1: out * sigmoid(gate), the gate after q, k, v
-    # KV spill: ring entries from spill_from on live on the region's second rectangle
-    # (the layer's FFN cores, shaped like the first), attended there in parallel
+    # KV spill: ring entries from spill_from on live on the region's other rectangles
+    # (spill tiles on the layer's FFN cores, shaped like the first), attended there in
+    # parallel (`held`)
     spill_from = opt_prop_def(IntegerAttr[I64])
     input = operand_def(ActType)
     output = result_def(ActType)
@@ -138,46 +140,37 @@ class AttentionOp(KernelOp):
 
     def grid(self) -> tuple[int, int, int, int]:
         """(x, y, w, h) of the attention's own rectangle: the region's first (a spilling
-        attention's second is its spill tile, `spill_tile`)."""
+        attention's others are its spill tiles, `held`)."""
         r = self.region.rects.data[0]
-        if not r.is_unit_step() or len(self.region.rects.data) != (2 if self.spills else 1):
+        if not r.is_unit_step() or (len(self.region.rects.data) > 1) != self.spills:
             raise self.fail(f"needs one dense rectangle as its region"
-                            f"{' and one for its spill' if self.spills else ''}, got {self.region}")
+                            f"{' and more for its spill tiles' if self.spills else ''}, got {self.region}")
         return r.x.data, r.y.data, r.w.data, r.h.data
 
     @property
     def spills(self) -> bool:
         return self.spill_from is not None
 
-    def spill_tile(self) -> tuple[int, int, int, int] | None:
-        """(x, y, w, h) of the tile holding the spilled ring entries, or None."""
-        if not self.spills:
-            return None
-        return self.region.rects.data[1].tuple[:4]
-
     def held(self) -> list[tuple[tuple[int, int, int, int], int]]:
-        """(tile, ring entries it holds) of each tile: the region's all max_seq, or the
-        first spill_from and the rest on the spill tile (`kv_span`)."""
-        seq = int_value(self.max_seq)
-        if not self.spills:
-            return [(self.grid(), seq)]
-        a = int_value(self.spill_from)
-        return [(self.grid(), a), (self.spill_tile(), seq - a)]
+        """(tile, ring entries it holds) of its region and each spill tile (`tile_span`)."""
+        rects = [r.tuple[:4] for r in self.region.rects.data]
+        spill = None if self.spill_from is None else int_value(self.spill_from)
+        return [(t, tile_span(int_value(self.max_seq), spill, len(rects), i)[1]) for i, t in enumerate(rects)]
 
     def result_cores(self) -> CoreSetAttr:
-        return CoreSetAttr([RectAttr(*self.grid())])  # not the spill tile
+        return CoreSetAttr([RectAttr(*self.grid())])  # not the spill tiles
 
     def verify_kernel(self) -> None:
         _, _, w, h = self.grid()
         if self.spills:
-            spill = CoreSetAttr([self.region.rects.data[1]])
+            spill = CoreSetAttr(self.region.rects.data[1:])
             problem = spill_problem(CoreSetAttr([self.region.rects.data[0]]), spill,
                                     int_value(self.spill_from), int_value(self.max_seq))
             if problem:
                 raise self.fail(problem)
             if self.qkv_in_place is None:
                 raise self.fail("a spilling attention reads its q | k | v in place (its spill "
-                                "tile receives each column's share from its own)")
+                                "tiles receive each column's share from its own columns)")
         kv = int_value(self.kv_heads)
         if not lays_out(kv, w):
             raise self.fail(f"{w} columns split {kv} KV heads unevenly: the width must divide "
@@ -271,41 +264,49 @@ class AttentionOp(KernelOp):
         return roles, flows
 
     def _spill_roles(self, kctx: KernelContext, held, normalize):
-        """The region's roles and the spill tile's, the same chains on each (the tiles
+        """The region's roles and each spill tile's, the same chains on each (the tiles
         share a shape, so their roots sit at the same place): every core of the region
-        sends its column's q | k | v to its twin on the spill tile (`.spill.in`, the
-        continuous-batching table riding it), and the spill tile's root sends its merged
-        partial to the region's root (`.spill`), which merges it before it normalizes."""
-        (tile, entries), (spill, rest) = held
-        k = self.kernel_name
-        merge, into = f"{k}.spill", f"{k}.spill.in"
+        sends its column's q | k | v to its twin on the first spill tile, which passes it
+        on to the next (`.spillN.in`, the continuous-batching table riding it), and the
+        partials come back the same way: each spill tile's root merges the next tile's
+        into its own and sends it on toward the region's root (`.spillN`), which merges it
+        before it normalizes (one send and one receive more a core, however many tiles)."""
+        (tile, entries), spills = held[0], held[1:]
+        k, w = self.kernel_name, tile[2]
         msg = self.partial_bytes(kctx)
-        _, _, w, _ = tile
         heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
         gated = self.gated is not None and bool(int_value(self.gated))
         share = kctx.micro_batch * qkv_share(heads, kv, d, w, gated) * kctx.act_bytes
         cf = kctx.cf_bytes if "continuous_batching" in kctx.dynamism else 0
-        roles, flows = self._tile_roles(kctx, tile, entries, "", [
-            ("recv", merge, msg), ("compute", "softmax_merge", msg // ACT_BYTES), *normalize])
-        sroles, sflows = self._tile_roles(kctx, spill, rest, "spill", [("send", merge, msg)],
-                                          relay_back=False)
-        roles = [replace(r, events=[e2 for e in r.events
-                                    for e2 in ([e, ("send", into, share, cf)] if e == INPUTS else [e])])
+        names = [(f"{k}.spill{n}", f"{k}.spill{n}.in") for n in range(1, len(spills) + 1)]
+        def merge(n: int) -> list:  # the partial of spill tiles n.. into this root's
+            return [("recv", names[n - 1][0], msg), ("compute", "softmax_merge", msg // ACT_BYTES)]
+
+        roles, flows = self._tile_roles(kctx, tile, entries, "", [*merge(1), *normalize])
+        first = ("send", names[0][1], share, cf)
+        roles = [replace(r, events=[e2 for e in r.events for e2 in ([e, first] if e == INPUTS else [e])])
                  for r in roles]
-        sroles = [replace(r, sends_output=False,
-                          events=[("recv", into, share, cf) if e == INPUTS else e
-                                  for e in r.events if e != OUTPUTS])
-                  for r in sroles]
-        (x, y, _, _), (sx, sy, _, _) = tile, spill
-        senders = [r.cores for r in sroles if ("send", merge, msg) in r.events]
-        src = CoreSetAttr([rect for c in senders for rect in c.rects.data])
-        dst = CoreSetAttr([RectAttr(r.x.data + x - sx, r.y.data + y - sy, r.w.data, r.h.data)
-                           for r in src.rects.data])
-        flows += sflows + [
-            FlowSpec(into, CoreSetAttr([RectAttr(*tile)]), CoreSetAttr([RectAttr(*spill)]), "shift",
-                     share, sx - x, sy - y, role=FlowRole.SPILL),
-            FlowSpec(merge, src, dst, "shift", msg, x - sx, y - sy, role=FlowRole.DOWN)]
-        return roles + sroles, flows
+        prev = tile
+        for n, ((spill, rest), (out, into)) in enumerate(zip(spills, names), 1):
+            finish = (merge(n + 1) if n < len(names) else []) + [("send", out, msg)]
+            sroles, sflows = self._tile_roles(kctx, spill, rest, f"spill{n}", finish, relay_back=False)
+            arrive = [("recv", into, share, cf)] + ([("send", names[n][1], share, cf)] if n < len(names) else [])
+            sroles = [replace(r, sends_output=False,
+                              events=[e2 for e in r.events if e != OUTPUTS
+                                      for e2 in (arrive if e == INPUTS else [e])])
+                      for r in sroles]
+            sx, sy = spill[:2]
+            px, py = prev[:2]
+            src = CoreSetAttr([rect for r in sroles if ("send", out, msg) in r.events for rect in r.cores.rects.data])
+            dst = CoreSetAttr([RectAttr(r.x.data + px - sx, r.y.data + py - sy, r.w.data, r.h.data)
+                               for r in src.rects.data])
+            roles += sroles
+            flows += sflows + [
+                FlowSpec(into, CoreSetAttr([RectAttr(*prev)]), CoreSetAttr([RectAttr(*spill)]), "shift",
+                         share, sx - px, sy - py, role=FlowRole.SPILL),
+                FlowSpec(out, src, dst, "shift", msg, px - sx, py - sy, role=FlowRole.DOWN)]
+            prev = spill
+        return roles, flows
 
     def _tile_roles(self, kctx: KernelContext, tile, entries: int, part: str, finish,
                     relay_back: bool = True):
@@ -428,7 +429,7 @@ class AttentionOp(KernelOp):
 
     @classmethod
     def lower(cls, op, operands, make):
-        # a spill tile is the region's second rectangle (`grid`, `spill_tile`)
+        # the spill tiles are the region's rectangles after its own (`grid`, `held`)
         props = cls.lower_props(op)
         region = op.region if op.spill is None else CoreSetAttr([*op.region.rects.data, *op.spill.rects.data])
         k = make(cls, op, operands, op.results[0].type, region=region, **props)

@@ -49,7 +49,7 @@ import math
 
 from xdsl.dialects.builtin import IndexType, i32
 
-from meshrt.kernels.attention.layout import whole_heads
+from meshrt.kernels.attention.layout import tile_span, whole_heads
 from meshrt.kernels.pe import Bodies, Body, Buffer
 from meshrt.rope import rotary_dim
 from meshrt.shape import HParams, ModelShape
@@ -104,12 +104,10 @@ def bodies_for(info, micro_batch: int, hp: HParams, tile: tuple[int, int, int, i
     kv, w, h = p("kv_heads"), tile[2], tile[3]
     shape = ModelShape.from_hparams(hp)
     layer = p("layer", -1)
-    seq, spill = p("max_seq"), p("spill_from", None)
-    # a spilling attention's tiles: the first spill_from ring entries, the rest on the second
-    first, held = (0, seq) if spill is None else (
-        (0, spill) if tile == info.region.rects.data[0].tuple[:4] else (spill, seq - spill))
+    rects = [r.tuple[:4] for r in info.region.rects.data]
+    first, held = tile_span(p("max_seq"), p("spill_from", None), len(rects), rects.index(tile))
     return attention_bodies(
-        info.kernel_name, micro_batch, p("heads"), kv, p("head_dim"), seq, p("slots"),
+        info.kernel_name, micro_batch, p("heads"), kv, p("head_dim"), p("max_seq"), p("slots"),
         w, h, tile[1], rot=rotary_dim(shape.rope, p("head_dim")), factor=shape.rope.attention_factor,
         window=shape.window(layer), qk_norm=shape.qk_norm, eps=shape.rms_eps,
         sinks=shape.attn_sinks, gated=bool(p("gated", 0)), chunk=hp.int("prefill_chunk", 1),

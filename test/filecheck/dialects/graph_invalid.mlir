@@ -135,3 +135,53 @@ graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism 
   %d = graph.deltanet @delta(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, k_heads = 2 : i64, v_heads = 4 : i64, k_dim = 2 : i64, v_dim = 2 : i64, conv = 4 : i64} : !graph.act<16> -> !graph.act<8>
 }
 // CHECK: error: 'graph.deltanet' op kernel @delta: input (q, k, v, z, b, a) has width 16, expected 32
+
+// -----
+
+// KV spill: its tiles must be shaped like the region, apart from it and from each other,
+// hold some of the entries past spill_from, and come with spill_from.
+graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64} : !graph.act<24>
+  %q = graph.attention @attn(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 4 : i64, max_seq = 8 : i64, spill = #mesh.cores<(4, 1, 2, 3)>, spill_from = 4 : i64} : !graph.act<24> -> !graph.act<8>
+}
+// CHECK: error: 'graph.attention' op kernel @attn: spill tile (4, 1, 2, 3) must have the shape of the region (0, 1, 2, 2)
+
+// -----
+
+graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64} : !graph.act<24>
+  %q = graph.attention @attn(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 4 : i64, max_seq = 8 : i64, spill = #mesh.cores<(1, 1, 2, 2)>, spill_from = 4 : i64} : !graph.act<24> -> !graph.act<8>
+}
+// CHECK: error: 'graph.attention' op kernel @attn: spill tile (1, 1, 2, 2) overlaps (0, 1, 2, 2)
+
+// -----
+
+graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64} : !graph.act<24>
+  %q = graph.attention @attn(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 4 : i64, max_seq = 8 : i64, spill = #mesh.cores<(4, 1, 2, 2), (5, 1, 2, 2)>, spill_from = 4 : i64} : !graph.act<24> -> !graph.act<8>
+}
+// CHECK: error: 'graph.attention' op kernel @attn: spill tile (5, 1, 2, 2) overlaps (4, 1, 2, 2)
+
+// -----
+
+graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64} : !graph.act<24>
+  %q = graph.attention @attn(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 4 : i64, max_seq = 8 : i64, spill = #mesh.cores<(4, 1, 2, 2)>, spill_from = 8 : i64} : !graph.act<24> -> !graph.act<8>
+}
+// CHECK: error: 'graph.attention' op kernel @attn: spill_from 8 must be in 1..7 (max_seq 8)
+
+// -----
+
+graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64} : !graph.act<24>
+  %q = graph.attention @attn(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 4 : i64, max_seq = 8 : i64, spill = #mesh.cores<(4, 1, 2, 2), (6, 1, 2, 2), (8, 1, 2, 2)>, spill_from = 6 : i64} : !graph.act<24> -> !graph.act<8>
+}
+// CHECK: error: 'graph.attention' op kernel @attn: 3 spill tiles for 2 spilled entries
+
+// -----
+
+graph.model @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = graph.embed @embed on <(0, 0, 2, 1)> {layer = -1 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 8 : i64} : !graph.act<24>
+  %q = graph.attention @attn(%x) on <(0, 1, 2, 2)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 4 : i64, max_seq = 8 : i64, spill = #mesh.cores<(4, 1, 2, 2)>} : !graph.act<24> -> !graph.act<8>
+}
+// CHECK: error: 'graph.attention' op kernel @attn: spill and spill_from go together

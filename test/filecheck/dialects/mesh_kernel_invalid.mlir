@@ -202,3 +202,22 @@ mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 d
   %p = mesh_kernel.gemv @o(%x) on <(0, 1, 4, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, axis = "row", in_heads = array<i64: 4, 4, 8, 4>} : !graph.act<32> -> !graph.act<16>
 }
 // CHECK: error: 'mesh_kernel.gemv' op kernel @o: in_heads must be [heads, kv_heads, head_dim, columns] of an attention wider than its KV heads, got [4, 4, 8, 4]
+
+// -----
+
+// A spilling attention's spill tiles receive each column's q | k | v from its own
+// columns: it must read them in place (where the qkv reduction left them).
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<24>
+  %a = mesh_kernel.attention @attn(%x) on <(4, 1, 2, 4), (8, 1, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 4 : i64, max_seq = 8 : i64, slots = 2 : i64, spill_from = 4 : i64} : !graph.act<24> -> !graph.act<8>
+}
+// CHECK: error: 'mesh_kernel.attention' op kernel @attn: a spilling attention reads its q | k | v in place (its spill tiles receive each column's share from its own columns)
+
+// -----
+
+// Its region is its own rectangle, then the spill tiles: more than one needs spill_from.
+mesh_kernel.program @m target "t" mesh 16 x 16 wafers 1 stages 1 micro_batch 1 dynamism [] hparams {} {
+  %x = mesh_kernel.embed @embed on <(0, 0, 4, 1)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, vocab = 32 : i64} : !graph.act<24>
+  %a = mesh_kernel.attention @attn(%x) on <(4, 1, 2, 4), (8, 1, 2, 4)> {layer = 0 : i64, stage = 0 : i64, wafer = 0 : i64, heads = 2 : i64, kv_heads = 2 : i64, head_dim = 4 : i64, max_seq = 8 : i64, slots = 2 : i64, qkv_in_place} : !graph.act<24> -> !graph.act<8>
+}
+// CHECK: error: 'mesh_kernel.attention' op kernel @attn: needs one dense rectangle as its region, got (4, 1, 2, 4), (8, 1, 2, 4)
