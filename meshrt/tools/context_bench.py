@@ -178,8 +178,8 @@ def write_plot(plt, ctx: dict, title: str, path: Path) -> None:
     ax.set_ylim(bottom=0)
     on = f", {ctx['wafers']} wafers" if ctx.get("wafers") else ""
     if ctx.get("kv_spill"):
-        on += f", KV past {ctx['kv_spill']:,} on the FFN cores"
-    ax.set_title(f"{title}: decode vs context, one request{on}")
+        on += f"\nKV past {ctx['kv_spill']:,} positions on the FFN cores"
+    ax.set_title(f"{title}: decode vs context, one request{on}", fontsize=10)
     ax.legend()
     save_figure(fig, path)
     plt.close(fig)
