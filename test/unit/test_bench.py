@@ -358,11 +358,33 @@ def test_bench_context_sweeps_the_kv_capacity(tmp_path):
     (["--context", "16,8"], "contexts must increase"),
     (["--context", "0"], "--context"),
     (["--context", "12", "--placement"], "--context and --placement are separate runs"),
+    (["--kv-spill", "8"], "--kv-spill only applies with --context"),
+    (["--context", "12", "--kv-spill", "0"], "--kv-spill"),
 ])
 def test_bench_context_errors_are_one_line(argv, needle, tmp_path):
     rc, out, err = _run("bench", TINY, "--target", "test32", *argv, "--out", str(tmp_path / "o"))
     assert rc == 1 and out == ""
     assert err.count("\n") == 1 and needle in err and "error" in err
+
+
+def test_bench_context_spills_past_kv_spill(tmp_path, test32_with):
+    """--kv-spill N: a context up to N is built as without it; past N the MoE layers'
+    attention regions hold N positions and the rest goes to spill tiles on the expert
+    cores (a test32 with the colours and a queue their flows take)."""
+    target = test32_with("test32s", ("colors = 8", "colors = 10"),
+                         ("reserved_colors = [6, 7]", "reserved_colors = [8, 9]"),
+                         ("reserved_task_ids = [6, 7, 15]", "reserved_task_ids = [8, 9, 15]"),
+                         ("input_queues = 5", "input_queues = 6"))
+    moe = str(REPO / "examples" / "tiny_moe.mrt")
+    rc, out, err = _run("bench", moe, "--target", str(target), "--context", "16,32", "--kv-spill", "16",
+                        "--jobs", "1", "--out", str(tmp_path))
+    assert rc == 0, err
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["meta"]["command"].endswith("--context 16,32 --kv-spill 16")
+    assert res["context"]["kv_spill"] == 16
+    a, b = res["context"]["rows"]
+    assert (a["spill_tiles"], b["spill_tiles"]) == (0, 1)
+    assert "spill" in out  # the table's column
 
 
 def test_bench_context_past_the_models_positions_is_refused():
@@ -423,6 +445,7 @@ def test_bench_prefill_times_each_chunk_for_both_systems(tmp_path):
     (["--phase", "prefill", "--prefill-chunk", "8,4"], "chunks must increase"),
     (["--phase", "prefill", "--context", "12"], "--context does not apply with --phase prefill"),
     (["--phase", "prefill", "--placement"], "--placement does not apply with --phase prefill"),
+    (["--phase", "prefill", "--kv-spill", "8"], "--kv-spill does not apply with --phase prefill"),
     (["--phase", "decoding"], "--phase"),
 ])
 def test_bench_prefill_errors_are_one_line(argv, needle, tmp_path):
