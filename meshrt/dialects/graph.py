@@ -268,8 +268,7 @@ def spill_problem(region: CoreSetAttr, spill: CoreSetAttr, spill_from: int, max_
         if r.tuple[2:4] != shape:
             return f"spill tile {r} must have the shape of the region {region}"
         for o in rects[:i + 1]:
-            a, b = o.extent, r.extent
-            if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]:
+            if CoreSetAttr([o]).overlaps(CoreSetAttr([r])):
                 return f"spill tile {r} overlaps {o}"
     if not 0 < spill_from < max_seq:
         return f"spill_from {spill_from} must be in 1..{max_seq - 1} (max_seq {max_seq})"

@@ -78,7 +78,7 @@ from meshrt.dialects import graph as g
 from meshrt.dialects.mesh import CoreSetAttr, RectAttr
 from meshrt.frontend.errors import FrontendError, Loc
 from meshrt.frontend.model import SCALES, MappingSpec, ModelShape, ModelSpec
-from meshrt.kernels.attention.layout import lays_out, q_share, splits_heads
+from meshrt.kernels.attention.layout import lays_out, q_share, split_by_rows, splits_heads
 from meshrt.kernels.attention.op import AttentionOp, qkv_blocks
 from meshrt.kernels.deltanet.op import DeltaNetOp
 from meshrt.kernels.dispatch.corridor import relay_footprint
@@ -1235,7 +1235,7 @@ class _Emitter:
                                       bias=s.qkv_bias, **kw))
             cap = s.kv_capacity(i, self.m.chunk)
             spill = {}
-            if self.m.spill and p.unit.kind == "moe" and not s.window(i) and cap > self.m.spill:
+            if spills(s, i, self.m.spill):
                 spill = dict(spill=self.spill_tiles(p, b, layer, cap), spill_from=self.m.spill)
             a = self.add(g.AttentionOp(f"l{i}_attn", b["attn"], qkv, heads=s.heads,
                                        kv_heads=s.kv_heads, head_dim=s.head_dim,
@@ -1266,8 +1266,8 @@ class _Emitter:
         lo = min(r.extent[0] for r in regions)
         hi = max(r.extent[2] for r in regions)
         sizer = m.sizer(self.lay.kv_slots)
-        split = AttentionOp.split_rows(s.heads, s.kv_heads, s.head_dim, m.spill, sizer.kv_slots,
-                                       s.kv_bytes, sizer.micro_batch, w, h)
+        split = split_by_rows(s.heads, s.kv_heads, s.head_dim, m.spill, sizer.kv_slots, s.kv_bytes,
+                              sizer.micro_batch, w, h)
         group = s.experts // (len(regions) - s.shared_experts)
         ex0, ey0, ex1, ey1 = regions[0].extent
         experts = sizer.expert(group, ex1 - ex0, ey1 - ey0)
@@ -1282,15 +1282,11 @@ class _Emitter:
                 f"{_fmt_bytes(need)} per core, more than the {_fmt_bytes(sizer.usable)} a core has",
                 m.where())
         xs = [lo + k * w for k in range(n)] if lo >= x1 else [hi - (k + 1) * w for k in range(n)]
-        tiles = [RectAttr(x, y0, w, h) for x in xs]
-        for t in tiles:
-            t0, u0, t1, u1 = t.extent
-            covered = sum(max(0, min(t1, e[2]) - max(t0, e[0])) * max(0, min(u1, e[3]) - max(u0, e[1]))
-                          for e in (r.extent for r in regions))
-            if covered < w * h:
-                raise FrontendError(f"--kv-spill {m.spill}: layer {i}'s expert cores do not cover the "
-                                    f"spill tile {t} beside its attention {layer}", m.where())
-        return CoreSetAttr(tiles)
+        tiles = CoreSetAttr([RectAttr(x, y0, w, h) for x in xs])
+        if not CoreSetAttr([r for c in regions for r in c.rects.data]).covers(tiles):
+            raise FrontendError(f"--kv-spill {m.spill}: layer {i}'s expert cores do not cover the "
+                                f"spill tiles {tiles} beside its attention {layer}", m.where())
+        return tiles
 
     def moe_tail(self, p: Placed, b: dict[str, CoreSetAttr], h, kw) -> SSAValue:
         s, i = self.s, p.unit.layer
@@ -1369,14 +1365,20 @@ def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
     return _Emitter(mapper, lay).emit()
 
 
+def spills(s: ModelShape, i: int, spill: int) -> bool:
+    """Whether `--kv-spill spill` spills layer i's KV: a full-attention layer (not a
+    sliding window's bounded ring, not Gated DeltaNet) whose context passes it (an MoE
+    layer's goes to its expert cores; a dense one has none, `check_spill`)."""
+    return bool(spill) and not s.is_linear_layer(i) and not s.window(i) and s.kv_capacity(i) > spill
+
+
 def check_spill(spec: ModelSpec, spill: int) -> None:
     """`--kv-spill N` spills to the expert cores of MoE layers: every full-attention
     layer with a context past N must be one (a sliding window's ring stays whole)."""
     s, where = spec.shape, Loc(spec.source)
     if spill < 1:
         raise FrontendError(f"--kv-spill must be at least 1 position, got {spill}", where)
-    dense = [i for i in range(s.layers) if not s.is_moe_layer(i) and not s.is_linear_layer(i)
-             and not s.window(i) and s.kv_capacity(i) > spill]
+    dense = [i for i in range(s.layers) if spills(s, i, spill) and not s.is_moe_layer(i)]
     if dense:
         raise FrontendError(f"--kv-spill {spill}: layer {dense[0]} is dense (its FFN shares the "
                             "attention's region, so it has no FFN cores to spill KV to)", where)

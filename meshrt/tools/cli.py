@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshrt.frontend.errors import FrontendError
-from meshrt.tools.common import fail as _fail, parse_chunk, parse_context, spill_value
+from meshrt.tools.common import add_build_options, fail as _fail
 from meshrt.output import atomic_directory, atomic_file
 
 
@@ -49,18 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="requests per micro-batch, at least 1 (default: the spec's, or 1)")
     c.add_argument("--wafers", type=int, metavar="N",
                    help="wafer budget, at least 1 (default: as few as fit)")
-    c.add_argument("--context", type=parse_context, metavar="N|auto",
-                   help="KV positions a request slot holds, like 32k (default: the spec's; a "
-                        "config's max_position_embeddings up to 4K); auto: the most the SRAM of "
-                        "the wafers the model needs holds (or of --wafers)")
-    c.add_argument("--prefill-chunk", type=parse_chunk, metavar="N|auto",
-                   help="prompt tokens a prefilling slot feeds a step, at least 1 (default 1; "
-                        "auto: the largest whose rows fit beside the weights): a micro-batch "
-                        "carries micro-batch x N token rows (docs/prefill.md)")
-    c.add_argument("--kv-spill", type=spill_value, metavar="N",
-                   help="KV positions a slot keeps on each MoE layer's attention region, like 16k; "
-                        "later ones go to a tile of the layer's expert cores, attended there in "
-                        "parallel (default: none spill; docs/kernels.md, \"KV spill\")")
+    add_build_options(c)
     c.add_argument("--dynamism", type=parse_dynamism, metavar="LIST",
                    help="override the spec's dynamism kinds: a comma-separated list of "
                         f"{', '.join(SUPPORTED_DYNAMISM)}, or 'none' for the static build")

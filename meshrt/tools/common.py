@@ -100,6 +100,24 @@ def parse_chunk(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected 'auto' or {str(e).removeprefix('expected ')}") from None
 
 
+def add_build_options(p) -> None:
+    """The options `meshrt compile` and `meshrt run` compile a model with (not IR, which
+    was compiled with them): the context a slot holds, the prefill chunk, the KV spill."""
+    p.add_argument("--context", type=parse_context, metavar="N|auto",
+                   help="KV positions a request slot holds, like 32k (default: the spec's; a "
+                        "config's max_position_embeddings up to 4K); auto: the most the SRAM of "
+                        "the wafers the model needs holds (or of --wafers)")
+    p.add_argument("--prefill-chunk", type=parse_chunk, metavar="N|auto",
+                   help="prompt tokens a prefilling slot feeds a step, at least 1 (default 1; "
+                        "auto: the largest whose rows fit beside the weights): a micro-batch "
+                        "carries micro-batch x N token rows, and the time to first token comes "
+                        "from chunks of N (docs/prefill.md)")
+    p.add_argument("--kv-spill", type=spill_value, metavar="N",
+                   help="KV positions a slot keeps on each MoE layer's attention region, like 16k; "
+                        "later ones go to tiles of the layer's expert cores, attended there in "
+                        "parallel (default: none spill; docs/kernels.md, \"KV spill\")")
+
+
 def fail(line: str) -> int:
     """Print `line` as one line on stderr (an error with no file gets `meshrt:`); exit code 1."""
     if line.startswith("error:"):  # a FrontendError with no file to blame

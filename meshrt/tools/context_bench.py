@@ -69,8 +69,8 @@ def _build(job: tuple) -> dict:
         spec = driver.load_spec(model)
         spec = dataclasses.replace(spec, shape=dataclasses.replace(spec.shape, max_seq=context))
         one = tuple(k for k in spec.dynamism if k != "micro_batch_pipeline")  # one request
-        spills = spill if spill and context > spill else 0
-        program = driver.segment_program(map_model(spec, target, 1, wafers, one, spill=spills), target)
+        # a context up to `spill` spills nothing (`mapper.spills`)
+        program = driver.segment_program(map_model(spec, target, 1, wafers, one, spill=spill or 0), target)
         est = estimate(program, target)
     except (FrontendError, MeshrtError, CostModelError) as e:
         return {"context": context, "error": str(e).splitlines()[0]}

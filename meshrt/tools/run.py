@@ -30,7 +30,7 @@ REQUEST_BYTES = 600  # a Request, its record and the reference's output, beside 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from meshrt.runtime.workloads import WORKLOADS
-    from meshrt.tools.common import parse_chunk, parse_context, spill_value
+    from meshrt.tools.common import add_build_options
     from meshrt.targets import available_targets
 
     p.add_argument("model", metavar="MODEL|DIR|IR",
@@ -60,16 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "workload names its caches itself: its \"kv\" field)")
     p.add_argument("--queue", type=int, default=16, metavar="N",
                    help="waiting-queue capacity, at least 1 (default 16)")
-    p.add_argument("--context", type=parse_context, default=None, metavar="N|auto",
-                   help="KV positions a request slot holds, like 32k (a model, not IR; default: "
-                        "the spec's); auto: the most the SRAM holds")
-    p.add_argument("--prefill-chunk", type=parse_chunk, default=None, metavar="N|auto",
-                   help="prompt tokens a slot prefills a step (default 1; auto: the largest whose "
-                        "rows fit beside the weights; a model, not IR): the time to first token "
-                        "comes from chunks of N")
-    p.add_argument("--kv-spill", type=spill_value, default=None, metavar="N",
-                   help="KV positions a slot keeps on each MoE layer's attention region (a model, "
-                        "not IR; default: none spill); later ones go to the layer's expert cores")
+    add_build_options(p)  # a model's, not IR's
     p.add_argument("--static", action="store_true",
                    help="run the static baseline build (compiled with --dynamism none)")
     p.add_argument("--compare", action="store_true", help="run static and compiled side by side")

@@ -146,6 +146,16 @@ def split_layout(heads: int, kv_heads: int, d: int, max_seq: int, slots: int, kv
     return by_features
 
 
+def split_by_rows(heads: int, kv_heads: int, d: int, held: int, slots: int, kv_bytes: float,
+                  micro_batch: int, w: int, h: int) -> bool | None:
+    """Whether a w x h attention whose region holds `held` ring entries a slot splits its
+    heads' groups by rows (False: by features; `split_layout`), the layout its spill
+    tiles keep too; None where its columns hold whole heads."""
+    if not splits_heads(kv_heads, w):
+        return None
+    return split_layout(heads, kv_heads, d, held, slots, kv_bytes, micro_batch, w, h).rows
+
+
 @dataclass(frozen=True)
 class HeadSplit:
     """The head_dim split of an attention `cols` columns wide (cols > kv_heads)."""

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from meshrt.dialects.mesh import FlowRole
-from meshrt.kernels.attention.layout import HeadSplit, lays_out, split_layout, splits_heads, tile_span
+from meshrt.kernels.attention.layout import HeadSplit, lays_out, split_by_rows, splits_heads, tile_span
 from meshrt.kernels.attention.pe import in_pe
 from meshrt.kernels.numerics import F32, F64, DataLayoutError, KernelExec, Vec, block_range, inverse, part
 from meshrt.rope import rotary_dim, turn_parts
@@ -51,8 +51,8 @@ class Attention(KernelExec):
             self.split = HeadSplit.of(self.heads, self.kvh, self.d, w, self.rope)
             if self.split.problem():
                 raise DataLayoutError(f"kernel @{self.name}: {self.split.problem()}")
-            self.by_rows = split_layout(self.heads, self.kvh, self.d, self.span(0)[1], self.slots,
-                                        plane.hp.kv_bytes, self.b, w, self.tiles[0][3]).rows
+            self.by_rows = split_by_rows(self.heads, self.kvh, self.d, self.span(0)[1], self.slots,
+                                         plane.hp.kv_bytes, self.b, w, self.tiles[0][3])
             # where the output holds each entry of o in its natural order (`positions`)
             self.positions = inverse(self.split.o_order)
         elif not lays_out(self.kvh, w):

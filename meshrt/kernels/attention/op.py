@@ -19,6 +19,7 @@ from meshrt.kernels.attention.layout import (
     lays_out,
     q_share,
     qkv_share,
+    split_by_rows,
     split_layout,
     splits_heads,
     tile_span,
@@ -220,35 +221,23 @@ class AttentionOp(KernelOp):
         (where its next KV row goes, how far it attends)."""
         return request_state(micro_batch, slots)
 
-    @staticmethod
-    def split_rows(heads: int, kv: int, d: int, held: int, slots: int, kv_bytes: float, micro_batch: int,
-                   w: int, h: int) -> bool | None:
-        """Whether a w x h head split whose region holds `held` ring entries a slot splits
-        the rows (else the features; `layout.split_layout`), which its spill tile keeps;
-        None where the columns hold whole heads."""
-        if not splits_heads(kv, w):
-            return None
-        return split_layout(heads, kv, d, held, slots, kv_bytes, micro_batch, w, h).rows
-
-    def layout(self, kctx: KernelContext):
-        """A head split's layout (`layout.split_layout`), chosen for the region's share of
-        the ring and kept by the spill tile; None where the columns hold whole heads."""
+    def split_rows(self, kctx: KernelContext) -> bool | None:
+        """Whether a head split's groups split the rows (`layout.split_by_rows`), chosen for
+        the region's share of the ring and kept by the spill tiles; None: whole heads."""
         _, _, w, h = self.grid()
-        heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
-        if not splits_heads(kv, w):
-            return None
-        return split_layout(heads, kv, d, self.held()[0][1], kctx.slots, kctx.kv_bytes, kctx.micro_batch, w, h)
+        return split_by_rows(int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim),
+                             self.held()[0][1], kctx.slots, kctx.kv_bytes, kctx.micro_batch, w, h)
 
     def partial_bytes(self, kctx: KernelContext) -> int:
         """A core's partial softmax (out, max, sum of its heads or group) on the merge down
         a column, and from the spill tile's root into the region's."""
         _, _, w, _ = self.grid()
         heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
-        b, feats, lay = kctx.micro_batch, q_share(heads, kv, d, w), self.layout(kctx)
-        if lay is None:
+        b, feats, by_rows = kctx.micro_batch, q_share(heads, kv, d, w), self.split_rows(kctx)
+        if by_rows is None:
             return b * (feats + 2 * heads_share(heads, kv, w)) * ACT_BYTES
         g = heads // kv
-        return b * g * (d + 2) * ACT_BYTES if lay.rows else b * (feats + 2 * g) * ACT_BYTES
+        return b * g * (d + 2) * ACT_BYTES if by_rows else b * (feats + 2 * g) * ACT_BYTES
 
     def roles(self, kctx: KernelContext):
         held = self.held()
@@ -279,6 +268,7 @@ class AttentionOp(KernelOp):
         share = kctx.micro_batch * qkv_share(heads, kv, d, w, gated) * kctx.act_bytes
         cf = kctx.cf_bytes if "continuous_batching" in kctx.dynamism else 0
         names = [(f"{k}.spill{n}", f"{k}.spill{n}.in") for n in range(1, len(spills) + 1)]
+
         def merge(n: int) -> list:  # the partial of spill tiles n.. into this root's
             return [("recv", names[n - 1][0], msg), ("compute", "softmax_merge", msg // ACT_BYTES)]
 
@@ -316,12 +306,11 @@ class AttentionOp(KernelOp):
         x, y, w, h = tile
         heads, kv, d = int_value(self.heads), int_value(self.kv_heads), int_value(self.head_dim)
         b = kctx.micro_batch
-        lay = self.layout(kctx)
+        by_rows = self.split_rows(kctx)
         state = int(self.footprint(kctx.slots, entries, heads, kv, d, kctx.kv_bytes, b, w, h,
-                                   **self.model_features(), chunk=kctx.chunk,
-                                   split_rows=None if lay is None else lay.rows).state)
-        if lay is not None:
-            lay = split_layout(heads, kv, d, entries, kctx.slots, kctx.kv_bytes, b, w, h, by=lay.rows)
+                                   **self.model_features(), chunk=kctx.chunk, split_rows=by_rows).state)
+        if by_rows is not None:
+            lay = split_layout(heads, kv, d, entries, kctx.slots, kctx.kv_bytes, b, w, h, by=by_rows)
             return self._split_roles(kctx, tile, lay, state, part, finish, relay_back)
         rows, hs, feats = ceil_div(entries, h), heads_share(heads, kv, w), q_share(heads, kv, d, w)
         local = [("compute", "qk", b * rows * feats), ("compute", "exp", b * rows * hs),
