@@ -532,8 +532,10 @@ def notes() -> list[str]:
         "stream wavelet by wavelet along their lines. What remains far from the paper's "
         "CS-3 figures is mostly data movement between bands: `all` gathers from one line of "
         "cores (the residual into the next layer, q|k|v into an MoE layer's attention band) "
-        "carry fp32 activations through one link, and attention is charged for the whole "
-        "context (max_seq) on every step. The TPOT / bound columns show the distance.",
+        "carry fp32 activations through one link, and the cost model charges attention for "
+        "the whole context (max_seq) on every step (the interpreter with data charges the "
+        "context each slot has reached, docs/kernels.md). The TPOT / bound columns show the "
+        "distance.",
         "- Governance overhead has two parts: resolving and producing metainfo (the target "
         "file's `meta_resolve_slot` / `meta_produce_slot`, a few cycles per slot: the "
         "'metainfo' line of the critical-path change, negligible) and the metainfo bytes "

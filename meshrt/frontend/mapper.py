@@ -112,14 +112,16 @@ UNIT_LOAD = {"embed": 1, "dense": 5, "moe": 6, "lm_head": 2}
 # ---------------------------------------------------------------------------
 
 
-def delta_shape(shape: ModelShape, w: int, micro_batch: int) -> tuple[int, int]:
+def delta_shape(shape: ModelShape, w: int, micro_batch: int, chunk: int = 1) -> tuple[int, int]:
     """(columns, token groups) a Gated DeltaNet takes of a token-mixer band w wide: at most
     one column per value head in each group (its columns hold whole value heads), and as
     many groups side by side as fit and divide the micro-batch (each runs its share of
-    the tokens and keeps their slots' state); the rest of the band idles in that layer."""
+    the tokens and keeps their slots' state); the rest of the band idles in that layer.
+    A chunked program has one group: its rows are lent to any slot, so a row's place in
+    the micro-batch does not say whose state it updates."""
     vh = shape.linear_v_heads
-    if w <= vh:
-        return w, 1
+    if w <= vh or chunk > 1:
+        return min(w, vh), 1
     groups = max(g for g in range(1, micro_batch + 1) if micro_batch % g == 0 and g * vh <= w)
     return groups * vh, groups
 
@@ -174,7 +176,7 @@ class Sizer:
         attn = self.attention(w, h, self.kv_held)
         if not s.linear_layers:
             return attn
-        cols, groups = delta_shape(s, w, self.micro_batch)
+        cols, groups = delta_shape(s, w, self.micro_batch, self.chunk)
         return max(attn, DeltaNetOp.footprint(
             self.kv_slots, s.linear_k_heads, s.linear_v_heads, s.linear_k_dim, s.linear_v_dim,
             s.linear_conv, s.kv_bytes, s.dtype_bytes, self.micro_batch, cols, h, groups).total)
@@ -1220,7 +1222,7 @@ class _Emitter:
         if s.is_linear_layer(i):  # Gated DeltaNet on the region's first columns
             qkv = self.add(g.MatmulOp(f"l{i}_qkv", b["qkv"], n1, s.linear_in_width, **kw))
             x0, y0, x1, y1 = b["attn"].extent
-            w, _ = delta_shape(s, x1 - x0, self.m.rows)
+            w, _ = delta_shape(s, x1 - x0, self.m.rows, self.m.chunk)
             # its inner rows where there are three or more: the qkv reduction's end row
             # sends the DeltaNet its input and is not among the receivers (the CSL
             # backend routes no gather whose receivers are partly its senders)
@@ -1352,10 +1354,6 @@ def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
         chunk = auto_chunk(spec, target, mb, budget)
     if not 1 <= chunk <= MAX_CHUNK:
         raise FrontendError(f"prefill chunk must be 1..{MAX_CHUNK} tokens, got {chunk}", Loc(spec.source))
-    if chunk > 1 and spec.shape.linear_layers:
-        raise FrontendError(f"prefill chunk {chunk}: the model's Gated DeltaNet layers take one "
-                            "token of a request a step (chunked linear attention is not built)",
-                            Loc(spec.source))
     if budget is not None and budget < 1:
         raise FrontendError(f"wafers must be at least 1, got {budget}")
     if spill:
@@ -1441,9 +1439,7 @@ AUTO_CHUNKS = (2, 4, 8, 16, 32, 64)  # the chunks `auto_chunk` tries, in order
 def auto_chunk(spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None) -> int:
     """The largest prefill chunk of AUTO_CHUNKS whose rows fit the cores' SRAM beside the
     weights: the model at one stage packs onto no more wafers than at one token a step (1
-    where none does, or the model has Gated DeltaNet layers, which take one)."""
-    if spec.shape.linear_layers:
-        return 1
+    where none does)."""
     base = _Mapper(spec, target, micro_batch, wafers).fewest_wafers(1)
     best = 1
     for c in AUTO_CHUNKS:

@@ -35,6 +35,10 @@ class ComputeOp:
     reads_input: bool = False  # reads the kernel's input buffer x (the CSL receives into it)
     admits_requests: bool = False  # where the first stage admits waiting requests (CSL)
     price: Price | None = None  # the op's own formula; None: work x costs[cost]
+    # its work is over the KV rows a core holds, and its loops end at the rows the
+    # micro-batch's queries reach: with data, the interpreter charges that share of it
+    # (`KernelExec.reached`); the static work (the cost model's) is the capacity
+    over_kv_rows: bool = False
 
     def cost_keys(self) -> tuple[str, ...]:
         """The target cost keys this op is priced by."""

@@ -306,6 +306,12 @@ class KernelExec:
     def compute(self, cd: CoreData, op: str) -> None:
         pass
 
+    def reached(self, cd: CoreData, op: str) -> float:
+        """The share of its static work compute `op` (one `over_kv_rows`,
+        `meshrt.kernels.compute`) does on `cd` this step: the KV rows the micro-batch's
+        queries reach over those the core holds for them."""
+        return 1.0
+
     # `role` is the FlowRole of the flow the event sends or receives on.
     def send(self, cd: CoreData, role: FlowRole) -> object:
         return cd.values.get(self.name)

@@ -161,8 +161,9 @@ class Body:
         """dst = a + b * s (s a float32 scalar)."""
         self._add(csl.FmacsOp(operands=[[dst, a, b, s]]))
 
-    def each(self, n: int, fn) -> None:
-        """for (i in 0..n) fn(body, i): a loop over scalars (`scf.for`)."""
+    def each(self, n: int | SSAValue, fn) -> None:
+        """for (i in 0..n) fn(body, i): a loop over scalars (`scf.for`); `n` a constant or
+        an index computed at run time."""
         self.fold(n, [], lambda bd, i: fn(bd, i) or [])
 
     @contextmanager
@@ -293,11 +294,12 @@ class Body:
             self._add(scf.YieldOp())
         self._add(scf.IfOp(cond, [], Region(inner), Region(Block([scf.YieldOp()]))))
 
-    def fold(self, n: int, inits: Sequence[SSAValue], fn) -> list[SSAValue]:
+    def fold(self, n: int | SSAValue, inits: Sequence[SSAValue], fn) -> list[SSAValue]:
         """for (i in 0..n) carried = fn(body, i, *carried), from `inits`: a loop carrying
         scalars from one iteration to the next (`scf.for` with iteration arguments); the
-        last iteration's values."""
-        bounds = [self._add(arith.ConstantOp(IntegerAttr(v, IndexType()))).result for v in (0, n, 1)]
+        last iteration's values. `n`: a constant, or an index computed at run time."""
+        bounds = [v if isinstance(v, SSAValue) else self._add(arith.ConstantOp(IntegerAttr(v, IndexType()))).result
+                  for v in (0, n, 1)]
         loop_body = Block(arg_types=[IndexType(), *(v.type for v in inits)])
         with self._inside(loop_body):
             self._add(scf.YieldOp(*fn(self, loop_body.args[0], *loop_body.args[1:])))

@@ -306,6 +306,11 @@ class DataPlane:
         except KeyError as e:
             raise _missing(cd, f"compute \"{op}\"", e) from None
 
+    def reached(self, cd: CoreData, op: str) -> float:
+        """The share of its static work compute `op` of the core's kernel did this step
+        (`KernelExec.reached`)."""
+        return cd.kernel.reached(cd, op)
+
     def send(self, cd: CoreData, flow: str, meta: int) -> Payload:
         k = cd.kernel
         role = self.roles[flow]

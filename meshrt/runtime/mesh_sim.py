@@ -167,6 +167,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from meshrt.kernels import registry
 from meshrt.kernels.expert_reduce.routed import RoutedSenders, draw, routing_key
 from meshrt.kernels.interface import WAVELET_BYTES
 from meshrt.kernels.numerics import DataLayoutError
@@ -554,6 +555,10 @@ class MeshSim:
         self.numeric: list[tuple[bool, ...]] = [
             tuple(type(ins) is Compute and self.data is not None and self.data.computes(ins.kernel, ins.op)
                   for ins in cs.instrs) for cs in sched.classes]
+        # ... and whether its cost follows the KV rows its queries reach (attention's loops)
+        self.over_kv_rows: list[tuple[bool, ...]] = [
+            tuple(num and registry.compute_op(ins.op).over_kv_rows for ins, num in zip(cs.instrs, nums))
+            for cs, nums in zip(sched.classes, self.numeric)]
 
         # cores
         self.cores: list[_Core] = []
@@ -830,11 +835,17 @@ class MeshSim:
             k = type(ins)
             if k is Compute:
                 extra = 0
+                base = ins.cycles
                 if self.numeric[core.cls][core.pc]:
                     r = self._data(core, t, self.data.compute, ins.op)
                     if r is None:
                         return
                     extra = r if r is not True else 0  # host work (a static batch refill)
+                    if self.over_kv_rows[core.cls][core.pc]:  # the context reached, not the capacity
+                        share = self._data(core, t, self.data.reached, ins.op)
+                        if share is None:
+                            return
+                        base *= share
                 if ins.fused:  # on the passing wavelets: the stage's timing
                     if ins.forwards:  # the forwarding send finishes the stage
                         if self.spans is not None:
@@ -843,7 +854,7 @@ class MeshSim:
                         continue
                     c = max(t + core.s_body, core.s_tail) + core.s_head - t + extra
                 else:
-                    c = self._cost(core, ins.cycles) + extra
+                    c = self._cost(core, base) + extra
                 if self.spans is not None:
                     self._span(core, ins.op, t, t + c)
                 core.pc += 1

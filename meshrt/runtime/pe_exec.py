@@ -359,6 +359,23 @@ def _store(op, ctx):
     return step
 
 
+def _iterations(op: scf.ForOp, ctx: _Ctx) -> Callable[[dict], np.ndarray]:
+    """The induction values of loop `op` in a run: fixed where its bounds are constants;
+    where its end is computed (a loop over the entries a slot has reached), read then."""
+    lb, step_ = (ctx.const[v] for v in (op.lb, op.step))
+    if op.ub in ctx.const:
+        ivs = np.arange(lb, ctx.const[op.ub], step_)
+        return lambda env: ivs
+    end = _value(op.ub, ctx)
+
+    def computed(env) -> np.ndarray:
+        ub = end(env)
+        if isinstance(ub, np.ndarray):  # (`_parallel` runs such loops one iteration at a time)
+            raise ctx.fail("a loop's end differs between the iterations run at once")
+        return np.arange(lb, int(ub), step_)
+    return computed
+
+
 # The ops a loop may hold besides its one accumulation and still run as one (`_fused`).
 _INDEX_OPS = (arith.ConstantOp, arith.AddiOp, arith.MuliOp, arith.IndexCastOp, memref.GetGlobalOp,
               memref.LoadOp, csl.GetMemDsdOp, csl.IncrementDsdOffsetOp, scf.YieldOp)
@@ -380,18 +397,18 @@ def _fused(op, ctx) -> Step | None:
     dst, src0, src1, *scalar = acc.ops
     if dst is not src0 or not isinstance(dst, OpResult) or dst.op.parent_block() is block:
         return None
-    lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
+    iterations = _iterations(op, ctx)
     iv = id(block.args[0])
     pre = _ops([o for o in block.ops if o is not acc], ctx)
     d, s1 = ctx.const.get(dst), ctx.const.get(src1)
     if not (isinstance(d, Dsd) and isinstance(s1, Dsd)) or s1.buf == d.buf or len(s1.idx) != len(d.idx):
         return None
     mult = _value(scalar[0], ctx) if scalar else None
-    ivs = np.arange(lb, ub, step_)
     n = len(d.idx)
     gathers: dict[bytes, np.ndarray] = {}  # the moved DSD's elements, per offsets seen
 
     def step(bufs, env):
+        ivs = iterations(env)
         if not len(ivs):
             return
         env[iv] = ivs
@@ -461,6 +478,8 @@ def _parallel(op, ctx) -> Step | None:
             for vs in new:
                 varying.update(vs)
                 changed = True
+    if any(isinstance(o, scf.ForOp) and o.ub in varying for o in ops):
+        return None  # an inner loop as long as something of the iteration: one at a time
 
     def buffer(v: SSAValue) -> str | None:
         return v.owner.name_.root_reference.data if isinstance(v.owner, memref.GetGlobalOp) else None
@@ -474,8 +493,7 @@ def _parallel(op, ctx) -> Step | None:
             # a buffer it stores into is read only at the element stored (this iteration's)
             if any(n == name and i != idx for n, i in loads):
                 return None
-    lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
-    ivs = np.arange(lb, ub, step_)
+    iterations = _iterations(op, ctx)
     ctx.in_order, outer = True, ctx.in_order  # its loops run in order, on every iteration's values
     body = _block(block, ctx)
     ctx.in_order = outer
@@ -483,6 +501,7 @@ def _parallel(op, ctx) -> Step | None:
     iv = id(iv)
 
     def step(bufs, env):
+        ivs = iterations(env)
         if len(ivs):
             env[iv] = ivs
             for s in body:
@@ -495,7 +514,7 @@ def _for(op, ctx):
     fused = None if ctx.in_order else _fused(op, ctx) or _parallel(op, ctx)
     if fused is not None:
         return fused
-    lb, ub, step_ = (ctx.const[v] for v in (op.lb, op.ub, op.step))
+    iterations = _iterations(op, ctx)
     iv, *args = (id(a) for a in op.body.block.args)
     body = _block(op.body.block, ctx)
     if args:  # carried values: the yield's operands are the next iteration's arguments
@@ -506,7 +525,7 @@ def _for(op, ctx):
         def step(bufs, env):
             for a, v in zip(args, inits):
                 env[a] = v(env)
-            for i in range(lb, ub, step_):
+            for i in iterations(env).tolist():
                 env[iv] = i
                 for s in body:
                     s(bufs, env)
@@ -518,7 +537,7 @@ def _for(op, ctx):
         return step
 
     def step(bufs, env):
-        for i in range(lb, ub, step_):
+        for i in iterations(env).tolist():
             env[iv] = i
             for s in body:
                 s(bufs, env)

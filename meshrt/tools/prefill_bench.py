@@ -18,9 +18,10 @@ highest single-user throughput is chosen; every build is a row of bench.json. Th
 ablation: static at batch 1 -> pipelined at micro-batch 1 (single-user throughput) ->
 micro-batch 4 (system throughput), each at its best chunk.
 
-What it does not model yet (issue 18): attention is charged for the whole capacity on
-every row (a chunk's rows attend a growing prefix); a chunk's rows are all buffered on
-each core (no streaming of sub-chunks), so large chunks widen the regions.
+What it does not model yet (issue 18): the cost model has no positions, so every
+attention core is charged the capacity's rows (on the critical path, the fullest core's:
+exact once a chunk passes the rows one core holds, docs/kernels.md); a chunk's rows are
+all buffered on each core (no streaming of sub-chunks), so large chunks widen the regions.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ bodies against the NumPy reference, and the CSL printed from the same ops."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,7 +17,7 @@ from meshrt.kernels.elementwise.pe import rmsnorm_bodies, silu_mul_bodies
 from meshrt.kernels.embed.pe import embed_bodies
 from meshrt.kernels.numerics import part
 from meshrt.kernels.sample.pe import sample_bodies
-from meshrt.kernels.pe import Bodies, Buffer
+from meshrt.kernels.pe import Bodies, Body, Buffer
 from meshrt.runtime import pe_exec
 from meshrt.runtime import reference as ref
 
@@ -230,6 +232,75 @@ def test_a_loop_that_reads_another_iterations_element_runs_one_by_one():
     bufs = {"x": np.arange(1, 6, dtype=np.float32)}
     _run(bodies, "scan", bufs)
     np.testing.assert_array_equal(bufs["x"], np.cumsum(np.arange(1, 6, dtype=np.float32)))
+
+
+def _reach_bodies() -> Bodies:
+    """Per slot j, loops as long as `n[j]` (read at run time): an @fmacs accumulation over
+    the rows, independent stores, a carried maximum; rows past n[j] stay untouched."""
+    from xdsl.dialects.builtin import IndexType
+
+    bodies = Bodies("r", [Buffer("n", 3, "i32"), Buffer("v", 3 * 5 * 2), Buffer("acc", 3 * 2),
+                          Buffer("sq", 3 * 5), Buffer("mx", 3)])
+    bd = bodies.body("reach")
+
+    def slot(bd: Body, j) -> None:
+        n = bd.cast(bd.load("n", j), IndexType())
+        acc = bd.offset(bd.dsd("acc", (2,)), bd.mul(j, 2))
+        rows = bd.offset(bd.dsd("v", (2,)), bd.mul(j, 10))
+        bd.each(n, lambda b2, r: b2.fmacs(acc, acc, b2.offset(rows, b2.mul(r, 2)), b2.scalar(2.0)))
+
+        def square(b2: Body, r) -> None:
+            x = b2.load("v", b2.add(b2.mul(j, 10), b2.mul(r, 2)))
+            b2.store(b2.mulf(x, x), "sq", b2.add(b2.mul(j, 5), r))
+
+        bd.each(n, square)
+        (m,) = bd.fold(n, [bd.scalar(-1.0)],
+                       lambda b2, r, m: [b2.maxf(m, b2.load("v", b2.add(b2.mul(j, 10), b2.mul(r, 2))))])
+        bd.store(m, "mx", j)
+
+    bd.each(3, slot)
+    bodies.add("reach", bd)
+    return bodies
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.lists(st.integers(0, 5), min_size=3, max_size=3), seed=st.integers(0, 2**16))
+def test_loops_end_where_a_value_computed_at_run_time_says(n, seed):
+    """A loop's end may be an index the body computes (attention's loops over the KV rows a
+    slot's query reaches): each slot's loops run its own count, at once or one by one."""
+    rng = np.random.default_rng(seed)
+    bodies = _reach_bodies()
+    v = rng.standard_normal(30).astype(F32)
+    for parallel in (True, False):
+        with pytest.MonkeyPatch.context() as m:
+            if not parallel:
+                m.setattr(pe_exec, "_parallel", lambda op, ctx: None)
+                m.setattr(pe_exec, "_fused", lambda op, ctx: None)
+            pe_exec._CACHE.clear()
+            bufs = _buffers(bodies)
+            bufs["n"][:] = n
+            bufs["v"][:] = v
+            _run(bodies, "reach", bufs)
+        pe_exec._CACHE.clear()
+        rows = v.reshape(3, 5, 2)
+        for j, k in enumerate(n):
+            want = np.zeros(2, F32)
+            for r in range(k):
+                want = (want + rows[j, r] * F32(2.0)).astype(F32)
+            np.testing.assert_array_equal(bufs["acc"].reshape(3, 2)[j], want)
+            sq = bufs["sq"].reshape(3, 5)[j]
+            np.testing.assert_array_equal(sq[:k], rows[j, :k, 0] ** 2)
+            assert not sq[k:].any()  # past the end: never touched
+            assert bufs["mx"][j] == max([-1.0, *rows[j, :k, 0].tolist()])
+
+
+def test_a_loop_end_computed_at_run_time_prints_as_a_csl_range_over_it():
+    text = "\n".join(body_lines(_reach_bodies().funcs["reach"], {}))
+    # the three loops of each slot end at its n, read when the loop starts
+    assert len(re.findall(r"for\(@range\(i32, 0, @as\(i32, \(n\[(v\d+)\]\)\), 1\)\)", text)) == 3, text
+    assert check_csl("var n = @zeros([3]i32);\nvar v = @zeros([30]f32);\nvar acc = @zeros([6]f32);\n"
+                     "var sq = @zeros([15]f32);\nvar mx = @zeros([3]f32);\nfn reach() void {\n"
+                     + text + "\n}", "reach.csl") == []
 
 
 # ---- the sampler and the embedding: i32 token ids, carried loops, conditionals, px

@@ -89,6 +89,68 @@ def test_chunks_cut_the_time_to_first_token():
     assert all(ttft4[i] < ttft1[i] for i in long), (ttft1, ttft4)
 
 
+QWEN3_5 = REPO / "test" / "data" / "hf" / "qwen3_5"  # a Gated DeltaNet layer, then gated attention
+DELTA_SPEC = [(9, 3, 0.0), (3, 3, 0.0), (6, 3, 20.0), (11, 3, 40.0)]
+
+
+@cache
+def delta_program(chunk: int):
+    return driver.segment_program(QWEN3_5, "test32", chunk=chunk)
+
+
+def delta_requests(pushed: bool = False) -> list[Request]:
+    """Prompts of two to six chunks of 2; `pushed`: every other one arrives with the state
+    and cache of its prompt but its last 5 tokens, from NumPy."""
+    from meshrt.runtime import reference as ref
+    from meshrt.runtime.checkpoint import load_checkpoint
+
+    rng = np.random.default_rng(5)
+    reqs = [Request(i, a * 1e-6, rng.integers(0, 128, p).tolist(), p, o, o)
+            for i, (p, o, a) in enumerate(DELTA_SPEC)]
+    if pushed:
+        shape = reference_shape(delta_program(2))
+        model = ref.ReferenceModel(shape, load_checkpoint(QWEN3_5, shape))
+        for r in reqs[::2]:
+            r.kv, _ = model.prefill(r.prompt[:max(1, r.prompt_len - 5)])
+    return reqs
+
+
+@pytest.mark.parametrize("pushed", [False, True])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_deltanet_model_prefills_in_chunks(seed, pushed):
+    """Gated DeltaNet in a chunked program: a chunk's rows of one request update its conv
+    and recurrent state in position order (one token group: a row's place in the
+    micro-batch does not say whose state it is). NumPy's tokens on any seed, with and
+    without a pushed state, and the long prompts' first tokens come sooner than at one
+    token a step."""
+    from meshrt.runtime.checkpoint import load_checkpoint
+
+    prog = delta_program(2)
+    target = load_target("test32")
+    weights = load_checkpoint(QWEN3_5, reference_shape(prog))
+    res = serve(prog, target, delta_requests(pushed), seed=seed, weights=weights)
+    assert len(res.records) == len(DELTA_SPEC) and not res.rejected and not res.sim.reports
+    assert res.outputs_match_reference, res.divergence
+    if seed == 0 and not pushed:
+        one = serve(delta_program(1), target, delta_requests(), seed=0, weights=weights, check=False)
+        before = {r.id: r.ttft for r in one.records}
+        assert all(r.ttft < before[r.id] for r in res.records if DELTA_SPEC[r.id][0] > 2), \
+            (before, {r.id: r.ttft for r in res.records})
+
+
+def test_a_chunked_deltanet_keeps_one_token_group():
+    """Token groups split a micro-batch's rows by their place in it (group c: rows c,
+    c + groups, ...), which says whose slot a row is only at one row a slot: a chunked
+    program's DeltaNet takes one group's columns (its value heads), however wide its band."""
+    from meshrt.frontend.mapper import delta_shape
+
+    shape = driver.load_spec(REPO / "examples" / "configs" / "qwen3.5-9b.json").shape
+    vh = shape.linear_v_heads
+    assert delta_shape(shape, 4 * vh, 8) == (4 * vh, 4)
+    assert delta_shape(shape, 4 * vh, 8, chunk=2) == (vh, 1)
+    assert delta_shape(shape, vh // 2, 8, chunk=2) == (vh // 2, 1)
+
+
 def _split_program(chunk: int, tmp_path, target: Path):
     """tiny_dense with two KV heads on five columns (a head split by features), a sliding
     window of 5 on layer 1, q/k norm, partial rotary, sinks; `chunk` rows a slot."""

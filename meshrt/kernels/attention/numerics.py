@@ -92,6 +92,19 @@ class Attention(KernelExec):
         held = own < len(entries) and entries[own] == p % self.max_seq
         return np.flatnonzero(seen), (own if held else None)
 
+    def reached(self, cd, op):
+        """The KV rows this core holds that the micro-batch's live rows reach, over all it
+        holds for them (the PE bodies' `reach`): the ring fills in position order, so a
+        query at p reaches the entries up to p (all once the ring wrapped); the rows it
+        does not see there (a window's older ones) are masked, not skipped."""
+        t, i, j, _, h = self.grid_pos(cd)
+        entries = self._entries(t, i, j, h)
+        if not len(entries):
+            return 0.0
+        cb = self._table(cd, self.where(cd))
+        reach = sum(int(np.searchsorted(entries, slot.pos, side="right")) for slot in cb.slots if slot.rid >= 0)
+        return reach / (self.b * len(entries))
+
     def span(self, t: int) -> tuple[int, int]:
         """(first ring entry, entries) tile t holds (`layout.tile_span`)."""
         return tile_span(self.max_seq, self.spill_from, len(self.tiles), t)

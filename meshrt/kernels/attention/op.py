@@ -50,11 +50,11 @@ coming back (partial scores and their sums; or the gathered q | k | v and then t
 partials, on the same flows), its column's partials and result (and its input, where it
 does not read its q | k | v in place)."""
 
-QK = ComputeOp("qk", "fmac", csl.qk, reads_input=True)
+QK = ComputeOp("qk", "fmac", csl.qk, reads_input=True, over_kv_rows=True)
 """Scores of this core's KV rows: q . K[r]."""
-EXP = ComputeOp("exp", "exp", csl.exp)
+EXP = ComputeOp("exp", "exp", csl.exp, over_kv_rows=True)
 """exp(s - max) of the scores and their sum."""
-AV = ComputeOp("av", "fmac", csl.av)
+AV = ComputeOp("av", "fmac", csl.av, over_kv_rows=True)
 """The scores' weighted sum of this core's V rows."""
 SCORE_ADD = ComputeOp("score_add", "add", csl.score_add)
 """A row neighbour's partial scores added (a head split by features, `layout`)."""

@@ -27,12 +27,18 @@ the next reads, so a chunk's queries see the chunk's earlier keys (causal).
 - qk:            per live slot: q and k heads RMS-normalised over d with their
                  gains (q/k norm), rotated (RoPE) by the slot's position; the new
                  key and value written into the cache row of that position where
-                 this core holds it; scores sc[j, head, r] = q . K[r] / sqrt(d) of
-                 the keys the query sees (causal, the sliding window), the lowest
-                 float elsewhere. The output gate's sigmoid is kept for normalize.
-- exp:           per head: m = max score, pr = exp(sc - m) (0 where no key), l =
-                 sum pr
-- av:            o = sum_r pr[r] V[r], into the message acc = o | m | l
+                 this core holds it; the rows the query reaches (`reach[j]`: the
+                 core's first rows up to the position, all once the ring wrapped);
+                 their scores sc[j, head, r] = q . K[r] / sqrt(d) where the query
+                 sees the key (causal, the sliding window), the lowest float
+                 elsewhere. The output gate's sigmoid is kept for normalize.
+- exp:           per head, over the reached rows: m = max score, pr = exp(sc - m)
+                 (0 where no key), l = sum pr
+- av:            o = sum_r pr[r] V[r] over the reached rows, into the message
+                 acc = o | m | l
+
+The loops over KV rows end at `reach[j]`, computed at run time: a slot's attention
+costs the context it has reached, not the ring's capacity.
 - softmax_merge: a neighbour's (o, m, l) from acc_in merged into acc (both rescaled
                  to the larger maximum: flash-decoding)
 - normalize:     y = o / (l + exp(sink - m)) (a head's sink logit: gpt-oss), times
@@ -78,11 +84,12 @@ def working_buffers(b: int, hq: int, hk: int, d: int, rows: int, rot: int, gated
     rows: the heads normalised (hv), their sums of squares, the slot's rotation, the
     heads rotated (qk), scores and their exponentials, the partial softmax sent and
     received (acc, acc_in: o | max | sum), the inverse sums (or merge factors), the
-    output gate."""
+    KV rows each slot's query reaches (`reach`), the output gate."""
     nh = hq + hk
     bufs = [Buffer("hv", b * nh * d), Buffer("ssq", b * nh), Buffer("rot", b * 2 * (rot // 2)),
             Buffer("qk", b * nh * d), Buffer("sc", b * hq * rows), Buffer("pr", b * hq * rows),
-            Buffer("acc", b * hq * (d + 2)), Buffer("acc_in", b * hq * (d + 2)), Buffer("inv", b * hq)]
+            Buffer("acc", b * hq * (d + 2)), Buffer("acc_in", b * hq * (d + 2)), Buffer("inv", b * hq),
+            Buffer("reach", b, "i32")]
     return bufs + [Buffer("gate", b * hq * d)] if gated else bufs
 
 
@@ -182,7 +189,7 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
         cos = bd.select(flip, bd.mulf(cos, bd.scalar(-factor)), bd.mulf(cos, bd.scalar(factor)))
         return cos, sin
 
-    def live_slot(bd: Body, j, s, pos) -> None:
+    def live_slot(bd: Body, j, s, pos, reach) -> None:
         posf = bd.to_float(pos)
         xs = bd.mul(j, share)
         hv = qk = bd.mul(j, nh * d)  # the slot's heads: in hv normalised, in qk rotated
@@ -255,42 +262,48 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
 
         bd.when(mine, append)
 
-        # scores of the held rows: q . K[r] for every feature, then the scale
-        def kv_head(bd2: Body, kh) -> None:
-            def query(bd3: Body, gi) -> None:
-                hh = bd3.add(bd3.mul(kh, g), gi)
-                srow = bd3.offset(bd3.dsd("sc", (rows,)), bd3.mul(bd3.add(bd3.mul(j, hq), hh), rows))
-                bd3.fmovs(srow, bd3.scalar(0.0))
-                kcol = bd3.offset(bd3.dsd("kv", (rows,), (nk,)), bd3.add(kv_row(bd3, 0, s, bd3.const(0)),
-                                                                          bd3.mul(kh, d)))
-                qat = bd3.add(qk, bd3.mul(hh, d))
+        # scores of the rows the query reaches: per row r, q . K[r] of each query head (the
+        # products into hv's slot, free once rotated, summed into the score), then scaled
+        qs = bd.offset(bd.dsd("qk", (nq,)), qk)
+        prod = bd.offset(bd.dsd("hv", (nq,)), hv)
+        n = reach
 
-                def feature(bd4: Body, i) -> None:
-                    bd4.fmacs(srow, srow, bd4.offset(kcol, i), bd4.load("qk", bd4.add(qat, i)))
+        def score(bd2: Body, r) -> None:
+            keys = bd2.offset(bd2.dsd("kv", (hk, g, d), (d, 0, 1)), kv_row(bd2, 0, s, r))  # a query head's KV head
+            bd2.fmuls(prod, qs, keys)
+            at = bd2.add(bd2.mul(bd2.mul(j, hq), rows), r)
+            row_scores = bd2.offset(bd2.dsd("sc", (hq,), (rows,)), at)
+            bd2.fmovs(row_scores, bd2.scalar(0.0))
+            acc = bd2.offset(bd2.dsd("sc", (hq, d), (rows, 0)), at)
+            bd2.fadds(acc, acc, bd2.offset(bd2.dsd("hv", (hq, d)), hv))
+            bd2.fmuls(row_scores, row_scores, bd2.scalar(1.0 / math.sqrt(d)))
 
-                bd3.each(d, feature)
-                bd3.fmuls(srow, srow, bd3.scalar(1.0 / math.sqrt(d)))
+        bd.each(n, score)
 
-            bd2.each(g, query)
-
-        bd.each(hk, kv_head)
-
-        # entries holding no key this query sees: past the ring, never written (their age
-        # (pos - e) mod max_seq past pos), older than its window
+        # reached rows holding no key this query sees: never written (their age
+        # (pos - e) mod max_seq past pos; a ring that wrapped), older than its window
         def head(bd2: Body, hh) -> None:
             def mask(bd3: Body, r) -> None:
                 e = bd3.add(r0, bd3.cast(r, i32))
                 age = bd3.remi(bd3.plus(bd3.subi(pos, e), max_seq), ring)  # pos - e > -max_seq
-                past = ring if end == max_seq else bd3.const(end, i32)
-                hidden = bd3.either(bd3.cmpi(age, pos, "sgt"), bd3.cmpi(e, past, "sge"))
+                hidden = bd3.cmpi(age, pos, "sgt")
                 if window:
                     hidden = bd3.either(hidden, bd3.cmpi(age, bd3.const(window, i32), "sge"))
                 at = bd3.add(bd3.mul(bd3.add(bd3.mul(j, hq), hh), rows), r)
                 bd3.store(bd3.select(hidden, bd3.scalar(LOWEST), bd3.load("sc", at)), "sc", at)
 
-            bd2.each(rows, mask)
+            bd2.each(n, mask)
 
         bd.each(hq, head)
+
+    def reached(bd: Body, pos):
+        """The KV rows of this core a query at `pos` reaches (`reach`): the ring fills in
+        position order, so they are its first rows up to the position (every row once the
+        ring wrapped), none past the tile's entries. Attention's work follows it."""
+        top = bd.subi(bd.select(bd.cmpi(pos, bd.const(end - 1, i32), "slt"), bd.plus(pos, 1),
+                                bd.const(end, i32)), r0)
+        top = bd.select(bd.cmpi(top, bd.const(rows, i32), "slt"), top, bd.const(rows, i32))
+        return bd.select(bd.cmpi(top, bd.const(0, i32), "sgt"), top, bd.const(0, i32))
 
     def row_slot(bd: Body, j):
         """Row j's KV slot (an index), the position it feeds and whether it is live."""
@@ -308,7 +321,9 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
 
     def slot(bd: Body, j) -> None:
         s, pos, live = row_slot(bd, j)
-        bd.when(live, lambda bd2: live_slot(bd2, j, s, pos))
+        n = bd.select(live, reached(bd, pos), bd.const(0, i32))
+        bd.store(n, "reach", j)
+        bd.when(live, lambda bd2: live_slot(bd2, j, s, pos, bd2.cast(n, IndexType())))
 
     body.each(b, slot)
     if gated:  # the output gate's sigmoid, for normalize (x may be overwritten by then)
@@ -324,33 +339,41 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
         body.each(b, gate_slot)
     out.add("qk", body)
 
-    # -- exp: per (slot, head) row of scores, its maximum, the exponentials and their sum
+    # -- exp: per (slot, head) row of scores, its maximum, the exponentials and their sum,
+    # over the rows the slot's query reached
     body = out.body("exp")
 
-    def exp_row(bd: Body, t) -> None:
-        base = bd.mul(t, rows)
-        (m,) = bd.fold(rows, [bd.scalar(LOWEST)],
-                       lambda bd2, r, acc: [bd2.maxf(acc, bd2.load("sc", bd2.add(base, r)))])
-        seen = bd.cmpf(m, bd.scalar(LOWEST), "ogt")
+    def exp_slot(bd: Body, j) -> None:
+        n = bd.cast(bd.load("reach", j), IndexType())
 
-        def term(bd2: Body, r, acc):
-            at = bd2.add(base, r)
-            e = bd2.select(seen, bd2.call("exp_f32", bd2.subf(bd2.load("sc", at), m)), bd2.scalar(0.0))
-            bd2.store(e, "pr", at)
-            return [bd2.addf(acc, e)]
+        def exp_row(bd2: Body, hh) -> None:
+            t = bd2.add(bd2.mul(j, hq), hh)
+            base = bd2.mul(t, rows)
+            (m,) = bd2.fold(n, [bd2.scalar(LOWEST)],
+                            lambda bd3, r, acc: [bd3.maxf(acc, bd3.load("sc", bd3.add(base, r)))])
+            seen = bd2.cmpf(m, bd2.scalar(LOWEST), "ogt")
 
-        (total,) = bd.fold(rows, [bd.scalar(0.0)], term)
-        bd.store(m, "acc", bd.plus(t, m_at))
-        bd.store(total, "acc", bd.plus(t, l_at))
+            def term(bd3: Body, r, acc):
+                at = bd3.add(base, r)
+                e = bd3.select(seen, bd3.call("exp_f32", bd3.subf(bd3.load("sc", at), m)), bd3.scalar(0.0))
+                bd3.store(e, "pr", at)
+                return [bd3.addf(acc, e)]
 
-    body.each(b * hq, exp_row)
+            (total,) = bd2.fold(n, [bd2.scalar(0.0)], term)
+            bd2.store(m, "acc", bd2.plus(t, m_at))
+            bd2.store(total, "acc", bd2.plus(t, l_at))
+
+        bd.each(hq, exp_row)
+
+    body.each(b, exp_slot)
     out.add("exp", body)
 
     # -- av: o = sum_r pr[r] V[r] per (slot, head), into acc
     body = out.body("av")
 
     def av_slot(bd: Body, j) -> None:
-        s = row_slot(bd, j)[0]  # (an idle row's exponentials are 0)
+        s = row_slot(bd, j)[0]  # (an idle row reaches no row)
+        n = bd.cast(bd.load("reach", j), IndexType())
 
         def kv_head(bd2: Body, kh) -> None:
             def query(bd3: Body, gi) -> None:
@@ -363,7 +386,7 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
                     bd4.fmacs(o, o, bd4.offset(vrow, bd4.mul(r, nk)),
                               bd4.load("pr", bd4.add(bd4.mul(t, rows), r)))
 
-                bd3.each(rows, key)
+                bd3.each(n, key)
 
             bd2.each(g, query)
 
