@@ -20,7 +20,7 @@ micro-batch 4 (system throughput), each at its best chunk.
 
 What it does not model yet (issue 18): the cost model has no positions, so every
 attention core is charged the capacity's rows (on the critical path, the fullest core's:
-exact once a chunk passes the rows one core holds, docs/kernels.md); a chunk's rows are
+exact once a chunk passes the entries one row of the region holds, docs/kernels.md); a chunk's rows are
 all buffered on each core (no streaming of sub-chunks), so large chunks widen the regions.
 """
 
