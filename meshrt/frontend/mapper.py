@@ -1350,14 +1350,20 @@ def map_model(spec: ModelSpec, target: Target, micro_batch: int | None = None,
         raise FrontendError(f"micro-batch must be at least 1, got {mb}")
     if context is not None:
         spec, budget = with_context(spec, target, mb, budget, context)
-    if chunk == "auto":
-        chunk = auto_chunk(spec, target, mb, budget)
-    if not 1 <= chunk <= MAX_CHUNK:
+    if chunk != "auto" and not 1 <= chunk <= MAX_CHUNK:
         raise FrontendError(f"prefill chunk must be 1..{MAX_CHUNK} tokens, got {chunk}", Loc(spec.source))
     if budget is not None and budget < 1:
         raise FrontendError(f"wafers must be at least 1, got {budget}")
     if spill:
         check_spill(spec, spill)
+    if chunk == "auto":
+        return auto_chunk(spec, target, mb, budget, spill)
+    return _mapped(spec, target, mb, budget, chunk, spill)
+
+
+def _mapped(spec: ModelSpec, target: Target, mb: int, budget: int | None, chunk: int,
+            spill: int) -> ModuleOp:
+    """Graph IR of `spec` with every option resolved (`map_model`)."""
     mapper = _Mapper(spec, target, mb, budget, chunk, spill)
     lay = mapper.explicit_layout() if spec.mapping.explicit else mapper.default_layout()
     return _Emitter(mapper, lay).emit()
@@ -1436,20 +1442,36 @@ def with_context(spec: ModelSpec, target: Target, micro_batch: int, wafers: int 
 AUTO_CHUNKS = (2, 4, 8, 16, 32, 64)  # the chunks `auto_chunk` tries, in order
 
 
-def auto_chunk(spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None) -> int:
-    """The largest prefill chunk of AUTO_CHUNKS whose rows fit the cores' SRAM beside the
-    weights: the model at one stage packs onto no more wafers than at one token a step (1
-    where none does)."""
+def auto_chunk(spec: ModelSpec, target: Target, micro_batch: int, wafers: int | None,
+               spill: int = 0) -> ModuleOp:
+    """The model mapped with the largest prefill chunk of AUTO_CHUNKS whose rows fit the
+    cores' SRAM beside the weights (the model at one stage packs onto no more wafers than
+    at one token a step) and whose program compiles to segments on `target`: a chunk's
+    wider messages and regions can take more input queues, colours or control state than
+    a small target has (the Qwen3.5 test checkpoint on test32: 16 rows fit the SRAM, only
+    2 compile). Chunk 1 where none does."""
+    from xdsl.utils.exceptions import VerifyException
+
+    from meshrt.diagnostics import MeshrtError
+    from meshrt.passes.pipeline import lower_to
+
     base = _Mapper(spec, target, micro_batch, wafers).fewest_wafers(1)
-    best = 1
+    fits = []
     for c in AUTO_CHUNKS:
         if c > spec.shape.max_seq:  # no prompt is longer
             break
         n = _Mapper(spec, target, micro_batch, wafers, c).fewest_wafers(1)
         if base is None or n is None or n > base:
             break
-        best = c
-    return best
+        fits.append(c)
+    for c in reversed(fits):
+        try:
+            module = _mapped(spec, target, micro_batch, wafers, c, spill)
+            lower_to(module.clone(), "segments", target)
+        except (FrontendError, MeshrtError, VerifyException):
+            continue
+        return module
+    return _mapped(spec, target, micro_batch, wafers, 1, spill)
 
 
 _LAYER = re.compile(r"l(\d+)_")  # a kernel name's layer

@@ -109,7 +109,8 @@ def add_build_options(p) -> None:
                         "the wafers the model needs holds (or of --wafers)")
     p.add_argument("--prefill-chunk", type=parse_chunk, metavar="N|auto",
                    help="prompt tokens a prefilling slot feeds a step, at least 1 (default 1; "
-                        "auto: the largest whose rows fit beside the weights): a micro-batch "
+                        "auto: the largest whose rows fit beside the weights and whose "
+                        "program compiles for the target): a micro-batch "
                         "carries micro-batch x N token rows, and the time to first token comes "
                         "from chunks of N (docs/prefill.md)")
     p.add_argument("--kv-spill", type=spill_value, metavar="N",

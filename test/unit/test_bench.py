@@ -454,10 +454,11 @@ def test_bench_prefill_errors_are_one_line(argv, needle, tmp_path):
     assert err.count("\n") == 1 and needle in err and "error" in err
 
 
-def test_bench_prefill_of_a_deltanet_model_says_why_no_build_fits(tmp_path):
+def test_bench_prefill_says_why_no_build_fits(tmp_path):
+    """Qwen3.5-9B's eight rows a step (chunk 8) leave some kernel no block height on a wafer."""
     rc, out, err = _run("bench", str(REPO / "examples" / "configs" / "qwen3.5-9b.json"), "--target", "wse3",
-                        "--phase", "prefill", "--micro-batch", "1", "--prefill-chunk", "2", "--jobs", "1",
+                        "--phase", "prefill", "--micro-batch", "1", "--prefill-chunk", "8", "--jobs", "1",
                         "--out", str(tmp_path / "o"))
     last = err.splitlines()[-1]  # after a progress line a build
     assert rc == 1 and last.startswith("meshrt bench: error: no prefill build of")
-    assert "Gated DeltaNet" in last and "Traceback" not in err
+    assert "does not fit" in last and "Traceback" not in err
