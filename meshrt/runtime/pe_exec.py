@@ -359,20 +359,33 @@ def _store(op, ctx):
     return step
 
 
-def _iterations(op: scf.ForOp, ctx: _Ctx) -> Callable[[dict], np.ndarray]:
+def _range(op: scf.ForOp, ctx: _Ctx) -> Callable[[dict], range]:
     """The induction values of loop `op` in a run: fixed where its bounds are constants;
     where its end is computed (a loop over the entries a slot has reached), read then."""
     lb, step_ = (ctx.const[v] for v in (op.lb, op.step))
     if op.ub in ctx.const:
-        ivs = np.arange(lb, ctx.const[op.ub], step_)
-        return lambda env: ivs
+        fixed = range(lb, ctx.const[op.ub], step_)
+        return lambda env: fixed
     end = _value(op.ub, ctx)
 
-    def computed(env) -> np.ndarray:
+    def computed(env) -> range:
         ub = end(env)
         if isinstance(ub, np.ndarray):  # (`_parallel` runs such loops one iteration at a time)
             raise ctx.fail("a loop's end differs between the iterations run at once")
-        return np.arange(lb, int(ub), step_)
+        return range(lb, int(ub), step_)
+    return computed
+
+
+def _iterations(op: scf.ForOp, ctx: _Ctx) -> Callable[[dict], np.ndarray]:
+    """`_range` as an array, for the loops run at once."""
+    if op.ub in ctx.const:
+        ivs = np.arange(ctx.const[op.lb], ctx.const[op.ub], ctx.const[op.step])
+        return lambda env: ivs
+    values = _range(op, ctx)
+
+    def computed(env) -> np.ndarray:
+        r = values(env)
+        return np.arange(r.start, r.stop, r.step)
     return computed
 
 
@@ -514,7 +527,7 @@ def _for(op, ctx):
     fused = None if ctx.in_order else _fused(op, ctx) or _parallel(op, ctx)
     if fused is not None:
         return fused
-    iterations = _iterations(op, ctx)
+    iterations = _range(op, ctx)
     iv, *args = (id(a) for a in op.body.block.args)
     body = _block(op.body.block, ctx)
     if args:  # carried values: the yield's operands are the next iteration's arguments
@@ -525,7 +538,7 @@ def _for(op, ctx):
         def step(bufs, env):
             for a, v in zip(args, inits):
                 env[a] = v(env)
-            for i in iterations(env).tolist():
+            for i in iterations(env):
                 env[iv] = i
                 for s in body:
                     s(bufs, env)
@@ -537,7 +550,7 @@ def _for(op, ctx):
         return step
 
     def step(bufs, env):
-        for i in iterations(env).tolist():
+        for i in iterations(env):
             env[iv] = i
             for s in body:
                 s(bufs, env)
