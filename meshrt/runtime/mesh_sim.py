@@ -32,7 +32,10 @@ gives identical results. Base costs:
 
 - `event.compute "op" work N`: N * cost[key], key the cost key the kernel
   kind declares for the op (`meshrt.kernels`; e.g. qk / av / square_sum ->
-  fmac).
+  fmac). With numerics, an op over KV rows (`ComputeOp.over_kv_rows`:
+  attention's qk, exp, av, whose N is the capacity's rows) costs that times
+  the share of the core's rows the micro-batch's queries reached
+  (`KernelExec.reached`).
 - `event.send` / `event.recv`: `send_wavelet` / `recv_wavelet` per 32-bit
   wavelet of data + metainfo (a recv pays per message it gathers).
 - `event.meta_resolve` / `event.meta_produce`: local work,

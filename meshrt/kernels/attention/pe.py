@@ -36,13 +36,13 @@ the next reads, so a chunk's queries see the chunk's earlier keys (causal).
                  (0 where no key), l = sum pr
 - av:            o = sum_r pr[r] V[r] over the reached rows, into the message
                  acc = o | m | l
-
-The loops over KV rows end at `reach[j]`, computed at run time: a slot's attention
-costs the context it has reached, not the ring's capacity.
 - softmax_merge: a neighbour's (o, m, l) from acc_in merged into acc (both rescaled
                  to the larger maximum: flash-decoding)
 - normalize:     y = o / (l + exp(sink - m)) (a head's sink logit: gpt-oss), times
                  the output gate (Qwen3.5); 0 where no key was seen
+
+The loops over KV rows end at `reach[j]`, computed at run time: a slot's attention
+costs the context it has reached, not the ring's capacity.
 
 RoPE: a pair's angle is pos * inv_freq, reduced to a fraction of a turn without
 rounding (`meshrt.rope.turn_parts`), then sin and cos by polynomials on a quarter
