@@ -199,3 +199,32 @@ def test_attention_csl_is_the_executed_body_and_lints():
     assert check_csl(text, "attention.csl") == []
     # resident scalars read at their offset in w; no trigonometric library call
     assert "w[((" in text and "sin" not in text and "cos" not in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(max_seq=st.integers(1, 40), h=st.integers(1, 6), split=st.integers(0, 40), tile=st.integers(0, 1),
+       positions=st.lists(st.integers(0, 100), min_size=2, max_size=2), live=st.lists(st.booleans(), min_size=2, max_size=2))
+def test_the_bodies_reach_the_rows_numerics_count(max_seq, h, split, tile, positions, live):
+    """What the interpreter charges attention for is what its loops run: each row's
+    `reach` from the qk body (any ring, window wrap, a spill tile's part of it) is
+    `numerics.reach` of the core's entries, 0 for an idle row."""
+    from meshrt.kernels.attention.layout import tile_span
+    from meshrt.kernels.attention.numerics import reach
+    from meshrt.kernels.numerics import part
+
+    spill = split if 0 < split < max_seq else None
+    tiles = 2 if spill is not None else 1
+    assume(tile < tiles)
+    first, held = tile_span(max_seq, spill, tiles, tile)
+    assume(held > 0)
+    bodies = attention_bodies("a", 2, 2, 1, 4, max_seq, 2, 1, h, 0, rot=4, first=first, held=held)
+    for j in range(h):
+        r0, r1 = part(held, h, j)
+        bufs = {b.name: np.zeros(b.elems, pe_exec.dtype(b.type().element_type)) for b in bodies.buffers}
+        for s, (p, on) in enumerate(zip(positions, live)):
+            bufs["rdt"][4 * s:4 * s + 3] = (s + 1, 0, p) if on else (0, 1, 0)
+        pe_exec.run(bodies.funcs["qk"], bufs, {"px": 0, "py": j})
+        entries = np.arange(first + r0, first + r1)
+        want = [reach(entries, p) if on else 0 for p, on in zip(positions, live)]
+        assert bufs["reach"].tolist() == want, (first, held, j)
+

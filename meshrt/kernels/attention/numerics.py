@@ -21,6 +21,14 @@ def qkv_blocks(heads: int, kv_heads: int, head_dim: int, gated: bool = False) ->
     return (hd, kvd, kvd, hd) if gated else (hd, kvd, kvd)
 
 
+def reach(entries: np.ndarray, p: int) -> int:
+    """How many of a core's ring `entries` (ascending) a query at position p loops over:
+    the ring fills in position order, so the entries up to p (all once the ring wrapped);
+    those it does not see there (a window's older ones) are masked, not skipped. The PE
+    bodies compute the same count (`pe.attention_bodies`, `reach`)."""
+    return int(np.searchsorted(entries, p, side="right"))
+
+
 class Attention(KernelExec):
     """Heads split over the columns, the sequence over the rows (flash-decoding merge)."""
 
@@ -94,16 +102,17 @@ class Attention(KernelExec):
 
     def reached(self, cd, op):
         """The KV rows this core holds that the micro-batch's live rows reach, over all it
-        holds for them (the PE bodies' `reach`): the ring fills in position order, so a
-        query at p reaches the entries up to p (all once the ring wrapped); the rows it
-        does not see there (a window's older ones) are masked, not skipped."""
+        holds for them: where attention runs as PE bodies, the count their `qk` left in
+        `reach` (what their loops ran); elsewhere the same count, `reach`."""
         t, i, j, _, h = self.grid_pos(cd)
         entries = self._entries(t, i, j, h)
         if not len(entries):
             return 0.0
+        if self.bodies is not None:
+            rows = self.pe_buffers(cd, self.bodies_at(cd.pos))["reach"]
+            return float(rows.sum()) / (self.b * len(entries))
         cb = self._table(cd, self.where(cd))
-        reach = sum(int(np.searchsorted(entries, slot.pos, side="right")) for slot in cb.slots if slot.rid >= 0)
-        return reach / (self.b * len(entries))
+        return sum(reach(entries, slot.pos) for slot in cb.slots if slot.rid >= 0) / (self.b * len(entries))
 
     def span(self, t: int) -> tuple[int, int]:
         """(first ring entry, entries) tile t holds (`layout.tile_span`)."""
