@@ -377,11 +377,12 @@ def _range(op: scf.ForOp, ctx: _Ctx) -> Callable[[dict], range]:
 
 
 def _iterations(op: scf.ForOp, ctx: _Ctx) -> Callable[[dict], np.ndarray]:
-    """`_range` as an array, for the loops run at once."""
-    if op.ub in ctx.const:
-        ivs = np.arange(ctx.const[op.lb], ctx.const[op.ub], ctx.const[op.step])
-        return lambda env: ivs
+    """`_range` as an array, for the loops run at once (made once where it is fixed)."""
     values = _range(op, ctx)
+    if op.ub in ctx.const:
+        r = values({})
+        ivs = np.arange(r.start, r.stop, r.step)
+        return lambda env: ivs
 
     def computed(env) -> np.ndarray:
         r = values(env)

@@ -189,7 +189,7 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
         cos = bd.select(flip, bd.mulf(cos, bd.scalar(-factor)), bd.mulf(cos, bd.scalar(factor)))
         return cos, sin
 
-    def live_slot(bd: Body, j, s, pos, reach) -> None:
+    def live_slot(bd: Body, j, s, pos, n) -> None:
         posf = bd.to_float(pos)
         xs = bd.mul(j, share)
         hv = qk = bd.mul(j, nh * d)  # the slot's heads: in hv normalised, in qk rotated
@@ -266,7 +266,6 @@ def attention_bodies(kernel: str, b: int, heads: int, kv_heads: int, d: int, max
         # products into hv's slot, free once rotated, summed into the score), then scaled
         qs = bd.offset(bd.dsd("qk", (nq,)), qk)
         prod = bd.offset(bd.dsd("hv", (nq,)), hv)
-        n = reach
 
         def score(bd2: Body, r) -> None:
             keys = bd2.offset(bd2.dsd("kv", (hk, g, d), (d, 0, 1)), kv_row(bd2, 0, s, r))  # a query head's KV head
